@@ -1,0 +1,128 @@
+/* backend.h — the op table every backend implements (ggml-style: a vtable + opaque context).
+ *
+ * The Qwen3.5 forward (model/forward.c) is written once against these ops and never knows
+ * which backend runs it. Ops are coarse where a fast backend wants to fuse (one `gdn` op covers
+ * conv + SiLU + gates + L2-norm + recurrence + gated norm; one `attention` op covers q/k norm +
+ * RoPE + KV-cache write + attention + output gate; one `moe` op covers router + experts +
+ * shared expert), and plain where fusion buys nothing.
+ *
+ * Memory: activations passed to ops live in backend memory (be->alloc) and have dtype
+ * ops->act_dtype (F32 on the CPU, BF16 on CUDA), except where an op says F32. Weights are the
+ * ds_model_weights produced by prepare_weights. Ops never fail on well-formed input: shape
+ * mismatches are internal invariants (DS_ASSERT). Device errors are sticky and reported by
+ * synchronize(). */
+#ifndef DS_BACKEND_H
+#define DS_BACKEND_H
+
+#include <stdint.h>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+/* One step's worth of work: T tokens from S sequences, each sequence's tokens contiguous.
+ * All arrays are host memory; set_batch() makes them visible to the ops (a device backend
+ * uploads them once per step). */
+typedef struct ds_batch {
+    int n_tokens;                /* T */
+    int n_seqs;                  /* S */
+    const int32_t *tokens;       /* [T] token ids */
+    const int32_t *positions;    /* [T] absolute position of each token (RoPE, causal mask) */
+    const int32_t *seq_start;    /* [S+1] sequence s owns tokens [seq_start[s], seq_start[s+1]) */
+    const int32_t *seq_slot;     /* [S] state slot: GDN state row and KV block-table row */
+    const int32_t *seq_n_past;   /* [S] tokens already in the caches before this step */
+    const int32_t *block_table;  /* [S, max_blocks] physical KV block ids, in position order */
+    int max_blocks;              /* row length of block_table */
+    int n_out;                   /* rows that need logits */
+    const int32_t *out_rows;     /* [n_out] token indices (into [0, T)) that need logits */
+} ds_batch;
+
+/* Sizes of the per-sequence caches: KV blocks for attention layers, one GDN state slot
+ * (conv history + fp32 recurrent state) per slot for linear-attention layers. */
+typedef struct ds_cache_desc {
+    int n_slots;     /* concurrent sequences */
+    int n_blocks;    /* KV blocks in the pool (shared by all slots) */
+    int block_size;  /* tokens per KV block */
+} ds_cache_desc;
+
+typedef struct ds_backend ds_backend;
+typedef struct ds_cache ds_cache; /* backend-private: KV pools + GDN state pools */
+
+typedef struct ds_backend_ops {
+    const char *name;
+    ds_dtype act_dtype;
+
+    void (*destroy)(ds_backend *be);
+
+    /* Memory. alloc returns NULL on failure (zeroed memory). */
+    void *(*alloc)(ds_backend *be, size_t bytes);
+    void (*free)(ds_backend *be, void *p);
+    void (*upload)(ds_backend *be, void *dst, const void *src, size_t bytes);
+    void (*download)(ds_backend *be, void *dst, const void *src, size_t bytes);
+    ds_status (*synchronize)(ds_backend *be, ds_error *err);
+
+    /* Weights: builds `out` (views valid until release_weights) from host weights. The CPU
+     * backend aliases the host memory; a device backend copies, converts and fuses. */
+    ds_status (*prepare_weights)(ds_backend *be, const ds_config *cfg, const ds_model_weights *host,
+                                 ds_model_weights *out, ds_error *err);
+    void (*release_weights)(ds_backend *be, ds_model_weights *w);
+
+    /* Caches. A slot's GDN state must be reset before a new sequence uses it. */
+    ds_status (*cache_create)(ds_backend *be, const ds_config *cfg, const ds_cache_desc *desc,
+                              ds_cache **out, ds_error *err);
+    void (*cache_free)(ds_backend *be, ds_cache *c);
+    void (*cache_reset_slot)(ds_backend *be, ds_cache *c, int slot);
+
+    /* Makes the batch metadata current for the following ops. */
+    void (*set_batch)(ds_backend *be, const ds_batch *b);
+
+    /* out[T, H] = table[tokens[t]] (table [V, H] in any float dtype). */
+    void (*embed)(ds_backend *be, const ds_tensor *table, ds_tensor *out);
+    /* out = x · rsqrt(mean(x²) + eps) · w over the last dim; x [R, D], w F32 [D]. */
+    void (*rmsnorm)(ds_backend *be, const ds_tensor *x, const ds_tensor *w, float eps, ds_tensor *out);
+    /* residual += delta; out = rmsnorm(residual). residual/delta/out [T, H]. */
+    void (*add_rmsnorm)(ds_backend *be, ds_tensor *residual, const ds_tensor *delta,
+                        const ds_tensor *w, float eps, ds_tensor *out);
+    /* out[R, n_out] = x[R, n_in] · Wᵀ (parts concatenated along the output). */
+    void (*linear)(ds_backend *be, const ds_tensor *x, const ds_linear *w, ds_tensor *out);
+    /* out[R, I] = SiLU(gu[:, :I]) ⊙ gu[:, I:]; gu [R, 2I]. */
+    void (*silu_mul)(ds_backend *be, const ds_tensor *gate_up, ds_tensor *out);
+    /* out[R, H] = x[rows[r], :] for the batch's out_rows. */
+    void (*gather_rows)(ds_backend *be, const ds_tensor *x, ds_tensor *out);
+
+    /* Gated attention core for layer `layer` (an index into cfg->layer_types):
+     * qkv [T, nh·hd·2 + 2·nkv·hd] (q_proj|k_proj|v_proj outputs) → out [T, nh·hd]:
+     * q/k RMSNorm, partial NeoX RoPE at the batch positions, K/V written to the paged cache,
+     * causal GQA softmax attention over cache + new tokens, times sigmoid(gate). */
+    void (*attention)(ds_backend *be, ds_cache *c, int layer, const ds_config *cfg,
+                      const ds_attn_weights *w, const ds_tensor *qkv, ds_tensor *out);
+
+    /* Gated DeltaNet core for layer `layer`: proj [T, conv_dim + Hv·dv + 2·Hv] (in_proj output
+     * q|k|v, z, b, a) → out [T, Hv·dv] (gated-RMSNormed, before out_proj). Updates the slot's
+     * conv history and fp32 recurrent state. */
+    void (*gdn)(ds_backend *be, ds_cache *c, int layer, const ds_config *cfg,
+                const ds_gdn_weights *w, const ds_tensor *proj, ds_tensor *out);
+
+    /* Sparse MoE block: out[T, H] = Σ_topk w_e·expert_e(x) + sigmoid(x·w_sg)·shared(x). */
+    void (*moe)(ds_backend *be, const ds_config *cfg, const ds_moe_weights *w, const ds_tensor *x,
+                ds_tensor *out);
+
+    /* logits F32 [R, V] = x[R, H] · lm_headᵀ. */
+    void (*logits)(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head, ds_tensor *out);
+    /* ids[r] = argmax_v logits[r, v] (lowest index on ties); logits F32 [R, V]; ids host [R]. */
+    void (*argmax)(ds_backend *be, const ds_tensor *logits, int32_t *ids);
+} ds_backend_ops;
+
+struct ds_backend {
+    const ds_backend_ops *ops;
+    void *impl; /* backend-private context */
+};
+
+/* CPU reference backend: fp32 math, n_threads workers (0 = all cores). */
+ds_status ds_backend_cpu_create(int n_threads, ds_backend **out, ds_error *err);
+
+/* CUDA backend (only when built with CUDA; returns DS_ERR_UNSUPPORTED otherwise). */
+ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err);
+
+#endif
