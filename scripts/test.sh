@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Sets up and runs every test: the release build (with the CUDA backend compiled when nvcc is
+# present; CUDA tests skip without a GPU), then the whole suite again under ASan + UBSan,
+# then short fuzz runs of the parsers.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+
+echo "== tests (release build)"
+ctest --test-dir build --output-on-failure -j2
+
+echo "== tests (ASan + UBSan build)"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DDS_SANITIZE=ON -DDS_CUDA=OFF >/dev/null
+cmake --build build-asan -j"$(nproc)"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --test-dir build-asan --output-on-failure -j2
+
+if command -v clang >/dev/null; then
+  echo "== fuzz (libFuzzer, ${DS_FUZZ_SECONDS:-30}s per target)"
+  CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DDS_FUZZ=ON -DDS_CUDA=OFF \
+    -DDS_NATIVE=OFF >/dev/null
+  cmake --build build-fuzz -j"$(nproc)" --target $(cd fuzz && ls fuzz_*.c | sed 's/\.c$//')
+  for src in fuzz/fuzz_*.c; do
+    name=$(basename "$src" .c)
+    corpus="fuzz/corpus_${name#fuzz_}"
+    mkdir -p "$corpus"
+    work=$(mktemp -d)
+    "build-fuzz/$name" -max_total_time="${DS_FUZZ_SECONDS:-30}" -print_final_stats=0 \
+      "$work" "$corpus" >"$work.log" 2>&1 || { tail -40 "$work.log"; exit 1; }
+    rm -rf "$work" "$work.log"
+    echo "fuzz $name: ok"
+  done
+fi

@@ -1,0 +1,220 @@
+/* cuda_elementwise.cu — the plain row ops: embed, rmsnorm, add_rmsnorm, silu_mul, gather_rows,
+ * argmax. Activations are bf16; every reduction is fp32 and in a fixed order. */
+#include <float.h>
+
+#include "cuda_common.cuh"
+
+#define ROW_THREADS 256
+
+/* out[t, :] = table[tokens[t], :] (ids outside [0, V) give a zero row rather than a fault). */
+__global__ void embed_kernel(const void *__restrict__ table, int dtype, int64_t V, int64_t H,
+                             const int32_t *__restrict__ tokens, bf16 *__restrict__ out) {
+    const int t = blockIdx.x;
+    const int64_t id = tokens[t];
+    bf16 *o = out + (int64_t)t * H;
+    if (id < 0 || id >= V) {
+        for (int64_t i = threadIdx.x; i < H; i += blockDim.x) o[i] = __float2bfloat16_rn(0.f);
+        return;
+    }
+    if (dtype == 1 && H % 8 == 0) {
+        const uint4 *src = reinterpret_cast<const uint4 *>((const bf16 *)table + id * H);
+        uint4 *dst = reinterpret_cast<uint4 *>(o);
+        for (int64_t i = threadIdx.x; i < H / 8; i += blockDim.x) dst[i] = src[i];
+        return;
+    }
+    for (int64_t i = threadIdx.x; i < H; i += blockDim.x)
+        o[i] = __float2bfloat16_rn(load_any(table, dtype, id * H + i));
+}
+
+extern "C" void ds_cuda_embed(ds_cuda_ctx *ctx, const void *table, int table_dtype, int64_t V,
+                              int64_t H, void *out) {
+    const int T = ctx->batch.n_tokens;
+    if (T <= 0) return;
+    embed_kernel<<<T, ROW_THREADS, 0, ctx->stream>>>(table, table_dtype, V, H, ctx->batch.tokens,
+                                                     (bf16 *)out);
+    DS_CU_LAUNCHED(ctx, "embed_kernel");
+}
+
+/* One block per row. ADD: residual += delta first (rounded to bf16 like the bf16 residual
+ * stream of the reference), then the norm of the rounded sum. The row is kept in registers
+ * between the two passes when D ≤ 8·ROW_THREADS·4. */
+template <bool ADD>
+__global__ void __launch_bounds__(ROW_THREADS)
+    rmsnorm_kernel(bf16 *__restrict__ x, const bf16 *__restrict__ delta,
+                   const float *__restrict__ w, float eps, int64_t D, bf16 *__restrict__ out) {
+    __shared__ float red[32];
+    const int64_t row = blockIdx.x;
+    bf16 *xr = x + row * D;
+    bf16 *orow = out + row * D;
+    float ss = 0.f;
+    if (D % 8 == 0) {
+        const int64_t nv = D / 8;
+        for (int64_t v = threadIdx.x; v < nv; v += blockDim.x) {
+            float f[8];
+            unpack8(*reinterpret_cast<const uint4 *>(xr + v * 8), f);
+            if (ADD) {
+                float d[8];
+                unpack8(*reinterpret_cast<const uint4 *>(delta + row * D + v * 8), d);
+#pragma unroll
+                for (int i = 0; i < 8; i++) f[i] += d[i];
+                uint4 p = pack8(f);
+                *reinterpret_cast<uint4 *>(xr + v * 8) = p;
+                unpack8(p, f); /* the rounded sum */
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++) ss += f[i] * f[i];
+        }
+        const float inv = rsqrtf(block_sum(ss, red) / (float)D + eps);
+        for (int64_t v = threadIdx.x; v < nv; v += blockDim.x) {
+            float f[8];
+            unpack8(*reinterpret_cast<const uint4 *>(xr + v * 8), f);
+#pragma unroll
+            for (int i = 0; i < 8; i++) f[i] = f[i] * inv * w[v * 8 + i];
+            *reinterpret_cast<uint4 *>(orow + v * 8) = pack8(f);
+        }
+        return;
+    }
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+        float f = to_f32(xr[i]);
+        if (ADD) {
+            bf16 s = __float2bfloat16_rn(f + to_f32(delta[row * D + i]));
+            xr[i] = s;
+            f = to_f32(s);
+        }
+        ss += f * f;
+    }
+    const float inv = rsqrtf(block_sum(ss, red) / (float)D + eps);
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x)
+        orow[i] = __float2bfloat16_rn(to_f32(xr[i]) * inv * w[i]);
+}
+
+extern "C" void ds_cuda_rmsnorm(ds_cuda_ctx *ctx, const void *x, const float *w, float eps,
+                                int64_t R, int64_t D, void *out) {
+    if (R <= 0) return;
+    rmsnorm_kernel<false><<<(unsigned)R, ROW_THREADS, 0, ctx->stream>>>((bf16 *)x, NULL, w, eps, D,
+                                                                        (bf16 *)out);
+    DS_CU_LAUNCHED(ctx, "rmsnorm_kernel");
+}
+
+extern "C" void ds_cuda_add_rmsnorm(ds_cuda_ctx *ctx, void *residual, const void *delta,
+                                    const float *w, float eps, int64_t R, int64_t D, void *out) {
+    if (R <= 0) return;
+    rmsnorm_kernel<true><<<(unsigned)R, ROW_THREADS, 0, ctx->stream>>>(
+        (bf16 *)residual, (const bf16 *)delta, w, eps, D, (bf16 *)out);
+    DS_CU_LAUNCHED(ctx, "add_rmsnorm_kernel");
+}
+
+/* out[r, i] = SiLU(gu[r, i]) · gu[r, I + i] */
+__global__ void silu_mul_kernel(const bf16 *__restrict__ gu, int64_t R, int64_t I,
+                                bf16 *__restrict__ out) {
+    const int64_t total = R * I;
+    if (I % 8 == 0) {
+        const int64_t nv = total / 8;
+        for (int64_t v = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; v < nv;
+             v += (int64_t)gridDim.x * blockDim.x) {
+            const int64_t r = (v * 8) / I, i = (v * 8) % I;
+            float g[8], u[8];
+            unpack8(*reinterpret_cast<const uint4 *>(gu + r * 2 * I + i), g);
+            unpack8(*reinterpret_cast<const uint4 *>(gu + r * 2 * I + I + i), u);
+#pragma unroll
+            for (int j = 0; j < 8; j++) g[j] = silu_f(g[j]) * u[j];
+            *reinterpret_cast<uint4 *>(out + r * I + i) = pack8(g);
+        }
+        return;
+    }
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+         e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = e / I, i = e % I;
+        out[e] = __float2bfloat16_rn(silu_f(to_f32(gu[r * 2 * I + i])) * to_f32(gu[r * 2 * I + I + i]));
+    }
+}
+
+static unsigned grid_for(ds_cuda_ctx *ctx, int64_t work, int threads) {
+    int64_t b = DS_DIV_UP(work, threads);
+    const int64_t cap = (int64_t)ctx->sm_count * 8;
+    return (unsigned)(b < 1 ? 1 : (b > cap ? cap : b));
+}
+
+extern "C" void ds_cuda_silu_mul(ds_cuda_ctx *ctx, const void *gu, int64_t R, int64_t I,
+                                 void *out) {
+    if (R <= 0 || I <= 0) return;
+    const int64_t work = (I % 8 == 0) ? R * I / 8 : R * I;
+    silu_mul_kernel<<<grid_for(ctx, work, ROW_THREADS), ROW_THREADS, 0, ctx->stream>>>(
+        (const bf16 *)gu, R, I, (bf16 *)out);
+    DS_CU_LAUNCHED(ctx, "silu_mul_kernel");
+}
+
+/* out[r, :] = x[rows[r], :] (elem_size bytes per element; rows are 4-byte multiples here) */
+__global__ void gather_rows_kernel(const char *__restrict__ x, int64_t row_bytes,
+                                   const int32_t *__restrict__ rows, char *__restrict__ out) {
+    const int r = blockIdx.x;
+    const char *src = x + (int64_t)rows[r] * row_bytes;
+    char *dst = out + (int64_t)r * row_bytes;
+    if (row_bytes % 16 == 0) {
+        for (int64_t i = threadIdx.x; i < row_bytes / 16; i += blockDim.x)
+            reinterpret_cast<uint4 *>(dst)[i] = reinterpret_cast<const uint4 *>(src)[i];
+    } else {
+        for (int64_t i = threadIdx.x; i < row_bytes; i += blockDim.x) dst[i] = src[i];
+    }
+}
+
+extern "C" void ds_cuda_gather_rows(ds_cuda_ctx *ctx, const void *x, int64_t H, int elem_size,
+                                    void *out) {
+    const int n = ctx->batch.n_out;
+    if (n <= 0) return;
+    gather_rows_kernel<<<n, ROW_THREADS, 0, ctx->stream>>>((const char *)x, H * elem_size,
+                                                           ctx->batch.out_rows, (char *)out);
+    DS_CU_LAUNCHED(ctx, "gather_rows_kernel");
+}
+
+/* ids[r] = argmax_v logits[r, v]: the lowest index among equal maxima; NaN never wins. */
+#define ARGMAX_THREADS 1024
+static __device__ __forceinline__ void amax_merge(float &bv, int &bi, float v, int i) {
+    if (v > bv || (v == bv && i < bi)) {
+        bv = v;
+        bi = i;
+    }
+}
+
+__global__ void __launch_bounds__(ARGMAX_THREADS)
+    argmax_kernel(const float *__restrict__ logits, int64_t V, int32_t *__restrict__ ids) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const float *row = logits + (int64_t)blockIdx.x * V;
+    float bv = -FLT_MAX;
+    int bi = 0x7fffffff;
+    if (V % 4 == 0) {
+        for (int64_t v = threadIdx.x; v < V / 4; v += blockDim.x) {
+            const float4 f = reinterpret_cast<const float4 *>(row)[v];
+            amax_merge(bv, bi, f.x, (int)(v * 4));
+            amax_merge(bv, bi, f.y, (int)(v * 4 + 1));
+            amax_merge(bv, bi, f.z, (int)(v * 4 + 2));
+            amax_merge(bv, bi, f.w, (int)(v * 4 + 3));
+        }
+    } else {
+        for (int64_t v = threadIdx.x; v < V; v += blockDim.x) amax_merge(bv, bi, row[v], (int)v);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        amax_merge(bv, bi, ov, oi);
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) {
+        sv[warp] = bv;
+        si[warp] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++) amax_merge(bv, bi, sv[w], si[w]);
+        ids[blockIdx.x] = bi == 0x7fffffff ? 0 : bi; /* all -inf/NaN row: id 0 */
+    }
+}
+
+extern "C" void ds_cuda_argmax(ds_cuda_ctx *ctx, const float *logits, int R, int64_t V,
+                               int32_t *d_ids) {
+    if (R <= 0) return;
+    argmax_kernel<<<R, ARGMAX_THREADS, 0, ctx->stream>>>(logits, V, d_ids);
+    DS_CU_LAUNCHED(ctx, "argmax_kernel");
+}

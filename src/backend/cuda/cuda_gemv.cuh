@@ -1,0 +1,103 @@
+/* cuda_gemv.cuh — the bandwidth-bound warp GEMV core shared by the linear GEMV and the MoE
+ * expert kernels.
+ *
+ * One warp computes ROWS consecutive output rows for R input rows over a K range. Each lane
+ * streams 16-byte chunks (8 bf16) of the weight rows: lane l covers k = k0 + 8l + 256j, so a
+ * warp reads 512 contiguous bytes of every row per step, and UNROLL steps of ROWS rows are in
+ * flight before the first FMA (UNROLL·ROWS 16-byte loads per lane). Each weight chunk is
+ * multiplied with all R input rows, so the weight is streamed exactly once for the R rows. */
+#ifndef DS_CUDA_GEMV_CUH
+#define DS_CUDA_GEMV_CUH
+
+#include "cuda_common.cuh"
+
+/* x source: plain rows x + r·ldx (bf16). */
+template <int R>
+struct XRows {
+    const bf16 *base[R];
+    __device__ __forceinline__ void load(int r, int64_t k, float f[8]) const {
+        unpack8(ld_cached16(base[r] + k), f);
+    }
+};
+
+/* x source: SiLU(g) ⊙ u computed on the fly from gate_up rows [2I] (g at k, u at I + k). */
+template <int R>
+struct XSiluMul {
+    const bf16 *base[R];
+    int64_t I;
+    __device__ __forceinline__ void load(int r, int64_t k, float f[8]) const {
+        float g[8], u[8];
+        unpack8(ld_cached16(base[r] + k), g);
+        unpack8(ld_cached16(base[r] + I + k), u);
+#pragma unroll
+        for (int i = 0; i < 8; i++) f[i] = silu_f(g[i]) * u[i];
+    }
+};
+
+/* acc[rr][r] += Σ_{k in [k0,k1)} W[n0+rr, k] · x_r[k] for this lane's chunks (not reduced).
+ * Rows n0+rr ≥ nvalid are clamped to a valid row (their results are discarded by the caller). */
+template <int R, int ROWS, int UNROLL, bool STREAM, class XS>
+static __device__ __forceinline__ void gemv_warp_partial(const bf16 *__restrict__ W, int64_t K,
+                                                         int64_t n0, int64_t nvalid, const XS &xs,
+                                                         int64_t k0, int64_t k1,
+                                                         float acc[ROWS][R]) {
+    const int lane = threadIdx.x & 31;
+    const bf16 *wrow[ROWS];
+#pragma unroll
+    for (int rr = 0; rr < ROWS; rr++) {
+        int64_t n = n0 + rr < nvalid ? n0 + rr : nvalid - 1;
+        wrow[rr] = W + n * K;
+    }
+    for (int64_t kb = k0 + lane * 8; kb < k1; kb += 256 * UNROLL) {
+        uint4 w[UNROLL][ROWS];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            const int64_t k = kb + u * 256;
+#pragma unroll
+            for (int rr = 0; rr < ROWS; rr++) {
+                if (k < k1) {
+                    w[u][rr] = STREAM ? ld_stream16(wrow[rr] + k) : ld_cached16(wrow[rr] + k);
+                } else {
+                    w[u][rr] = make_uint4(0, 0, 0, 0);
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            const int64_t k = kb + u * 256;
+            if (k < k1) {
+                float xf[R][8];
+#pragma unroll
+                for (int r = 0; r < R; r++) xs.load(r, k, xf[r]);
+#pragma unroll
+                for (int rr = 0; rr < ROWS; rr++) {
+                    float wf[8];
+                    unpack8(w[u][rr], wf);
+#pragma unroll
+                    for (int r = 0; r < R; r++) {
+                        float s = acc[rr][r];
+#pragma unroll
+                        for (int i = 0; i < 8; i++) s = fmaf(wf[i], xf[r][i], s);
+                        acc[rr][r] = s;
+                    }
+                }
+            }
+        }
+    }
+}
+
+template <int R, int ROWS>
+static __device__ __forceinline__ void gemv_warp_reduce(float acc[ROWS][R]) {
+#pragma unroll
+    for (int rr = 0; rr < ROWS; rr++)
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[rr][r] = warp_sum(acc[rr][r]);
+}
+
+template <typename T> static __device__ __forceinline__ void store_out(T *p, float v);
+template <> __device__ __forceinline__ void store_out<float>(float *p, float v) { *p = v; }
+template <> __device__ __forceinline__ void store_out<bf16>(bf16 *p, float v) {
+    *p = __float2bfloat16_rn(v);
+}
+
+#endif

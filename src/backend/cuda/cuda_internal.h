@@ -1,0 +1,189 @@
+/* cuda_internal.h — private to the CUDA backend: the backend context, error checking and the
+ * kernel launchers.
+ *
+ * This header is shared by the C host code (cuda_*.c, compiled by the C compiler with the
+ * project's warnings) and the kernels (cuda_*.cu, compiled by nvcc as C++). It therefore uses
+ * only plain C types and the CUDA runtime / cuBLASLt C headers; it never includes the project's
+ * headers (core/status.h uses C11 `_Noreturn`, which C++ rejects). The .c files translate the
+ * ds_* views into the raw pointers and sizes the launchers take.
+ *
+ * Every launcher is asynchronous on ctx->stream, never synchronises, never allocates and never
+ * reads device memory on the host, so a whole step can be captured into a CUDA graph. */
+#ifndef DS_CUDA_INTERNAL_H
+#define DS_CUDA_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Capacities fixed at backend creation (documented in docs/cuda_notes.md). A batch larger than
+ * these is an internal error (the runner chunks prefill to DS_CUDA_MAX_TOKENS tokens). */
+#define DS_CUDA_MAX_TOKENS 2048      /* tokens per step (T) */
+#define DS_CUDA_MAX_SEQS 256         /* sequences per step (S) */
+#define DS_CUDA_META_INTS (1 << 21)  /* int32 batch metadata per step, block table included */
+#define DS_CUDA_GEMV_MAX_ROWS 8      /* linear rows served by the GEMV; more go to cuBLASLt */
+#define DS_CUDA_SPLITK_WS_FLOATS (1 << 20) /* fp32 split-K partials of the GEMV */
+#define DS_CUDA_SPLITK_COUNTERS 4096 /* per-launch tile counters (self-resetting) */
+#define DS_CUDA_LT_WS_BYTES (32u << 20) /* cuBLASLt workspace */
+#define DS_CUDA_LT_CACHE 48          /* cached cuBLASLt plans */
+#define DS_CUDA_ATTN_SPLIT_ROWS 1024 /* S·nsplit bound of the decode-attention workspace */
+#define DS_CUDA_ATTN_MAX_SPLIT 64
+
+/* The batch as the kernels see it: device pointers into one metadata buffer. */
+typedef struct ds_cuda_batch {
+    int n_tokens;             /* T */
+    int n_seqs;               /* S */
+    int max_blocks;           /* row length of block_table */
+    int n_out;
+    const int32_t *tokens;    /* [T] */
+    const int32_t *positions; /* [T] */
+    const int32_t *seq_start; /* [S+1] */
+    const int32_t *seq_slot;  /* [S] */
+    const int32_t *n_past;    /* [S] */
+    const int32_t *block_table; /* [S, max_blocks] */
+    const int32_t *out_rows;  /* [n_out] */
+    const int32_t *tok_seq;   /* [T] sequence index of each token (derived on the host) */
+} ds_cuda_batch;
+
+/* Host-side facts about the current batch, derived in set_batch from the host arrays (launch
+ * configuration only; kernels never depend on them for correctness beyond grid sizes). */
+typedef struct ds_cuda_batch_info {
+    int max_seq_tokens; /* max over sequences of tokens in this step */
+    int max_ctx;        /* max over sequences of n_past + tokens */
+} ds_cuda_batch_info;
+
+/* One cached cuBLASLt plan (descriptors + the heuristic's algorithm) for a GEMM shape. */
+typedef struct ds_cuda_lt_plan {
+    int used;
+    int64_t m, n, k, lda, ldb, ldc;
+    int ctype; /* cudaDataType of C/D */
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+} ds_cuda_lt_plan;
+
+typedef struct ds_cuda_ctx {
+    int device;
+    int sm_count;
+    size_t smem_optin;            /* max dynamic shared memory per block */
+    cudaStream_t stream;
+
+    /* sticky error: the first failure, with file:line */
+    int failed;
+    char errmsg[480];
+
+    /* batch metadata: pinned staging (double-buffered, guarded by events) → device buffer */
+    int32_t *h_meta[2];           /* pinned [DS_CUDA_META_INTS] */
+    cudaEvent_t meta_done[2];     /* recorded after the upload from h_meta[i] */
+    int meta_flip;
+    int32_t *d_meta;              /* device [DS_CUDA_META_INTS] */
+    ds_cuda_batch batch;          /* device view of the current batch */
+    ds_cuda_batch_info info;
+    /* host copy of the current batch (for host-side invariant checks) */
+    int32_t *h_cur;               /* points into the h_meta buffer just uploaded */
+    int h_positions_off, h_seq_start_off, h_seq_slot_off, h_block_table_off, h_tok_seq_off;
+
+    /* GEMV split-K */
+    float *d_splitk_ws;           /* [DS_CUDA_SPLITK_WS_FLOATS] */
+    int *d_splitk_cnt;            /* [DS_CUDA_SPLITK_COUNTERS], zero between launches */
+
+    /* cuBLASLt */
+    cublasLtHandle_t lt;
+    void *d_lt_ws;                /* [DS_CUDA_LT_WS_BYTES] */
+    ds_cuda_lt_plan lt_plans[DS_CUDA_LT_CACHE];
+    int lt_next;
+
+    /* argmax */
+    int32_t *d_ids;               /* [DS_CUDA_MAX_TOKENS] */
+    int32_t *h_ids;               /* pinned [DS_CUDA_MAX_TOKENS] */
+
+    /* MoE scratch (sized by prepare_weights from the model; freed at destroy) */
+    size_t moe_scratch_bytes;
+    void *d_moe_scratch;
+} ds_cuda_ctx;
+
+/* Error recording (cuda_backend.c). Returns 1 when `e` is a failure. */
+int ds_cuda_check(ds_cuda_ctx *ctx, cudaError_t e, const char *what, const char *file, int line);
+int ds_cuda_check_lt(ds_cuda_ctx *ctx, cublasStatus_t s, const char *what, const char *file,
+                     int line);
+#define DS_CU(ctx, call) ds_cuda_check((ctx), (call), #call, __FILE__, __LINE__)
+#define DS_LT(ctx, call) ds_cuda_check_lt((ctx), (call), #call, __FILE__, __LINE__)
+/* After every kernel launch. */
+#define DS_CU_LAUNCHED(ctx, name) ds_cuda_check((ctx), cudaGetLastError(), (name), __FILE__, __LINE__)
+
+/* ---- launchers (cuda_*.cu) -------------------------------------------------------------- */
+/* dtype codes match ds_dtype: 0 F32, 1 BF16, 2 F16 */
+
+/* GEMV: out[r, n] (row stride ldo, out_f32 ? float : bf16) = Σ_k x[r, k] · W[n, k] for r < R ≤ 8,
+ * W [N, K] bf16 row-major, x bf16 with row stride ldx. K % 8 == 0; 16-byte aligned rows. */
+void ds_cuda_gemv(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K, const void *x,
+                  int64_t ldx, int R, void *out, int64_t ldo, int out_f32);
+/* Same contract through cuBLASLt (any R). */
+void ds_cuda_gemm_lt(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K, const void *x,
+                     int64_t ldx, int R, void *out, int64_t ldo, int out_f32);
+
+void ds_cuda_embed(ds_cuda_ctx *ctx, const void *table, int table_dtype, int64_t V, int64_t H,
+                   void *out);
+void ds_cuda_rmsnorm(ds_cuda_ctx *ctx, const void *x, const float *w, float eps, int64_t R,
+                     int64_t D, void *out);
+void ds_cuda_add_rmsnorm(ds_cuda_ctx *ctx, void *residual, const void *delta, const float *w,
+                         float eps, int64_t R, int64_t D, void *out);
+void ds_cuda_silu_mul(ds_cuda_ctx *ctx, const void *gu, int64_t R, int64_t I, void *out);
+void ds_cuda_gather_rows(ds_cuda_ctx *ctx, const void *x, int64_t H, int elem_size, void *out);
+void ds_cuda_argmax(ds_cuda_ctx *ctx, const float *logits, int R, int64_t V, int32_t *d_ids);
+
+/* Attention (cuda_attention.cu). Caches: [n_blocks, block_size, nkv, hd] bf16. */
+typedef struct ds_cuda_attn_args {
+    int nh, nkv, hd, rot, block_size;
+    float eps, scale;
+    const float *q_norm, *k_norm; /* [hd] */
+    const float *inv_freq;        /* [rot/2] */
+    const void *qkv;              /* [T, nh·2hd + 2·nkv·hd] bf16 */
+    void *out;                    /* [T, nh·hd] bf16 */
+    void *k_cache, *v_cache;
+    float *ws;                    /* decode split partials */
+    int ws_rows;                  /* capacity in (seq, head, split) rows of hd + 2 floats */
+} ds_cuda_attn_args;
+void ds_cuda_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a);
+
+/* Gated DeltaNet (cuda_gdn.cu). */
+typedef struct ds_cuda_gdn_args {
+    int hk, hv, dk, dv, kernel;
+    float eps;
+    const void *proj;             /* [T, conv_dim + hv·dv + 2hv] bf16 */
+    const float *conv_w;          /* [conv_dim, kernel] */
+    const float *neg_exp_A, *dt_bias; /* [hv] */
+    const float *norm_w;          /* [dv] */
+    float *state;                 /* layer's state, slot stride state_slot_stride floats */
+    int64_t state_slot_stride;    /* floats per slot (all GDN layers of a slot are contiguous) */
+    float *conv_hist;             /* layer's conv history, slot stride conv_slot_stride */
+    int64_t conv_slot_stride;
+    void *out;                    /* [T, hv·dv] bf16 */
+} ds_cuda_gdn_args;
+void ds_cuda_gdn(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a);
+
+/* MoE (cuda_moe.cu). */
+typedef struct ds_cuda_moe_args {
+    int H, E, top_k, I, Is, norm_topk;
+    const void *x;                /* [T, H] bf16 */
+    const void *w_in;             /* [E + 2Is + (Is ? 1 : 0), H]: router | shared gate_up | shared gate */
+    const void *w_gu;             /* [E, 2I, H] */
+    const void *w_down;           /* [E, H, I] */
+    const void *w_sh_down;        /* [H, Is] or NULL */
+    void *out;                    /* [T, H] bf16 */
+} ds_cuda_moe_args;
+void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a);
+/* Bytes of MoE scratch needed for DS_CUDA_MAX_TOKENS tokens of this shape. */
+size_t ds_cuda_moe_scratch_bytes(int H, int E, int top_k, int I, int Is);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

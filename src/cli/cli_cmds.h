@@ -1,0 +1,11 @@
+/* cli_cmds.h — the subcommands (one file each). */
+#ifndef DS_CLI_CMDS_H
+#define DS_CLI_CMDS_H
+
+int ds_cmd_generate(int argc, char **argv);
+int ds_cmd_score(int argc, char **argv);
+int ds_cmd_tokenize(int argc, char **argv);
+int ds_cmd_detokenize(int argc, char **argv);
+int ds_cmd_info(int argc, char **argv);
+
+#endif

@@ -1,0 +1,93 @@
+#include "runtime/session.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define DS_SESSION_BLOCK_SIZE 16
+
+ds_status ds_session_init(ds_session *s, ds_model *m, int n_slots, int max_len, ds_error *err) {
+    *s = (ds_session){.model = m, .n_slots = n_slots, .max_len = max_len,
+                      .block_size = DS_SESSION_BLOCK_SIZE};
+    if (n_slots <= 0 || max_len <= 0)
+        return ds_error_set(err, DS_ERR_INVALID_ARG, "session needs positive slots and length");
+    s->blocks_per_seq = (max_len + s->block_size - 1) / s->block_size;
+    ds_status st = ds_model_cache_create(m, n_slots, max_len, s->block_size, &s->cache, err);
+    if (st != DS_OK) return st;
+    s->block_table = ds_xcalloc((size_t)n_slots * (size_t)s->blocks_per_seq, sizeof(int32_t));
+    for (int i = 0; i < n_slots * s->blocks_per_seq; i++) s->block_table[i] = i;
+    s->n_past = ds_xcalloc((size_t)n_slots, sizeof(int32_t));
+    s->positions = ds_xcalloc((size_t)m->max_tokens, sizeof(int32_t));
+    s->out_rows = ds_xcalloc((size_t)m->max_tokens, sizeof(int32_t));
+    for (int i = 0; i < n_slots; i++) ds_session_reset(s, i);
+    return DS_OK;
+}
+
+void ds_session_free(ds_session *s) {
+    if (s->cache) s->model->be->ops->cache_free(s->model->be, s->cache);
+    free(s->block_table);
+    free(s->n_past);
+    free(s->positions);
+    free(s->out_rows);
+    *s = (ds_session){0};
+}
+
+void ds_session_reset(ds_session *s, int slot) {
+    DS_ASSERT(slot >= 0 && slot < s->n_slots);
+    s->n_past[slot] = 0;
+    s->model->be->ops->cache_reset_slot(s->model->be, s->cache, slot);
+}
+
+ds_status ds_session_feed(ds_session *s, int slot, const int32_t *tokens, int n, bool all_logits,
+                          float *logits_host, ds_error *err) {
+    ds_model *m = s->model;
+    const ds_backend_ops *op = m->be->ops;
+    if (slot < 0 || slot >= s->n_slots)
+        return ds_error_set(err, DS_ERR_INVALID_ARG, "slot %d out of range", slot);
+    if (n <= 0) return ds_error_set(err, DS_ERR_INVALID_ARG, "nothing to feed");
+    if ((int64_t)s->n_past[slot] + n > s->max_len)
+        return ds_error_set(err, DS_ERR_INVALID_ARG,
+                            "sequence of %d tokens exceeds the context length %d",
+                            s->n_past[slot] + n, s->max_len);
+    const size_t V = (size_t)m->cfg.vocab;
+    for (int done = 0; done < n;) {
+        int T = n - done < m->max_tokens ? n - done : m->max_tokens;
+        bool last_chunk = done + T == n;
+        int n_out = 0;
+        if (logits_host && all_logits) {
+            /* out rows are limited by max_out: shrink the chunk if needed */
+            if (T > m->max_out) {
+                T = m->max_out;
+                last_chunk = done + T == n;
+            }
+            for (int i = 0; i < T; i++) s->out_rows[n_out++] = i;
+        } else if (logits_host && last_chunk) {
+            s->out_rows[n_out++] = T - 1;
+        }
+        for (int i = 0; i < T; i++) s->positions[i] = s->n_past[slot] + i;
+        int32_t seq_start[2] = {0, T};
+        int32_t seq_slot = slot, seq_n_past = s->n_past[slot];
+        ds_batch b = {
+            .n_tokens = T,
+            .n_seqs = 1,
+            .tokens = tokens + done,
+            .positions = s->positions,
+            .seq_start = seq_start,
+            .seq_slot = &seq_slot,
+            .seq_n_past = &seq_n_past,
+            .block_table = s->block_table + (size_t)slot * (size_t)s->blocks_per_seq,
+            .max_blocks = s->blocks_per_seq,
+            .n_out = n_out,
+            .out_rows = s->out_rows,
+        };
+        ds_status st = ds_model_forward(m, s->cache, &b, err);
+        if (st != DS_OK) return st;
+        if (n_out > 0) {
+            float *dst = all_logits ? logits_host + (size_t)done * V : logits_host;
+            op->download(m->be, dst, m->s.logits.data, (size_t)n_out * V * sizeof(float));
+        }
+        if ((st = op->synchronize(m->be, err)) != DS_OK) return st;
+        s->n_past[slot] += T;
+        done += T;
+    }
+    return DS_OK;
+}

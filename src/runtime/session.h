@@ -1,0 +1,39 @@
+/* session.h — drive sequences through a model one step at a time without a scheduler.
+ *
+ * Used by the CLI (generate, score), the benchmarks and the tests. Each slot owns a fixed
+ * range of KV blocks (slot s: blocks [s·B, (s+1)·B)), so a slot holds up to max_len tokens.
+ * The serving runtime (runtime/scheduler) replaces this with paged block allocation. */
+#ifndef DS_SESSION_H
+#define DS_SESSION_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "model/model.h"
+
+typedef struct ds_session {
+    ds_model *model;
+    ds_cache *cache;
+    int n_slots;
+    int max_len;          /* tokens per slot */
+    int block_size;
+    int blocks_per_seq;
+    int32_t *block_table; /* [n_slots, blocks_per_seq] */
+    int32_t *n_past;      /* [n_slots] tokens already in each slot's caches */
+    /* per-step host staging, sized for model->max_tokens */
+    int32_t *positions, *out_rows;
+} ds_session;
+
+ds_status ds_session_init(ds_session *s, ds_model *m, int n_slots, int max_len, ds_error *err);
+void ds_session_free(ds_session *s);
+
+/* Starts a new sequence in `slot` (clears its GDN state, forgets its KV). */
+void ds_session_reset(ds_session *s, int slot);
+
+/* Feeds n tokens of one sequence (any n: split into steps of model->max_tokens). When
+ * logits_host is non-NULL it receives F32 logits: [n, V] if all_logits, else [1, V] for the
+ * last token. */
+ds_status ds_session_feed(ds_session *s, int slot, const int32_t *tokens, int n, bool all_logits,
+                          float *logits_host, ds_error *err);
+
+#endif

@@ -1,0 +1,316 @@
+#include "sampling/sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sampling/select.h"
+
+const char *ds_finish_reason_name(ds_finish_reason r) {
+    switch (r) {
+    case DS_FINISH_STOP: return "stop";
+    case DS_FINISH_LENGTH: return "length";
+    case DS_FINISH_NONE: break;
+    }
+    return NULL;
+}
+
+ds_status ds_sampler_init(ds_sampler *s, const ds_sampling_params *p, int vocab,
+                          const int *eos_ids, int n_eos, ds_error *err) {
+    memset(s, 0, sizeof *s);
+    ds_token_counts_init(&s->counts);
+    if (vocab <= 0) return ds_error_set(err, DS_ERR_INVALID_ARG, "vocab must be > 0, got %d", vocab);
+    if (n_eos < 0 || n_eos > DS_SAMPLER_MAX_EOS || (n_eos > 0 && !eos_ids))
+        return ds_error_set(err, DS_ERR_INVALID_ARG, "eos ids: expected 0..%d ids, got %d",
+                            DS_SAMPLER_MAX_EOS, n_eos);
+    for (int i = 0; i < n_eos; i++)
+        if (eos_ids[i] < 0 || eos_ids[i] >= vocab)
+            return ds_error_set(err, DS_ERR_INVALID_ARG,
+                                "eos id %d is outside the vocabulary [0, %d)", eos_ids[i], vocab);
+    ds_status st = ds_sampling_params_validate(p, vocab, err);
+    if (st != DS_OK) return st;
+    st = ds_sampling_params_clone(&s->params, p, err);
+    if (st != DS_OK) return st;
+
+    s->vocab = vocab;
+    s->n_eos = n_eos;
+    for (int i = 0; i < n_eos; i++) s->eos_ids[i] = eos_ids[i];
+    s->seed = p->has_seed ? p->seed : ds_rng_entropy_seed();
+    ds_rng_seed(&s->rng, s->seed);
+
+    s->greedy = ds_sampling_params_is_greedy(p);
+    /* vLLM raises tiny temperatures to 0.01 (logits / 1e-4 overflow fp16/bf16 kernels); we
+     * keep the rule so the same request means the same distribution on both engines. */
+    s->temperature = p->temperature < DS_SAMPLING_MIN_TEMP ? DS_SAMPLING_MIN_TEMP : p->temperature;
+    s->penalties = p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f ||
+                   p->repetition_penalty != 1.0f;
+    if (p->logprobs >= 0) {
+        s->raw = malloc((size_t)vocab * sizeof *s->raw);
+        if (!s->raw)
+            return ds_error_set(err, DS_ERR_NOMEM, "out of memory for the logprobs buffer "
+                                "(%d floats)", vocab);
+    }
+    return DS_OK;
+}
+
+void ds_sampler_free(ds_sampler *s) {
+    ds_sampling_params_free(&s->params);
+    ds_token_counts_free(&s->counts);
+    free(s->raw);
+    s->raw = NULL;
+}
+
+ds_status ds_sampler_add_prompt(ds_sampler *s, const int32_t *tokens, int n, ds_error *err) {
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= s->vocab)
+            return ds_error_set(err, DS_ERR_INVALID_ARG,
+                                "prompt token %d (position %d) is outside the vocabulary [0, %d)",
+                                (int)tokens[i], i, s->vocab);
+    if (!s->penalties) return DS_OK;
+    for (int i = 0; i < n; i++)
+        if (ds_token_counts_add(&s->counts, tokens[i], true) != DS_OK)
+            return ds_error_set(err, DS_ERR_NOMEM, "out of memory recording the prompt");
+    return DS_OK;
+}
+
+ds_status ds_sampler_accept(ds_sampler *s, int token, ds_error *err) {
+    DS_ASSERT(token >= 0 && token < s->vocab);
+    s->n_accepted++;
+    if (!s->penalties) return DS_OK;
+    if (ds_token_counts_add(&s->counts, token, false) != DS_OK)
+        return ds_error_set(err, DS_ERR_NOMEM, "out of memory recording generated tokens");
+    return DS_OK;
+}
+
+bool ds_sampler_is_eos(const ds_sampler *s, int token) {
+    for (int i = 0; i < s->n_eos; i++)
+        if (s->eos_ids[i] == token) return true;
+    return false;
+}
+
+static bool is_stop_id(const ds_sampler *s, int token) {
+    for (int i = 0; i < s->params.n_stop_token_ids; i++)
+        if (s->params.stop_token_ids[i] == token) return true;
+    return false;
+}
+
+ds_finish_reason ds_sampler_finish_reason(const ds_sampler *s, int token, int n_generated,
+                                          int *stop_token) {
+    if (stop_token) *stop_token = -1;
+    if (n_generated >= s->params.min_tokens) {
+        if (!s->params.ignore_eos && ds_sampler_is_eos(s, token)) return DS_FINISH_STOP;
+        if (is_stop_id(s, token)) {
+            if (stop_token) *stop_token = token;
+            return DS_FINISH_STOP;
+        }
+    }
+    if (n_generated >= s->params.max_tokens) return DS_FINISH_LENGTH;
+    return DS_FINISH_NONE;
+}
+
+/* vLLM apply_penalties: repetition over prompt ∪ output (divide positive logits, multiply
+ * negative ones), then frequency · count and presence · [count > 0] over the output only. */
+void ds_sampler_apply_penalties(const ds_sampler *s, float *logits) {
+    if (!s->penalties) return;
+    const float rep = s->params.repetition_penalty;
+    const float freq = s->params.frequency_penalty;
+    const float pres = s->params.presence_penalty;
+    for (uint32_t i = 0; i < s->counts.cap; i++) {
+        const ds_token_count *e = &s->counts.slots[i];
+        if (e->token < 0) continue;
+        float l = logits[e->token];
+        if (rep != 1.0f) l = l > 0.0f ? l / rep : l * rep;
+        if (e->n_output > 0) l -= freq * (float)e->n_output + pres;
+        logits[e->token] = l;
+    }
+}
+
+void ds_sampler_apply_min_tokens(const ds_sampler *s, float *logits, int n_generated) {
+    if (n_generated >= s->params.min_tokens) return;
+    for (int i = 0; i < s->n_eos; i++) logits[s->eos_ids[i]] = -INFINITY;
+    for (int i = 0; i < s->params.n_stop_token_ids; i++)
+        logits[s->params.stop_token_ids[i]] = -INFINITY;
+}
+
+/* NaN → -inf and -0 → +0 in place (so equal logits have equal radix keys); returns the max and
+ * the number of finite-or-+inf entries. */
+static float sanitize_max(float *x, int n, int *n_live) {
+    float m = -INFINITY;
+    int live = 0;
+    for (int i = 0; i < n; i++) {
+        float v = x[i];
+        if (v != v) v = -INFINITY;
+        if (v == 0.0f) v = 0.0f;
+        x[i] = v;
+        if (v > -INFINITY) live++;
+        if (v > m) m = v;
+    }
+    *n_live = live;
+    return m;
+}
+
+static int argmax_first(const float *x, int n) {
+    int best = -1;
+    float bv = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (x[i] > bv) { /* strict: the lowest index wins ties */
+            bv = x[i];
+            best = i;
+        }
+    return best;
+}
+
+/* Turns processed logits into unnormalised probabilities in place, with every token that
+ * temperature + min_p + top_k + top_p exclude set to 0; returns their sum (> 0). */
+static double random_weights(const ds_sampler *s, float *x, int n, float max_logit, int n_live) {
+    const ds_sampling_params *p = &s->params;
+
+    /* top_k on the logits (temperature keeps the order); ties with the k-th value survive,
+     * as in vLLM's `logits < kth_value` mask. */
+    uint32_t kmin = 0;
+    if (p->top_k > 0 && p->top_k < n_live) {
+        double above;
+        kmin = ds_select_desc(x, (size_t)n, DS_SELECT_COUNT, (double)p->top_k, &above);
+    }
+
+    /* Temperature + softmax numerator, shifted so the best token has weight exactly 1; min_p
+     * is then simply weight >= min_p (vLLM: p >= min_p · p_max). */
+    const float inv_t = 1.0f / s->temperature;
+    const float min_p = p->min_p;
+    double total = 0.0;
+    for (int i = 0; i < n; i++) {
+        float v = x[i];
+        float w = 0.0f;
+        if (v > -INFINITY && ds_float_order_key(v) >= kmin) {
+            w = expf((v - max_logit) * inv_t);
+            if (w < min_p) w = 0.0f;
+        }
+        x[i] = w;
+        total += (double)w;
+    }
+    if (!(p->top_p < 1.0f)) return total;
+
+    /* top_p: keep the smallest top set whose mass reaches top_p · total (vLLM masks tokens
+     * whose ascending cumsum is <= 1 - p, i.e. whose strictly-better mass is >= p). Tokens
+     * tied at the boundary probability join in id order. */
+    const double target = (double)p->top_p * total;
+    double acc;
+    const uint32_t kp = ds_select_desc(x, (size_t)n, DS_SELECT_MASS, target, &acc);
+    double kept = 0.0;
+    for (int i = 0; i < n; i++) {
+        float w = x[i];
+        if (!(w > 0.0f)) continue;
+        uint32_t k = ds_float_bits(w);
+        if (k < kp || (k == kp && !(acc < target))) {
+            x[i] = 0.0f;
+            continue;
+        }
+        if (k == kp) acc += (double)w;
+        kept += (double)w;
+    }
+    return kept;
+}
+
+/* The shared front half of sample and probs: raw logprob bookkeeping, penalties, min_tokens,
+ * then the greedy token or the weights. Returns the greedy token, or -1 with *total set. */
+static ds_status process(ds_sampler *s, float *logits, int n_generated, int *greedy_token,
+                         double *total, ds_error *err) {
+    const int n = s->vocab;
+    ds_sampler_apply_penalties(s, logits);
+    ds_sampler_apply_min_tokens(s, logits, n_generated);
+    int n_live;
+    const float m = sanitize_max(logits, n, &n_live);
+    if (n_live == 0)
+        return ds_error_set(err, DS_ERR_INTERNAL,
+                            "sampling: no token has a finite logit (all -inf or NaN)");
+    *greedy_token = -1;
+    if (s->greedy) {
+        *greedy_token = argmax_first(logits, n);
+        return DS_OK;
+    }
+    if (m == INFINITY) {
+        /* +inf logits: the distribution is uniform over them; treat as greedy on the first. */
+        *greedy_token = argmax_first(logits, n);
+        return DS_OK;
+    }
+    *total = random_weights(s, logits, n, m, n_live);
+    DS_ASSERT(*total > 0.0);
+    return DS_OK;
+}
+
+/* Raw log_softmax statistics, from the logits before any processing: the copy lets us rank the
+ * chosen token afterwards (processing overwrites the logits). */
+static double raw_logprob_prepare(ds_sampler *s, const float *logits, ds_sample_result *res) {
+    const int n = s->vocab;
+    float m = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        float v = logits[i];
+        if (v != v) v = -INFINITY;
+        s->raw[i] = v;
+        if (v > m) m = v;
+    }
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += exp((double)s->raw[i] - (double)m);
+    const double lse = (double)m + log(sum);
+    res->n_top = ds_select_top_n(s->raw, (size_t)n, s->params.logprobs, res->top_ids,
+                                 res->top_logprobs);
+    for (int j = 0; j < res->n_top; j++)
+        res->top_logprobs[j] = (float)((double)res->top_logprobs[j] - lse);
+    return lse;
+}
+
+static void raw_logprob_finish(const ds_sampler *s, double lse, ds_sample_result *res) {
+    const float v = s->raw[res->token];
+    int rank = 0;
+    for (int i = 0; i < s->vocab; i++) rank += s->raw[i] >= v;
+    res->rank = rank;
+    res->logprob = (float)((double)v - lse);
+}
+
+ds_status ds_sampler_sample(ds_sampler *s, float *logits, int n_generated, ds_sample_result *res,
+                            ds_error *err) {
+    res->token = -1;
+    res->logprob = 0.0f;
+    res->rank = 0;
+    res->n_top = 0;
+    double lse = 0.0;
+    if (s->params.logprobs >= 0) lse = raw_logprob_prepare(s, logits, res);
+
+    int token;
+    double total = 0.0;
+    ds_status st = process(s, logits, n_generated, &token, &total, err);
+    if (st != DS_OK) return st;
+    if (token < 0) {
+        /* Inverse CDF over the surviving weights, in id order. */
+        const double u = ds_rng_uniform(&s->rng) * total;
+        double cum = 0.0;
+        int last = -1;
+        for (int i = 0; i < s->vocab; i++) {
+            float w = logits[i];
+            if (!(w > 0.0f)) continue;
+            cum += (double)w;
+            last = i;
+            if (cum > u) break;
+        }
+        DS_ASSERT(last >= 0); /* rounding past the end lands on the last survivor */
+        token = last;
+    }
+    res->token = token;
+    if (s->params.logprobs >= 0) raw_logprob_finish(s, lse, res);
+    return DS_OK;
+}
+
+ds_status ds_sampler_probs(ds_sampler *s, float *logits, int n_generated, ds_error *err) {
+    int token;
+    double total = 0.0;
+    ds_status st = process(s, logits, n_generated, &token, &total, err);
+    if (st != DS_OK) return st;
+    if (token >= 0) {
+        memset(logits, 0, (size_t)s->vocab * sizeof *logits);
+        logits[token] = 1.0f;
+        return DS_OK;
+    }
+    const double inv = 1.0 / total;
+    for (int i = 0; i < s->vocab; i++) logits[i] = (float)((double)logits[i] * inv);
+    return DS_OK;
+}
