@@ -29,6 +29,7 @@ typedef struct stw_entry {
 typedef struct stw {
     stw_entry *e;
     int n, cap;
+    int keep_order; /* 1: write tensors in insertion order (to provoke misaligned offsets) */
 } stw;
 
 static inline void stw_init(stw *w) { memset(w, 0, sizeof *w); }
@@ -98,7 +99,7 @@ static inline int stw_cmp(const void *a, const void *b) {
 static inline uint8_t *stw_build(const stw *w, size_t *len) {
     const stw_entry **order = malloc((size_t)(w->n ? w->n : 1) * sizeof *order);
     for (int i = 0; i < w->n; i++) order[i] = &w->e[i];
-    qsort(order, (size_t)w->n, sizeof *order, stw_cmp);
+    if (!w->keep_order) qsort(order, (size_t)w->n, sizeof *order, stw_cmp);
     cJSON *root = cJSON_CreateObject();
     cJSON *meta = cJSON_AddObjectToObject(root, "__metadata__");
     cJSON_AddStringToObject(meta, "format", "pt");
@@ -108,7 +109,8 @@ static inline uint8_t *stw_build(const stw *w, size_t *len) {
         cJSON *t = cJSON_AddObjectToObject(root, e->name);
         cJSON_AddStringToObject(t, "dtype", e->dtype);
         cJSON *sh = cJSON_AddArrayToObject(t, "shape");
-        for (int d = 0; d < e->ndim; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)e->shape[d]));
+        for (int d = 0; d < e->ndim; d++)
+            cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)e->shape[d]));
         cJSON *of = cJSON_AddArrayToObject(t, "data_offsets");
         cJSON_AddItemToArray(of, cJSON_CreateNumber((double)off));
         cJSON_AddItemToArray(of, cJSON_CreateNumber((double)(off + e->nbytes)));

@@ -56,8 +56,8 @@ static inline float *tc_rand_host(test_rng *rng, size_t n, float scale) {
 
 /* A random [N, K] weight in dtype dt (malloc'd data) plus `exact` [N, K]: the f32 values the
  * stored dtype really holds, for the reference. Free both with free(t.data), free(exact). */
-static inline ds_tensor tc_rand_weight(test_rng *rng, ds_dtype dt, int64_t N, int64_t K, float scale,
-                                       float **exact) {
+static inline ds_tensor tc_rand_weight(test_rng *rng, ds_dtype dt, int64_t N, int64_t K,
+                                       float scale, float **exact) {
     size_t n = (size_t)(N * K);
     float *ex = malloc(n * sizeof(float));
     void *data = malloc(n * ds_dtype_size(dt));
@@ -66,9 +66,18 @@ static inline ds_tensor tc_rand_weight(test_rng *rng, ds_dtype dt, int64_t N, in
     for (size_t i = 0; i < n; i++) {
         float v = test_rng_uniform(rng) * scale;
         switch (dt) {
-        case DS_DTYPE_BF16: ((uint16_t *)data)[i] = ds_f32_to_bf16(v); ex[i] = ds_bf16_to_f32(((uint16_t *)data)[i]); break;
-        case DS_DTYPE_F16: ((uint16_t *)data)[i] = ds_f32_to_f16(v); ex[i] = ds_f16_to_f32(((uint16_t *)data)[i]); break;
-        default: ((float *)data)[i] = v; ex[i] = v; break;
+        case DS_DTYPE_BF16:
+            ((uint16_t *)data)[i] = ds_f32_to_bf16(v);
+            ex[i] = ds_bf16_to_f32(((uint16_t *)data)[i]);
+            break;
+        case DS_DTYPE_F16:
+            ((uint16_t *)data)[i] = ds_f32_to_f16(v);
+            ex[i] = ds_f16_to_f32(((uint16_t *)data)[i]);
+            break;
+        default:
+            ((float *)data)[i] = v;
+            ex[i] = v;
+            break;
         }
     }
     *exact = ex;
@@ -76,7 +85,7 @@ static inline ds_tensor tc_rand_weight(test_rng *rng, ds_dtype dt, int64_t N, in
 }
 
 /* A batch with its own storage for up to TC_MAX_SEQS sequences. */
-#define TC_MAX_SEQS 8
+#define TC_MAX_SEQS   8
 #define TC_MAX_TOKENS 1024
 #define TC_MAX_BLOCKS 256
 
@@ -105,7 +114,8 @@ static inline void tc_batch_init(tc_batch *tb, int n_seqs, const int *n_past, co
             tb->tokens[t] = 0;
         }
         if (tables)
-            memcpy(tb->block_table + s * max_blocks, tables[s], (size_t)max_blocks * sizeof(int32_t));
+            memcpy(tb->block_table + s * max_blocks, tables[s],
+                   (size_t)max_blocks * sizeof(int32_t));
     }
     tb->seq_start[n_seqs] = t;
     for (int i = 0; i < t; i++) tb->out_rows[i] = i;

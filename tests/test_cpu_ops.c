@@ -115,7 +115,8 @@ static void check_linear(ds_backend *be, ds_dtype dt, int R, int K, const int *r
     }
     float *x = tc_rand_act(be, &rng, (size_t)R * K, 1.0f);
     float *y = tc_zero_act(be, (size_t)R * lin.n_out);
-    ds_tensor tx = tc_tensor2(x, DS_DTYPE_F32, R, K), ty = tc_tensor2(y, DS_DTYPE_F32, R, lin.n_out);
+    ds_tensor tx = tc_tensor2(x, DS_DTYPE_F32, R, K),
+              ty = tc_tensor2(y, DS_DTYPE_F32, R, lin.n_out);
     be->ops->linear(be, &tx, &lin, &ty);
     double *ref = malloc(sizeof(double) * (size_t)R * (size_t)lin.n_out);
     ref_linear(x, R, K, (const float *const *)wex, rows, n_parts, ref);
@@ -206,8 +207,9 @@ static void test_linear_throughput(void **state) {
     for (int i = 0; i < iters; i++) be->ops->linear(be, &tx, &lin[i % COPIES], &ty);
     double cold = (now_s() - t0) / iters;
     printf("linear [1,%d]x[%d,%d] bf16, %d threads: same matrix %.3f ms = %.1f GB/s; "
-           "8 rotating matrices %.3f ms = %.1f GB/s\n", K, K, N, ds_cpu_n_threads(be), hot * 1e3,
-           (double)wbytes / 1e9 / hot, cold * 1e3, (double)wbytes / 1e9 / cold);
+           "8 rotating matrices %.3f ms = %.1f GB/s\n",
+           K, K, N, ds_cpu_n_threads(be), hot * 1e3, (double)wbytes / 1e9 / hot, cold * 1e3,
+           (double)wbytes / 1e9 / cold);
     tx = tc_tensor2(x, DS_DTYPE_F32, 64, K);
     ty = tc_tensor2(y, DS_DTYPE_F32, 64, N);
     t0 = now_s();
@@ -312,7 +314,8 @@ static void test_silu_mul(void **state) {
     ds_backend *be = tc_backend(2);
     test_rng rng = {.s = 8};
     const int R = 70, I = 333;
-    float *gu = tc_rand_act(be, &rng, (size_t)R * 2 * I, 6.0f), *out = tc_zero_act(be, (size_t)R * I);
+    float *gu = tc_rand_act(be, &rng, (size_t)R * 2 * I, 6.0f),
+          *out = tc_zero_act(be, (size_t)R * I);
     ds_tensor tg = tc_tensor2(gu, DS_DTYPE_F32, R, 2 * I), to = tc_tensor2(out, DS_DTYPE_F32, R, I);
     be->ops->silu_mul(be, &tg, &to);
     double *ref = malloc(sizeof(double) * R * I);
@@ -345,7 +348,8 @@ static void test_gather_rows(void **state) {
     be->ops->set_batch(be, &tb.b);
     ds_tensor tx = tc_tensor2(x, DS_DTYPE_F32, T, H), to = tc_tensor2(out, DS_DTYPE_F32, 3, H);
     be->ops->gather_rows(be, &tx, &to);
-    for (int r = 0; r < 3; r++) assert_memory_equal(out + r * H, x + rows[r] * H, H * sizeof(float));
+    for (int r = 0; r < 3; r++)
+        assert_memory_equal(out + r * H, x + rows[r] * H, H * sizeof(float));
     be->ops->free(be, x);
     be->ops->free(be, out);
     be->ops->destroy(be);

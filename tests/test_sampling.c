@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "sampling/dist.h"
 #include "sampling/sampler.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
@@ -315,6 +316,7 @@ static void ref_pipeline(const float *x, int n, double temp, int top_k, double t
     for (int i = 0; i < n; i++) it[i] = (ref_item){x[i], i};
     qsort(it, (size_t)n, sizeof *it, ref_cmp);
     int k = (top_k > 0 && top_k < n) ? top_k : n;
+    while (k < n && it[k].v == it[k - 1].v) k++; /* ties with the k-th logit stay */
     double m = it[0].v, s = 0;
     for (int j = 0; j < n; j++) out[j] = 0;
     int keep = 0;
@@ -374,8 +376,17 @@ static void test_big_vocab_matches_sorted_reference(void **state) {
     check_big(x, V, 1.0f, 1000, 1.0f, 0.0f);
     check_big(x, V, 1.0f, 0, 1.0f, 0.05f);
     check_big(x, V, 0.8f, 400, 0.8f, 0.01f);
+    check_big(x, V, 1.0f, 5000, 0.9f, 0.0f); /* beyond the heap: radix top_k */
+    /* heavy ties: logits on a 0.5 grid, so the k-th value is shared by ~3900 tokens (the
+     * compact list overflows and the full path takes over) */
+    for (int i = 0; i < V; i++) x[i] = roundf(x[i] * 2.0f) / 2.0f;
+    check_big(x, V, 1.0f, 50, 1.0f, 0.0f);
+    check_big(x, V, 1.0f, 50, 0.3f, 0.0f);
+    check_big(x, V, 1.0f, 0, 0.5f, 0.0f);
+    check_big(x, V, 2.0f, 3000, 0.9f, 0.02f);
 
     /* timing, reported only */
+    random_logits(x, V, 2024, 8.0f);
     ds_sampling_params p;
     ds_sampling_params_init(&p);
     p.top_k = 50;
@@ -403,6 +414,98 @@ static void test_big_vocab_matches_sorted_reference(void **state) {
     ds_sampler_free(&s);
     free(w);
     free(x);
+}
+
+/* Draws through every path (full array, compact top-k list, radix top-p, min_p) against the
+ * sorted double reference, on a vocabulary that spans several 16-wide blocks plus a tail. */
+static void test_draws_match_filtered_distribution(void **state) {
+    (void)state;
+    enum { V = 45, N = 60000 };
+    float x[V];
+    random_logits(x, V, 777, 2.0f);
+    const struct { float t; int k; float p; float mp; } cases[] = {
+        {1.0f, 0, 1.0f, 0.0f}, {1.0f, 10, 1.0f, 0.0f}, {0.8f, 0, 0.7f, 0.0f},
+        {1.3f, 12, 0.8f, 0.0f}, {0.9f, 0, 1.0f, 0.3f}, {1.0f, 40, 0.9f, 0.05f},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        ds_sampling_params p;
+        ds_sampling_params_init(&p);
+        p.temperature = cases[c].t;
+        p.top_k = cases[c].k;
+        p.top_p = cases[c].p;
+        p.min_p = cases[c].mp;
+        p.has_seed = true;
+        p.seed = 1000 + c;
+        ds_sampler s;
+        init_ok(&s, &p, V, NULL, 0);
+        int count[V] = {0};
+        for (int i = 0; i < N; i++) count[sample_ok(&s, x, V, 0, NULL)]++;
+        ds_sampler_free(&s);
+        double ref[V];
+        ref_pipeline(x, V, cases[c].t, cases[c].k, cases[c].p, cases[c].mp, ref);
+        int kept = 0;
+        for (int i = 0; i < V; i++) kept += ref[i] > 0;
+        const int df = kept - 1;
+        double chi = chi_square(count, ref, V, N);
+        double limit = df + 6.0 * sqrt(2.0 * df) + 10.0; /* far beyond the 99.99% quantile */
+        print_message("case %zu: %d tokens kept, chi2 = %.1f (df %d, limit %.0f)\n", c, kept, chi,
+                      df, limit);
+        assert_true(chi < limit); /* also infinite if a token outside the set was drawn */
+    }
+}
+
+/* The inverse-CDF edges: u = 0 gives the first surviving token, u → 1 the last, on both
+ * representations. */
+static void test_draw_edges(void **state) {
+    (void)state;
+    enum { V = 100 };
+    float x[V], w[V];
+    random_logits(x, V, 5, 1.0f);
+    float mx = x[0];
+    for (int i = 1; i < V; i++) mx = fmaxf(mx, x[i]);
+    for (int k = 0; k <= 5; k += 5) {
+        memcpy(w, x, sizeof w);
+        ds_dist d;
+        ds_dist_params dp = {.temperature = 1.0f, .top_k = k, .top_p = 1.0f, .min_p = 0.0f};
+        ds_dist_build(&d, w, V, &dp, mx, V);
+        assert_int_equal(d.compact, k > 0);
+        int lo = V, hi = -1;
+        for (int i = 0; i < V; i++) {
+            bool in = k == 0;
+            if (k) {
+                int better = 0;
+                for (int j = 0; j < V; j++) better += x[j] > x[i];
+                in = better < k;
+            }
+            if (in) {
+                lo = i < lo ? i : lo;
+                hi = i;
+            }
+        }
+        if (k) { /* compact order is by id when top_p is off */
+            assert_int_equal(ds_dist_draw(&d, w, V, 0.0), lo);
+            assert_int_equal(ds_dist_draw(&d, w, V, nextafter(1.0, 0.0)), hi);
+        } else {
+            assert_int_equal(ds_dist_draw(&d, w, V, 0.0), 0);
+            assert_int_equal(ds_dist_draw(&d, w, V, nextafter(1.0, 0.0)), V - 1);
+        }
+    }
+}
+
+static void test_fast_expf_accuracy(void **state) {
+    (void)state;
+    double worst = 0;
+    for (int i = 0; i <= 200000; i++) {
+        float v = -87.0f + 87.0f * (float)i / 200000.0f;
+        double ref = exp((double)v);
+        double rel = fabs((double)ds_fast_expf(v) - ref) / ref;
+        worst = fmax(worst, rel);
+    }
+    print_message("fast_expf: max relative error %.3g on [-87, 0]\n", worst);
+    assert_true(worst < 4e-7);
+    assert_true(ds_fast_expf(0.0f) == 1.0f);
+    assert_true(ds_fast_expf(-INFINITY) == 0.0f);
+    assert_true(ds_fast_expf(-100.0f) == 0.0f);
 }
 
 /* ---- penalties ---------------------------------------------------------------------------- */
@@ -746,6 +849,9 @@ int main(void) {
         cmocka_unit_test(test_min_p_sets),
         cmocka_unit_test(test_top_k_sets),
         cmocka_unit_test(test_big_vocab_matches_sorted_reference),
+        cmocka_unit_test(test_draws_match_filtered_distribution),
+        cmocka_unit_test(test_draw_edges),
+        cmocka_unit_test(test_fast_expf_accuracy),
         cmocka_unit_test(test_penalties_by_hand),
         cmocka_unit_test(test_penalties_change_greedy_choice),
         cmocka_unit_test(test_min_tokens_bans_eos_and_stop_ids),

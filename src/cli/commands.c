@@ -2,6 +2,10 @@
 #include "cli/cli_cmds.h"
 
 const ds_cli_command ds_cli_commands[] = {
+    {"generate", ds_cmd_generate},
     {"score", ds_cmd_score},
+    {"tokenize", ds_cmd_tokenize},
+    {"detokenize", ds_cmd_detokenize},
+    {"info", ds_cmd_info},
     {0, 0},
 };

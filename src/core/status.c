@@ -25,6 +25,7 @@ const char *ds_status_name(ds_status s) {
     case DS_ERR_NOMEM: return "out of memory";
     case DS_ERR_DEVICE: return "device error";
     case DS_ERR_INTERNAL: return "internal error";
+    case DS_ERR_BUSY: return "busy";
     }
     return "unknown status";
 }

@@ -19,6 +19,7 @@ typedef enum ds_status {
     DS_ERR_NOMEM,       /* allocation failed (host or device) */
     DS_ERR_DEVICE,      /* accelerator runtime error */
     DS_ERR_INTERNAL,
+    DS_ERR_BUSY,        /* a bounded queue is full: try again later */
 } ds_status;
 
 #define DS_ERROR_MSG_MAX 512

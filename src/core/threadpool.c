@@ -9,15 +9,15 @@
 #include "core/status.h"
 
 struct ds_threadpool {
-    int n_threads;        /* total, including the caller */
-    pthread_t *workers;   /* [n_threads - 1] */
-    int n_started;        /* workers actually running (for a clean shutdown on partial start) */
+    int n_threads;      /* total, including the caller */
+    pthread_t *workers; /* [n_threads - 1] */
+    int n_started;      /* workers actually running (for a clean shutdown on partial start) */
 
     pthread_mutex_t mu;
-    pthread_cond_t cv_start;  /* workers wait here for a new generation */
-    pthread_cond_t cv_done;   /* the caller waits here for n_busy == 0 */
-    uint64_t generation;      /* bumped once per job */
-    int n_busy;               /* workers that have not finished the current job */
+    pthread_cond_t cv_start; /* workers wait here for a new generation */
+    pthread_cond_t cv_done;  /* the caller waits here for n_busy == 0 */
+    uint64_t generation;     /* bumped once per job */
+    int n_busy;              /* workers that have not finished the current job */
     bool stop;
 
     /* The current job (written under mu before the generation bump). */

@@ -15,7 +15,7 @@
 struct ds_checkpoint {
     char *dir;
     int n_files;
-    ds_st_file **files;          /* [n_files] */
+    ds_st_file **files; /* [n_files] */
     int n;
     const ds_st_tensor **by_name; /* [n] sorted by name */
 };
@@ -219,9 +219,12 @@ ds_status ds_checkpoint_open(const char *dir, ds_checkpoint **out, ds_error *err
     char *single = ck_join(dir, CK_SINGLE);
     char *index = ck_join(dir, CK_INDEX);
     ds_status st;
-    if (!single || !index) st = ds_error_set(err, DS_ERR_NOMEM, "%s: out of memory", dir);
-    else if (ck_exists(single)) st = ck_open_single(ck, single, err);
-    else if (ck_exists(index)) st = ck_open_index(ck, index, err);
+    if (!single || !index)
+        st = ds_error_set(err, DS_ERR_NOMEM, "%s: out of memory", dir);
+    else if (ck_exists(single))
+        st = ck_open_single(ck, single, err);
+    else if (ck_exists(index))
+        st = ck_open_index(ck, index, err);
     else
         st = ds_error_set(err, DS_ERR_IO, "%s: no %s or %s in the model directory", dir, CK_SINGLE,
                           CK_INDEX);
@@ -241,8 +244,10 @@ const ds_st_tensor *ds_checkpoint_find(const ds_checkpoint *ck, const char *name
         int mid = lo + (hi - lo) / 2;
         int c = strcmp(ck->by_name[mid]->name, name);
         if (c == 0) return ck->by_name[mid];
-        if (c < 0) lo = mid + 1;
-        else hi = mid - 1;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
     }
     return NULL;
 }
@@ -252,8 +257,10 @@ bool ds_checkpoint_has_prefix(const ds_checkpoint *ck, const char *prefix) {
     int lo = 0, hi = ck->n;
     while (lo < hi) {
         int mid = lo + (hi - lo) / 2;
-        if (strcmp(ck->by_name[mid]->name, prefix) < 0) lo = mid + 1;
-        else hi = mid;
+        if (strcmp(ck->by_name[mid]->name, prefix) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return lo < ck->n && !strncmp(ck->by_name[lo]->name, prefix, strlen(prefix));
 }

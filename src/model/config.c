@@ -17,13 +17,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CFG_MAX_DIM (1 << 20)      /* any single size beyond this is absurd */
-#define CFG_MAX_PRODUCT (1LL << 26) /* per-layer projection widths (keeps int arithmetic safe) */
+#define CFG_MAX_DIM (1 << 20)       /* any single size beyond this is absurd */
+#define CFG_MAX_PRODUCT (1LL << 24) /* per-layer projection widths (keeps int arithmetic safe) */
 #define CFG_MAX_FILE (16u << 20)
 
 typedef struct cfg_obj {
-    const cJSON *j;     /* the JSON object fields are read from */
-    const char *path;   /* its path for messages: "" or "text_config." */
+    const cJSON *j;   /* the JSON object fields are read from */
+    const char *path; /* its path for messages: "" or "text_config." */
 } cfg_obj;
 
 typedef struct cfg_ctx {
@@ -79,8 +79,8 @@ static ds_status cfg_int(cfg_ctx *c, cfg_obj o, const char *key, bool required, 
 }
 
 /* Reads a number in (lo, hi]; *found tells whether it was present. */
-static ds_status cfg_num(cfg_ctx *c, cfg_obj o, const char *key, double lo, double hi,
-                         double *out, bool *found) {
+static ds_status cfg_num(cfg_ctx *c, cfg_obj o, const char *key, double lo, double hi, double *out,
+                         bool *found) {
     const cJSON *it = cfg_item(o, key);
     *found = it != NULL;
     if (!it) return DS_OK;
@@ -131,9 +131,8 @@ static ds_status cfg_eos(cfg_ctx *c, cfg_obj o, ds_config *cfg) {
         const cJSON *e;
         cJSON_ArrayForEach(e, it) {
             if (!cfg_json_int(e, &v))
-                return ds_error_set(c->err, DS_ERR_FORMAT,
-                                    "%s: '%s' must hold integers, found %s", c->origin, field,
-                                    cfg_type_name(e));
+                return ds_error_set(c->err, DS_ERR_FORMAT, "%s: '%s' must hold integers, found %s",
+                                    c->origin, field, cfg_type_name(e));
             ds_status st = cfg_eos_push(c, field, v, cfg);
             if (st != DS_OK) return st;
         }
@@ -162,8 +161,12 @@ static ds_status cfg_layer_types(cfg_ctx *c, cfg_obj t, ds_config *cfg) {
         const cJSON *e;
         cJSON_ArrayForEach(e, lt) {
             const char *s = cJSON_IsString(e) ? e->valuestring : NULL;
-            if (s && !strcmp(s, "linear_attention")) cfg->layer_types[i] = DS_LAYER_LINEAR_ATTN;
-            else if (s && !strcmp(s, "full_attention")) cfg->layer_types[i] = DS_LAYER_FULL_ATTN;
+            /* "mamba" / "attention" are the legacy names transformers' remap_legacy_layer_types
+             * still accepts */
+            if (s && (!strcmp(s, "linear_attention") || !strcmp(s, "mamba")))
+                cfg->layer_types[i] = DS_LAYER_LINEAR_ATTN;
+            else if (s && (!strcmp(s, "full_attention") || !strcmp(s, "attention")))
+                cfg->layer_types[i] = DS_LAYER_FULL_ATTN;
             else
                 return ds_error_set(c->err, DS_ERR_FORMAT,
                                     "%s: '%slayer_types[%d]' must be \"linear_attention\" or "
@@ -217,8 +220,8 @@ static ds_status cfg_rope(cfg_ctx *c, cfg_obj root, cfg_obj t, bool nested, ds_c
         if (!have_theta &&
             (st = cfg_num(c, order[i], "rope_theta", 0.0, 1e30, &theta, &have_theta)) != DS_OK)
             return st;
-        if (!have_partial && (st = cfg_num(c, order[i], "partial_rotary_factor", 0.0, 1.0,
-                                           &partial, &have_partial)) != DS_OK)
+        if (!have_partial && (st = cfg_num(c, order[i], "partial_rotary_factor", 0.0, 1.0, &partial,
+                                           &have_partial)) != DS_OK)
             return st;
     }
     cfg->rope_theta = theta;
@@ -254,14 +257,19 @@ static ds_status cfg_from_json(cfg_ctx *c, const cJSON *json, ds_config *cfg) {
         return ds_error_set(c->err, DS_ERR_FORMAT, "%s: required field 'model_type' is missing",
                             c->origin);
     if (!cJSON_IsString(mt))
-        return ds_error_set(c->err, DS_ERR_FORMAT, "%s: field 'model_type' must be a string, got %s",
-                            c->origin, cfg_type_name(mt));
+        return ds_error_set(c->err, DS_ERR_FORMAT,
+                            "%s: field 'model_type' must be a string, got %s", c->origin,
+                            cfg_type_name(mt));
     const char *type = mt->valuestring;
     bool nested, moe;
-    if (!strcmp(type, "qwen3_5_moe")) nested = true, moe = true;
-    else if (!strcmp(type, "qwen3_5")) nested = true, moe = false;
-    else if (!strcmp(type, "qwen3_5_moe_text")) nested = false, moe = true;
-    else if (!strcmp(type, "qwen3_5_text")) nested = false, moe = false;
+    if (!strcmp(type, "qwen3_5_moe"))
+        nested = true, moe = true;
+    else if (!strcmp(type, "qwen3_5"))
+        nested = true, moe = false;
+    else if (!strcmp(type, "qwen3_5_moe_text"))
+        nested = false, moe = true;
+    else if (!strcmp(type, "qwen3_5_text"))
+        nested = false, moe = false;
     else
         return ds_error_set(c->err, DS_ERR_UNSUPPORTED,
                             "%s: model_type \"%s\" is not supported (expected qwen3_5_moe, "
@@ -305,9 +313,10 @@ static ds_status cfg_from_json(cfg_ctx *c, const cJSON *json, ds_config *cfg) {
     TRY(cfg_int(c, t, "num_key_value_heads", true, 0, 1, CFG_MAX_DIM, &cfg->n_kv_heads));
     TRY(cfg_int(c, t, "head_dim", true, 0, 2, CFG_MAX_DIM, &cfg->head_dim));
     if (cfg->n_heads % cfg->n_kv_heads)
-        return ds_error_set(c->err, DS_ERR_FORMAT,
-                            "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d",
-                            c->origin, cfg->n_heads, cfg->n_kv_heads);
+        return ds_error_set(
+            c->err, DS_ERR_FORMAT,
+            "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", c->origin,
+            cfg->n_heads, cfg->n_kv_heads);
     TRY(cfg_product(c, "2 · num_attention_heads · head_dim", 2LL * cfg->n_heads, cfg->head_dim));
     cfg->attn_output_gate = true;
     TRY(cfg_bool(c, t, "attn_output_gate", &cfg->attn_output_gate, &found));
@@ -345,7 +354,8 @@ static ds_status cfg_from_json(cfg_ctx *c, const cJSON *json, ds_config *cfg) {
     /* tie_word_embeddings: the text config's value wins, then the top level's, else false. */
     cfg->tie_embeddings = false;
     TRY(cfg_bool(c, t, "tie_word_embeddings", &cfg->tie_embeddings, &found));
-    if (!found && nested) TRY(cfg_bool(c, root, "tie_word_embeddings", &cfg->tie_embeddings, &found));
+    if (!found && nested)
+        TRY(cfg_bool(c, root, "tie_word_embeddings", &cfg->tie_embeddings, &found));
 
     TRY(cfg_eos(c, t, cfg));
     if (nested) TRY(cfg_eos(c, root, cfg));
@@ -394,6 +404,9 @@ static ds_status cfg_read_file(const char *path, char **out, ds_error *err) {
 
 ds_status ds_config_load(const char *model_dir, ds_config *cfg, ds_error *err) {
     char path[4096];
+    if (snprintf(path, sizeof path, "%s/generation_config.json", model_dir) >= (int)sizeof path)
+        return ds_error_set(err, DS_ERR_INVALID_ARG, "model directory path too long: %s",
+                            model_dir);
     snprintf(path, sizeof path, "%s/config.json", model_dir);
     char *text = NULL;
     ds_status st = cfg_read_file(path, &text, err);

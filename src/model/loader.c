@@ -24,8 +24,15 @@ typedef struct ld_ctx {
     const char *prefix; /* "model.language_model." or "model." */
     ld_owner *own;
     ds_error *err;
-    char name[512];     /* scratch for the tensor name being built */
+    char name[512]; /* scratch for the tensor name being built */
 } ld_ctx;
+
+/* Returns from the enclosing function on the first failure. */
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        ds_status try_st_ = (expr);                                                                \
+        if (try_st_ != DS_OK) return try_st_;                                                      \
+    } while (0)
 
 typedef enum ld_xform {
     LD_PLAIN,    /* w */
@@ -50,8 +57,7 @@ static void *ld_alloc(ld_ctx *c, size_t bytes) {
     return p;
 }
 
-__attribute__((format(printf, 2, 3))) static const char *ld_name(ld_ctx *c, const char *fmt,
-                                                                   ...) {
+__attribute__((format(printf, 2, 3))) static const char *ld_name(ld_ctx *c, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(c->name, sizeof c->name, fmt, ap);
@@ -90,22 +96,22 @@ static ds_status ld_view(ld_ctx *c, const char *name, int ndim, const int64_t *w
      * hand backends a pointer they cannot load from. */
     if ((uintptr_t)out->data % ds_dtype_size(out->dtype) != 0) {
         void *p = ld_alloc(c, t->nbytes);
-        if (!p) return ds_error_set(c->err, DS_ERR_NOMEM, "%s: out of memory copying '%s'", c->dir, name);
+        if (!p)
+            return ds_error_set(c->err, DS_ERR_NOMEM, "%s: out of memory copying '%s'", c->dir,
+                                name);
         memcpy(p, t->data, t->nbytes);
         out->data = p;
     }
     return DS_OK;
 }
 
-static ds_status ld_view2(ld_ctx *c, const char *name, int64_t rows, int64_t cols,
-                          ds_tensor *out) {
+static ds_status ld_view2(ld_ctx *c, const char *name, int64_t rows, int64_t cols, ds_tensor *out) {
     const int64_t want[2] = {rows, cols};
     return ld_view(c, name, 2, want, out);
 }
 
 /* A small vector [n] converted to owned F32. */
-static ds_status ld_vec_f32(ld_ctx *c, const char *name, int64_t n, ld_xform conv,
-                            ds_tensor *out) {
+static ds_status ld_vec_f32(ld_ctx *c, const char *name, int64_t n, ld_xform conv, ds_tensor *out) {
     const ds_st_tensor *t;
     ds_status st = ld_find(c, name, 1, &n, &t);
     if (st != DS_OK) return st;
@@ -139,20 +145,16 @@ static ds_status ld_lin1(ld_ctx *c, const char *name, int64_t rows, int64_t cols
 /* SwiGLU MLP under base ("...mlp." or "...mlp.shared_expert." or "...mlp.experts.e."). */
 static ds_status ld_mlp(ld_ctx *c, const char *base, int64_t inter, ds_mlp_weights *m) {
     const int64_t H = c->cfg->hidden;
-    ds_status st;
-    if ((st = ld_lin1(c, ld_name(c, "%sgate_proj.weight", base), inter, H, &m->gate_up)) != DS_OK ||
-        (st = ld_lin1(c, ld_name(c, "%sup_proj.weight", base), inter, H, &m->gate_up)) != DS_OK ||
-        (st = ld_lin1(c, ld_name(c, "%sdown_proj.weight", base), H, inter, &m->down)) != DS_OK)
-        return st;
+    TRY(ld_lin1(c, ld_name(c, "%sgate_proj.weight", base), inter, H, &m->gate_up));
+    TRY(ld_lin1(c, ld_name(c, "%sup_proj.weight", base), inter, H, &m->gate_up));
+    TRY(ld_lin1(c, ld_name(c, "%sdown_proj.weight", base), H, inter, &m->down));
     return DS_OK;
 }
 
 static ds_status ld_moe(ld_ctx *c, const char *lp, ds_moe_weights *m) {
     const ds_config *cfg = c->cfg;
     const int64_t H = cfg->hidden, E = cfg->n_experts, I = cfg->moe_inter;
-    ds_status st;
-    if ((st = ld_view2(c, ld_name(c, "%smlp.gate.weight", lp), E, H, &m->router)) != DS_OK)
-        return st;
+    TRY(ld_view2(c, ld_name(c, "%smlp.gate.weight", lp), E, H, &m->router));
     m->n_experts = (int)E;
     m->experts = ld_alloc(c, (size_t)E * sizeof *m->experts);
     if (!m->experts) return ds_error_set(c->err, DS_ERR_NOMEM, "%s: out of memory", c->dir);
@@ -162,33 +164,31 @@ static ds_status ld_moe(ld_ctx *c, const char *lp, ds_moe_weights *m) {
          * first I rows gate then I rows up — exactly one [2I, H] part. */
         ds_tensor gu, dn;
         const int64_t wgu[3] = {E, 2 * I, H}, wdn[3] = {E, H, I};
-        if ((st = ld_view(c, ld_name(c, "%smlp.experts.gate_up_proj", lp), 3, wgu, &gu)) != DS_OK ||
-            (st = ld_view(c, ld_name(c, "%smlp.experts.down_proj", lp), 3, wdn, &dn)) != DS_OK)
-            return st;
+        TRY(ld_view(c, ld_name(c, "%smlp.experts.gate_up_proj", lp), 3, wgu, &gu));
+        TRY(ld_view(c, ld_name(c, "%smlp.experts.down_proj", lp), 3, wdn, &dn));
         const size_t gu_stride = (size_t)(2 * I * H) * ds_dtype_size(gu.dtype);
         const size_t dn_stride = (size_t)(H * I) * ds_dtype_size(dn.dtype);
         for (int64_t e = 0; e < E; e++) {
             ds_mlp_weights *x = &m->experts[e];
-            ld_lin_push(&x->gate_up, (ds_tensor){(char *)gu.data + (size_t)e * gu_stride, gu.dtype,
-                                                 2, {2 * I, H, 1, 1}});
-            ld_lin_push(&x->down,
-                        (ds_tensor){(char *)dn.data + (size_t)e * dn_stride, dn.dtype, 2, {H, I, 1, 1}});
+            ds_tensor gu_e = {
+                (char *)gu.data + (size_t)e * gu_stride, gu.dtype, 2, {2 * I, H, 1, 1}};
+            ds_tensor dn_e = {(char *)dn.data + (size_t)e * dn_stride, dn.dtype, 2, {H, I, 1, 1}};
+            ld_lin_push(&x->gate_up, gu_e);
+            ld_lin_push(&x->down, dn_e);
         }
     } else {
         char base[256];
         for (int64_t e = 0; e < E; e++) {
             snprintf(base, sizeof base, "%smlp.experts.%lld.", lp, (long long)e);
-            if ((st = ld_mlp(c, base, I, &m->experts[e])) != DS_OK) return st;
+            TRY(ld_mlp(c, base, I, &m->experts[e]));
         }
     }
 
     if (cfg->shared_inter > 0) {
         char base[256];
         snprintf(base, sizeof base, "%smlp.shared_expert.", lp);
-        if ((st = ld_mlp(c, base, cfg->shared_inter, &m->shared)) != DS_OK ||
-            (st = ld_view2(c, ld_name(c, "%smlp.shared_expert_gate.weight", lp), 1, H,
-                           &m->shared_gate)) != DS_OK)
-            return st;
+        TRY(ld_mlp(c, base, cfg->shared_inter, &m->shared));
+        TRY(ld_view2(c, ld_name(c, "%smlp.shared_expert_gate.weight", lp), 1, H, &m->shared_gate));
         m->has_shared = true;
     } else if (ds_checkpoint_find(c->own->ck,
                                   ld_name(c, "%smlp.shared_expert.gate_proj.weight", lp))) {
@@ -205,17 +205,13 @@ static ds_status ld_attn(ld_ctx *c, const char *lp, ds_attn_weights *a) {
     const int64_t H = cfg->hidden, hd = cfg->head_dim;
     const int64_t q_rows = (int64_t)cfg->n_heads * hd * (cfg->attn_output_gate ? 2 : 1);
     const int64_t kv_rows = (int64_t)cfg->n_kv_heads * hd;
-    ds_status st;
-    if ((st = ld_lin1(c, ld_name(c, "%sself_attn.q_proj.weight", lp), q_rows, H, &a->qkv)) != DS_OK ||
-        (st = ld_lin1(c, ld_name(c, "%sself_attn.k_proj.weight", lp), kv_rows, H, &a->qkv)) != DS_OK ||
-        (st = ld_lin1(c, ld_name(c, "%sself_attn.v_proj.weight", lp), kv_rows, H, &a->qkv)) != DS_OK ||
-        (st = ld_lin1(c, ld_name(c, "%sself_attn.o_proj.weight", lp), H,
-                      (int64_t)cfg->n_heads * hd, &a->o)) != DS_OK ||
-        (st = ld_vec_f32(c, ld_name(c, "%sself_attn.q_norm.weight", lp), hd, LD_PLUS_ONE,
-                         &a->q_norm)) != DS_OK ||
-        (st = ld_vec_f32(c, ld_name(c, "%sself_attn.k_norm.weight", lp), hd, LD_PLUS_ONE,
-                         &a->k_norm)) != DS_OK)
-        return st;
+    const int64_t o_cols = (int64_t)cfg->n_heads * hd;
+    TRY(ld_lin1(c, ld_name(c, "%sself_attn.q_proj.weight", lp), q_rows, H, &a->qkv));
+    TRY(ld_lin1(c, ld_name(c, "%sself_attn.k_proj.weight", lp), kv_rows, H, &a->qkv));
+    TRY(ld_lin1(c, ld_name(c, "%sself_attn.v_proj.weight", lp), kv_rows, H, &a->qkv));
+    TRY(ld_lin1(c, ld_name(c, "%sself_attn.o_proj.weight", lp), H, o_cols, &a->o));
+    TRY(ld_vec_f32(c, ld_name(c, "%sself_attn.q_norm.weight", lp), hd, LD_PLUS_ONE, &a->q_norm));
+    TRY(ld_vec_f32(c, ld_name(c, "%sself_attn.k_norm.weight", lp), hd, LD_PLUS_ONE, &a->k_norm));
     return DS_OK;
 }
 
@@ -241,33 +237,27 @@ static ds_status ld_gdn(ld_ctx *c, const char *lp, ds_gdn_weights *g) {
     const ds_config *cfg = c->cfg;
     const int64_t H = cfg->hidden, Hv = cfg->gdn_v_heads, dv = cfg->gdn_v_dim;
     const int64_t C = ds_config_gdn_conv_dim(cfg);
-    ds_status st;
-    if ((st = ld_lin1(c, ld_name(c, "%slinear_attn.in_proj_qkv.weight", lp), C, H, &g->in_proj)) != DS_OK ||
-        (st = ld_lin1(c, ld_name(c, "%slinear_attn.in_proj_z.weight", lp), Hv * dv, H, &g->in_proj)) != DS_OK ||
-        (st = ld_lin1(c, ld_name(c, "%slinear_attn.in_proj_b.weight", lp), Hv, H, &g->in_proj)) != DS_OK ||
-        (st = ld_lin1(c, ld_name(c, "%slinear_attn.in_proj_a.weight", lp), Hv, H, &g->in_proj)) != DS_OK ||
-        (st = ld_conv1d(c, ld_name(c, "%slinear_attn.conv1d.weight", lp), C, cfg->gdn_conv_kernel,
-                      &g->conv)) != DS_OK ||
-        (st = ld_vec_f32(c, ld_name(c, "%slinear_attn.A_log", lp), Hv, LD_NEG_EXP, &g->neg_exp_A)) != DS_OK ||
-        (st = ld_vec_f32(c, ld_name(c, "%slinear_attn.dt_bias", lp), Hv, LD_PLAIN, &g->dt_bias)) != DS_OK ||
-        (st = ld_vec_f32(c, ld_name(c, "%slinear_attn.norm.weight", lp), dv, LD_PLAIN, &g->norm)) != DS_OK ||
-        (st = ld_lin1(c, ld_name(c, "%slinear_attn.out_proj.weight", lp), H, Hv * dv, &g->out)) != DS_OK)
-        return st;
+    const int K = cfg->gdn_conv_kernel;
+    TRY(ld_lin1(c, ld_name(c, "%slinear_attn.in_proj_qkv.weight", lp), C, H, &g->in_proj));
+    TRY(ld_lin1(c, ld_name(c, "%slinear_attn.in_proj_z.weight", lp), Hv * dv, H, &g->in_proj));
+    TRY(ld_lin1(c, ld_name(c, "%slinear_attn.in_proj_b.weight", lp), Hv, H, &g->in_proj));
+    TRY(ld_lin1(c, ld_name(c, "%slinear_attn.in_proj_a.weight", lp), Hv, H, &g->in_proj));
+    TRY(ld_conv1d(c, ld_name(c, "%slinear_attn.conv1d.weight", lp), C, K, &g->conv));
+    TRY(ld_vec_f32(c, ld_name(c, "%slinear_attn.A_log", lp), Hv, LD_NEG_EXP, &g->neg_exp_A));
+    TRY(ld_vec_f32(c, ld_name(c, "%slinear_attn.dt_bias", lp), Hv, LD_PLAIN, &g->dt_bias));
+    TRY(ld_vec_f32(c, ld_name(c, "%slinear_attn.norm.weight", lp), dv, LD_PLAIN, &g->norm));
+    TRY(ld_lin1(c, ld_name(c, "%slinear_attn.out_proj.weight", lp), H, Hv * dv, &g->out));
     return DS_OK;
 }
 
 /* One decoder layer under lp ("model.layers.3." or "mtp.layers.0."). */
 static ds_status ld_layer(ld_ctx *c, const char *lp, ds_layer_type type, ds_layer_weights *lw) {
     const int64_t H = c->cfg->hidden;
-    ds_status st;
     lw->type = type;
-    if ((st = ld_vec_f32(c, ld_name(c, "%sinput_layernorm.weight", lp), H, LD_PLUS_ONE,
-                         &lw->input_norm)) != DS_OK ||
-        (st = ld_vec_f32(c, ld_name(c, "%spost_attention_layernorm.weight", lp), H, LD_PLUS_ONE,
-                         &lw->post_norm)) != DS_OK)
-        return st;
-    st = type == DS_LAYER_FULL_ATTN ? ld_attn(c, lp, &lw->attn) : ld_gdn(c, lp, &lw->gdn);
-    if (st != DS_OK) return st;
+    TRY(ld_vec_f32(c, ld_name(c, "%sinput_layernorm.weight", lp), H, LD_PLUS_ONE, &lw->input_norm));
+    TRY(ld_vec_f32(c, ld_name(c, "%spost_attention_layernorm.weight", lp), H, LD_PLUS_ONE,
+                   &lw->post_norm));
+    TRY(type == DS_LAYER_FULL_ATTN ? ld_attn(c, lp, &lw->attn) : ld_gdn(c, lp, &lw->gdn));
     if (c->cfg->is_moe) return ld_moe(c, lp, &lw->moe);
     char base[256];
     snprintf(base, sizeof base, "%smlp.", lp);
@@ -279,14 +269,10 @@ static ds_status ld_mtp(ld_ctx *c, ds_model_weights *w) {
     ds_mtp_weights *m = ld_alloc(c, sizeof *m);
     if (!m) return ds_error_set(c->err, DS_ERR_NOMEM, "%s: out of memory", c->dir);
     w->mtp = m;
-    ds_status st;
-    if ((st = ld_lin1(c, "mtp.fc.weight", H, 2 * H, &m->fc)) != DS_OK ||
-        (st = ld_vec_f32(c, "mtp.pre_fc_norm_embedding.weight", H, LD_PLUS_ONE,
-                         &m->norm_embedding)) != DS_OK ||
-        (st = ld_vec_f32(c, "mtp.pre_fc_norm_hidden.weight", H, LD_PLUS_ONE, &m->norm_hidden)) !=
-            DS_OK ||
-        (st = ld_vec_f32(c, "mtp.norm.weight", H, LD_PLUS_ONE, &m->final_norm)) != DS_OK)
-        return st;
+    TRY(ld_lin1(c, "mtp.fc.weight", H, 2 * H, &m->fc));
+    TRY(ld_vec_f32(c, "mtp.pre_fc_norm_embedding.weight", H, LD_PLUS_ONE, &m->norm_embedding));
+    TRY(ld_vec_f32(c, "mtp.pre_fc_norm_hidden.weight", H, LD_PLUS_ONE, &m->norm_hidden));
+    TRY(ld_vec_f32(c, "mtp.norm.weight", H, LD_PLUS_ONE, &m->final_norm));
     return ld_layer(c, "mtp.layers.0.", DS_LAYER_FULL_ATTN, &m->layer);
 }
 
@@ -303,13 +289,14 @@ static ds_status ld_all(ld_ctx *c, ds_model_weights *w) {
                             "'model.language_model.embed_tokens.weight' nor "
                             "'model.embed_tokens.weight' is in the checkpoint",
                             c->dir);
-    ds_status st;
-    if ((st = ld_view2(c, ld_name(c, "%sembed_tokens.weight", c->prefix), V, H, &w->embed)) != DS_OK ||
-        (st = ld_vec_f32(c, ld_name(c, "%snorm.weight", c->prefix), H, LD_PLUS_ONE,
-                         &w->final_norm)) != DS_OK)
-        return st;
-    if (cfg->tie_embeddings) ld_lin_push(&w->lm_head, w->embed);
-    else if ((st = ld_lin1(c, "lm_head.weight", V, H, &w->lm_head)) != DS_OK) return st;
+    TRY(ld_view2(c, ld_name(c, "%sembed_tokens.weight", c->prefix), V, H, &w->embed));
+    TRY(ld_vec_f32(c, ld_name(c, "%snorm.weight", c->prefix), H, LD_PLUS_ONE, &w->final_norm));
+    /* tied: lm_head is the embedding (an lm_head.weight in the file is ignored, as transformers
+     * ties over it) */
+    if (cfg->tie_embeddings)
+        ld_lin_push(&w->lm_head, w->embed);
+    else
+        TRY(ld_lin1(c, "lm_head.weight", V, H, &w->lm_head));
 
     w->n_layers = cfg->n_layers;
     w->layers = ld_alloc(c, (size_t)cfg->n_layers * sizeof *w->layers);
@@ -317,7 +304,7 @@ static ds_status ld_all(ld_ctx *c, ds_model_weights *w) {
     for (int i = 0; i < cfg->n_layers; i++) {
         char lp[128];
         snprintf(lp, sizeof lp, "%slayers.%d.", c->prefix, i);
-        if ((st = ld_layer(c, lp, cfg->layer_types[i], &w->layers[i])) != DS_OK) return st;
+        TRY(ld_layer(c, lp, cfg->layer_types[i], &w->layers[i]));
     }
     if (ds_checkpoint_has_prefix(c->own->ck, "mtp.")) return ld_mtp(c, w);
     return DS_OK;

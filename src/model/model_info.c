@@ -11,10 +11,10 @@ static int64_t mi_attn(const ds_config *c) {
 static int64_t mi_gdn(const ds_config *c) {
     const int64_t H = c->hidden, Hv = c->gdn_v_heads, dv = c->gdn_v_dim;
     const int64_t C = ds_config_gdn_conv_dim(c);
-    return (C + Hv * dv + 2 * Hv) * H   /* in_proj qkv | z | b | a */
-           + C * c->gdn_conv_kernel     /* conv1d */
-           + 2 * Hv + dv                /* A_log, dt_bias, norm */
-           + H * Hv * dv;               /* out_proj */
+    return (C + Hv * dv + 2 * Hv) * H /* in_proj qkv | z | b | a */
+           + C * c->gdn_conv_kernel   /* conv1d */
+           + 2 * Hv + dv              /* A_log, dt_bias, norm */
+           + H * Hv * dv;             /* out_proj */
 }
 
 static int64_t mi_ffn(const ds_config *c, bool active_only) {
@@ -22,7 +22,7 @@ static int64_t mi_ffn(const ds_config *c, bool active_only) {
     if (!c->is_moe) return 3 * H * c->mlp_inter;
     const int64_t expert = 3 * H * c->moe_inter;
     const int64_t n = active_only ? c->top_k : c->n_experts;
-    int64_t p = (int64_t)c->n_experts * H + n * expert; /* router + experts */
+    int64_t p = (int64_t)c->n_experts * H + n * expert;        /* router + experts */
     if (c->shared_inter > 0) p += 3 * H * c->shared_inter + H; /* shared expert + its gate */
     return p;
 }
@@ -39,8 +39,10 @@ void ds_model_info_compute(const ds_config *cfg, ds_dtype kv_dtype, ds_dtype con
     int64_t active_layers = 0;
     for (int i = 0; i < cfg->n_layers; i++) {
         ds_layer_type t = cfg->layer_types[i];
-        if (t == DS_LAYER_FULL_ATTN) m.n_full_layers++;
-        else m.n_linear_layers++;
+        if (t == DS_LAYER_FULL_ATTN)
+            m.n_full_layers++;
+        else
+            m.n_linear_layers++;
         m.params_layers += ds_model_layer_params(cfg, t, false);
         active_layers += ds_model_layer_params(cfg, t, true);
     }

@@ -16,17 +16,17 @@
 #include "model/weights.h"
 
 typedef struct ds_model_info {
-    int n_full_layers;        /* gated attention layers */
-    int n_linear_layers;      /* Gated DeltaNet layers */
-    int64_t params_embed;     /* V·H */
-    int64_t params_lm_head;   /* V·H when untied, 0 when tied (it is the embedding) */
-    int64_t params_layers;    /* all decoder layers (all experts) */
-    int64_t params_total;     /* embed + lm_head + layers + final norm (MTP excluded) */
-    int64_t params_active;    /* per decode token, see above (MTP excluded) */
-    int64_t params_mtp;       /* one MTP layer + fc + its norms (0 when cfg->n_mtp_layers == 0) */
-    size_t kv_bytes_per_token;  /* K and V of every attention layer, at kv_dtype */
-    size_t gdn_state_bytes;     /* per sequence: fp32 recurrent state Hv·dk·dv of every GDN layer */
-    size_t gdn_conv_bytes;      /* per sequence: (K−1) conv inputs per channel, at conv_dtype */
+    int n_full_layers;         /* gated attention layers */
+    int n_linear_layers;       /* Gated DeltaNet layers */
+    int64_t params_embed;      /* V·H */
+    int64_t params_lm_head;    /* V·H when untied, 0 when tied (it is the embedding) */
+    int64_t params_layers;     /* all decoder layers (all experts) */
+    int64_t params_total;      /* embed + lm_head + layers + final norm (MTP excluded) */
+    int64_t params_active;     /* per decode token, see above (MTP excluded) */
+    int64_t params_mtp;        /* one MTP layer + fc + its norms (0 when cfg->n_mtp_layers == 0) */
+    size_t kv_bytes_per_token; /* K and V of every attention layer, at kv_dtype */
+    size_t gdn_state_bytes; /* per sequence: fp32 recurrent state Hv·dk·dv of every GDN layer */
+    size_t gdn_conv_bytes;  /* per sequence: (K−1) conv inputs per channel, at conv_dtype */
 } ds_model_info;
 
 /* Fills *out from cfg; kv_dtype and conv_dtype are the cache element types (bf16 on CUDA). */

@@ -14,19 +14,22 @@
 struct ds_st_file {
     const uint8_t *base; /* whole image: [8-byte N][header][data] */
     size_t len;
-    void *map;           /* non-NULL when we own an mmap of the image */
+    void *map; /* non-NULL when we own an mmap of the image */
     size_t map_len;
     char *origin;
     int n;
-    ds_st_tensor *t;     /* [n] sorted by name */
-    char *strings;       /* names and dtype strings of all tensors */
+    ds_st_tensor *t; /* [n] sorted by name */
+    char *strings;   /* names and dtype strings of all tensors */
 };
 
 /* Sizes in bits of the dtypes the format defines; 0 = unknown (byte count not checkable). */
 static int st_dtype_bits(const char *s) {
-    static const struct { const char *name; int bits; } table[] = {
-        {"F64", 64}, {"F32", 32}, {"F16", 16}, {"BF16", 16}, {"I64", 64}, {"I32", 32},
-        {"I16", 16}, {"I8", 8}, {"U64", 64}, {"U32", 32}, {"U16", 16}, {"U8", 8},
+    static const struct {
+        const char *name;
+        int bits;
+    } table[] = {
+        {"F64", 64}, {"F32", 32},    {"F16", 16},    {"BF16", 16},   {"I64", 64}, {"I32", 32},
+        {"I16", 16}, {"I8", 8},      {"U64", 64},    {"U32", 32},    {"U16", 16}, {"U8", 8},
         {"BOOL", 8}, {"F8_E4M3", 8}, {"F8_E5M2", 8}, {"F8_E8M0", 8}, {"C64", 64},
     };
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
@@ -35,10 +38,14 @@ static int st_dtype_bits(const char *s) {
 }
 
 static bool st_float_dtype(const char *s, ds_dtype *out) {
-    if (!strcmp(s, "F32")) *out = DS_DTYPE_F32;
-    else if (!strcmp(s, "BF16")) *out = DS_DTYPE_BF16;
-    else if (!strcmp(s, "F16")) *out = DS_DTYPE_F16;
-    else return false;
+    if (!strcmp(s, "F32"))
+        *out = DS_DTYPE_F32;
+    else if (!strcmp(s, "BF16"))
+        *out = DS_DTYPE_BF16;
+    else if (!strcmp(s, "F16"))
+        *out = DS_DTYPE_F16;
+    else
+        return false;
     return true;
 }
 
@@ -131,7 +138,7 @@ static ds_status st_parse_entry(const cJSON *e, const char *origin, const uint8_
     if (begin > end || end > data_len)
         return ds_error_set(err, DS_ERR_FORMAT,
                             "%s: tensor '%s': data_offsets [%llu, %llu] outside the data section "
-                            "of %llu bytes",
+                            "of %llu bytes (truncated file?)",
                             origin, name, (unsigned long long)begin, (unsigned long long)end,
                             (unsigned long long)data_len);
     int bits = st_dtype_bits(dt->valuestring);
@@ -179,8 +186,9 @@ ds_status ds_st_parse(const uint8_t *buf, size_t len, const char *origin, ds_st_
     for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | buf[i];
     if (hlen > (uint64_t)(len - 8))
         return ds_error_set(err, DS_ERR_FORMAT,
-                            "%s: header length %llu exceeds the %zu bytes that follow it", origin,
-                            (unsigned long long)hlen, len - 8);
+                            "%s: header length %llu exceeds the %zu bytes that follow it "
+                            "(truncated file?)",
+                            origin, (unsigned long long)hlen, len - 8);
     if (hlen > DS_ST_MAX_HEADER)
         return ds_error_set(err, DS_ERR_FORMAT, "%s: header length %llu exceeds the %u-byte limit",
                             origin, (unsigned long long)hlen, DS_ST_MAX_HEADER);
@@ -272,8 +280,10 @@ ds_status ds_st_parse(const uint8_t *buf, size_t len, const char *origin, ds_st_
     for (int i = 0; i < n; i++) {
         if (ranges[i].begin == ranges[i].end) continue;
         if (prev >= 0 && ranges[i].begin < prev_end) {
-            st = ds_error_set(err, DS_ERR_FORMAT, "%s: tensors '%s' and '%s' overlap in the data "
-                              "section", origin, f->t[prev].name, f->t[ranges[i].idx].name);
+            st = ds_error_set(err, DS_ERR_FORMAT,
+                              "%s: tensors '%s' and '%s' overlap in the data "
+                              "section",
+                              origin, f->t[prev].name, f->t[ranges[i].idx].name);
             goto done;
         }
         prev = ranges[i].idx;
@@ -303,8 +313,7 @@ done:
 ds_status ds_st_open(const char *path, ds_st_file **out, ds_error *err) {
     *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return ds_error_set(err, DS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0) return ds_error_set(err, DS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
         int e = errno;
@@ -356,8 +365,10 @@ const ds_st_tensor *ds_st_find(const ds_st_file *f, const char *name) {
         int mid = lo + (hi - lo) / 2;
         int c = strcmp(f->t[mid].name, name);
         if (c == 0) return &f->t[mid];
-        if (c < 0) lo = mid + 1;
-        else hi = mid - 1;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
     }
     return NULL;
 }

@@ -27,7 +27,7 @@
 #include "core/status.h"
 #include "core/tensor.h"
 
-#define DS_ST_MAX_RANK 8                    /* ranks parsed; views need ≤ DS_MAX_DIMS */
+#define DS_ST_MAX_RANK 8                        /* ranks parsed; views need ≤ DS_MAX_DIMS */
 #define DS_ST_MAX_HEADER (100u * 1000u * 1000u) /* same cap as the reference implementation */
 
 typedef struct ds_st_file ds_st_file;
@@ -35,14 +35,14 @@ typedef struct ds_st_file ds_st_file;
 /* One header entry. All pointers are owned by the ds_st_file and valid until ds_st_close. */
 typedef struct ds_st_tensor {
     const char *name;
-    const char *dtype_name;      /* as written in the header, e.g. "BF16", "I64" */
-    bool dtype_ok;               /* F32, BF16 or F16: `dtype` is valid */
+    const char *dtype_name; /* as written in the header, e.g. "BF16", "I64" */
+    bool dtype_ok;          /* F32, BF16 or F16: `dtype` is valid */
     ds_dtype dtype;
-    int ndim;                    /* 0 (scalar) .. DS_ST_MAX_RANK */
+    int ndim; /* 0 (scalar) .. DS_ST_MAX_RANK */
     int64_t shape[DS_ST_MAX_RANK];
-    const uint8_t *data;         /* first byte (may be unaligned; read through memcpy) */
+    const uint8_t *data; /* first byte (may be unaligned; read through memcpy) */
     size_t nbytes;
-    const char *origin;          /* file path or label, for error messages */
+    const char *origin; /* file path or label, for error messages */
 } ds_st_tensor;
 
 /* Parses a safetensors image held in memory. The file does not copy `buf`: buf must outlive it.

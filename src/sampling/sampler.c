@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sampling/dist.h"
 #include "sampling/select.h"
 
 const char *ds_finish_reason_name(ds_finish_reason r) {
@@ -132,89 +133,56 @@ void ds_sampler_apply_min_tokens(const ds_sampler *s, float *logits, int n_gener
         logits[s->params.stop_token_ids[i]] = -INFINITY;
 }
 
-/* NaN → -inf and -0 → +0 in place (so equal logits have equal radix keys); returns the max and
- * the number of finite-or-+inf entries. */
+/* NaN → -inf and -0 → +0 in place (equal logits then have equal radix keys); returns the max
+ * and the number of entries > -inf. Blocks of 16 with a constant inner trip count so GCC -O2
+ * vectorises it. */
+#define SANITIZE_LANES 16
 static float sanitize_max(float *x, int n, int *n_live) {
+    float mx[SANITIZE_LANES];
+    float cnt[SANITIZE_LANES]; /* float: an int count from a float compare defeats if-conversion;
+                                  exact while a lane counts < 2^24 */
+    for (int j = 0; j < SANITIZE_LANES; j++) {
+        mx[j] = -INFINITY;
+        cnt[j] = 0;
+    }
+    int i = 0;
+    for (; i + SANITIZE_LANES <= n; i += SANITIZE_LANES)
+        for (int j = 0; j < SANITIZE_LANES; j++) {
+            float v = x[i + j];
+            v = v == v ? v + 0.0f : -INFINITY;
+            x[i + j] = v;
+            mx[j] = v > mx[j] ? v : mx[j];
+            cnt[j] += v > -INFINITY ? 1.0f : 0.0f;
+        }
+    for (; i < n; i++) {
+        float v = x[i];
+        v = v == v ? v + 0.0f : -INFINITY;
+        x[i] = v;
+        mx[0] = v > mx[0] ? v : mx[0];
+        cnt[0] += v > -INFINITY ? 1.0f : 0.0f;
+    }
     float m = -INFINITY;
     int live = 0;
-    for (int i = 0; i < n; i++) {
-        float v = x[i];
-        if (v != v) v = -INFINITY;
-        if (v == 0.0f) v = 0.0f;
-        x[i] = v;
-        if (v > -INFINITY) live++;
-        if (v > m) m = v;
+    for (int j = 0; j < SANITIZE_LANES; j++) {
+        m = mx[j] > m ? mx[j] : m;
+        live += (int)cnt[j];
     }
     *n_live = live;
     return m;
 }
 
-static int argmax_first(const float *x, int n) {
-    int best = -1;
-    float bv = -INFINITY;
+/* First index holding the maximum m (the lowest id wins ties, as torch.argmax). */
+static int argmax_first(const float *x, int n, float m) {
     for (int i = 0; i < n; i++)
-        if (x[i] > bv) { /* strict: the lowest index wins ties */
-            bv = x[i];
-            best = i;
-        }
-    return best;
+        if (x[i] == m) return i;
+    DS_ASSERT(0);
+    return -1;
 }
 
-/* Turns processed logits into unnormalised probabilities in place, with every token that
- * temperature + min_p + top_k + top_p exclude set to 0; returns their sum (> 0). */
-static double random_weights(const ds_sampler *s, float *x, int n, float max_logit, int n_live) {
-    const ds_sampling_params *p = &s->params;
-
-    /* top_k on the logits (temperature keeps the order); ties with the k-th value survive,
-     * as in vLLM's `logits < kth_value` mask. */
-    uint32_t kmin = 0;
-    if (p->top_k > 0 && p->top_k < n_live) {
-        double above;
-        kmin = ds_select_desc(x, (size_t)n, DS_SELECT_COUNT, (double)p->top_k, &above);
-    }
-
-    /* Temperature + softmax numerator, shifted so the best token has weight exactly 1; min_p
-     * is then simply weight >= min_p (vLLM: p >= min_p · p_max). */
-    const float inv_t = 1.0f / s->temperature;
-    const float min_p = p->min_p;
-    double total = 0.0;
-    for (int i = 0; i < n; i++) {
-        float v = x[i];
-        float w = 0.0f;
-        if (v > -INFINITY && ds_float_order_key(v) >= kmin) {
-            w = expf((v - max_logit) * inv_t);
-            if (w < min_p) w = 0.0f;
-        }
-        x[i] = w;
-        total += (double)w;
-    }
-    if (!(p->top_p < 1.0f)) return total;
-
-    /* top_p: keep the smallest top set whose mass reaches top_p · total (vLLM masks tokens
-     * whose ascending cumsum is <= 1 - p, i.e. whose strictly-better mass is >= p). Tokens
-     * tied at the boundary probability join in id order. */
-    const double target = (double)p->top_p * total;
-    double acc;
-    const uint32_t kp = ds_select_desc(x, (size_t)n, DS_SELECT_MASS, target, &acc);
-    double kept = 0.0;
-    for (int i = 0; i < n; i++) {
-        float w = x[i];
-        if (!(w > 0.0f)) continue;
-        uint32_t k = ds_float_bits(w);
-        if (k < kp || (k == kp && !(acc < target))) {
-            x[i] = 0.0f;
-            continue;
-        }
-        if (k == kp) acc += (double)w;
-        kept += (double)w;
-    }
-    return kept;
-}
-
-/* The shared front half of sample and probs: raw logprob bookkeeping, penalties, min_tokens,
- * then the greedy token or the weights. Returns the greedy token, or -1 with *total set. */
+/* The shared front half of sample and probs: penalties, min_tokens, then either the greedy
+ * token (*greedy_token >= 0) or the sampling distribution in d. */
 static ds_status process(ds_sampler *s, float *logits, int n_generated, int *greedy_token,
-                         double *total, ds_error *err) {
+                         ds_dist *d, ds_error *err) {
     const int n = s->vocab;
     ds_sampler_apply_penalties(s, logits);
     ds_sampler_apply_min_tokens(s, logits, n_generated);
@@ -224,17 +192,16 @@ static ds_status process(ds_sampler *s, float *logits, int n_generated, int *gre
         return ds_error_set(err, DS_ERR_INTERNAL,
                             "sampling: no token has a finite logit (all -inf or NaN)");
     *greedy_token = -1;
-    if (s->greedy) {
-        *greedy_token = argmax_first(logits, n);
+    if (s->greedy || m == INFINITY) {
+        /* (+inf logits: treated as certain; the first one wins like a greedy tie) */
+        *greedy_token = argmax_first(logits, n, m);
         return DS_OK;
     }
-    if (m == INFINITY) {
-        /* +inf logits: the distribution is uniform over them; treat as greedy on the first. */
-        *greedy_token = argmax_first(logits, n);
-        return DS_OK;
-    }
-    *total = random_weights(s, logits, n, m, n_live);
-    DS_ASSERT(*total > 0.0);
+    const ds_dist_params dp = {.temperature = s->temperature,
+                               .top_k = s->params.top_k,
+                               .top_p = s->params.top_p,
+                               .min_p = s->params.min_p};
+    ds_dist_build(d, logits, n, &dp, m, n_live);
     return DS_OK;
 }
 
@@ -277,24 +244,10 @@ ds_status ds_sampler_sample(ds_sampler *s, float *logits, int n_generated, ds_sa
     if (s->params.logprobs >= 0) lse = raw_logprob_prepare(s, logits, res);
 
     int token;
-    double total = 0.0;
-    ds_status st = process(s, logits, n_generated, &token, &total, err);
+    ds_dist d;
+    ds_status st = process(s, logits, n_generated, &token, &d, err);
     if (st != DS_OK) return st;
-    if (token < 0) {
-        /* Inverse CDF over the surviving weights, in id order. */
-        const double u = ds_rng_uniform(&s->rng) * total;
-        double cum = 0.0;
-        int last = -1;
-        for (int i = 0; i < s->vocab; i++) {
-            float w = logits[i];
-            if (!(w > 0.0f)) continue;
-            cum += (double)w;
-            last = i;
-            if (cum > u) break;
-        }
-        DS_ASSERT(last >= 0); /* rounding past the end lands on the last survivor */
-        token = last;
-    }
+    if (token < 0) token = ds_dist_draw(&d, logits, s->vocab, ds_rng_uniform(&s->rng));
     res->token = token;
     if (s->params.logprobs >= 0) raw_logprob_finish(s, lse, res);
     return DS_OK;
@@ -302,15 +255,14 @@ ds_status ds_sampler_sample(ds_sampler *s, float *logits, int n_generated, ds_sa
 
 ds_status ds_sampler_probs(ds_sampler *s, float *logits, int n_generated, ds_error *err) {
     int token;
-    double total = 0.0;
-    ds_status st = process(s, logits, n_generated, &token, &total, err);
+    ds_dist d;
+    ds_status st = process(s, logits, n_generated, &token, &d, err);
     if (st != DS_OK) return st;
     if (token >= 0) {
         memset(logits, 0, (size_t)s->vocab * sizeof *logits);
         logits[token] = 1.0f;
         return DS_OK;
     }
-    const double inv = 1.0 / total;
-    for (int i = 0; i < s->vocab; i++) logits[i] = (float)((double)logits[i] * inv);
+    ds_dist_write_probs(&d, logits, s->vocab);
     return DS_OK;
 }

@@ -1,13 +1,28 @@
 #include "sampling/select.h"
 
 #include <math.h>
+#include <stdbool.h>
 
 #include "core/status.h"
 
 #define SELECT_MAX_BUCKETS 2048
+#define SELECT_LANES 16
+
+static inline float bits_to_float(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Any of SELECT_LANES values in [lo, hi]? Constant trip count: vectorised at -O2. */
+static inline bool block_any_in(const float *x, float lo, float hi) {
+    int any = 0;
+    for (int j = 0; j < SELECT_LANES; j++) any |= (x[j] >= lo) & (x[j] <= hi);
+    return any != 0;
+}
 
 uint32_t ds_select_desc(const float *x, size_t n, ds_select_weight mode, double target,
-                        double *above_out) {
+                        double *above_out, double *at_out) {
     static const int shifts[3] = {21, 10, 0};
     static const int widths[3] = {11, 11, 10};
     double hist[SELECT_MAX_BUCKETS];
@@ -18,21 +33,36 @@ uint32_t ds_select_desc(const float *x, size_t n, ds_select_weight mode, double 
         const int shift = shifts[pass];
         const uint32_t nb = 1u << widths[pass];
         memset(hist, 0, nb * sizeof hist[0]);
-        if (mode == DS_SELECT_COUNT) {
-            for (size_t i = 0; i < n; i++) {
-                float v = x[i];
-                if (!(v > -INFINITY)) continue; /* -inf and NaN never count */
-                uint32_t k = ds_float_order_key(v);
-                if ((k & prefix_mask) != prefix) continue;
-                hist[(k >> shift) & (nb - 1)] += 1.0;
-            }
-        } else {
-            for (size_t i = 0; i < n; i++) {
-                float v = x[i];
-                if (!(v > 0.0f)) continue;
-                uint32_t k = ds_float_bits(v);
-                if ((k & prefix_mask) != prefix) continue;
-                hist[(k >> shift) & (nb - 1)] += (double)v;
+        /* Elements matching the prefix so far are exactly the floats in [lo, hi] (the keys are
+         * monotone); after the first pass few are, so blocks with none are skipped by a
+         * vectorised range test. */
+        const uint32_t span = ~prefix_mask;
+        const float lo = mode == DS_SELECT_COUNT ? ds_float_from_order_key(prefix)
+                                                 : bits_to_float(prefix);
+        const float hi = mode == DS_SELECT_COUNT ? ds_float_from_order_key(prefix | span)
+                                                 : bits_to_float(prefix | span);
+        size_t i = 0;
+        for (;;) {
+            if (pass > 0)
+                while (i + SELECT_LANES <= n && !block_any_in(x + i, lo, hi)) i += SELECT_LANES;
+            size_t end = pass > 0 ? (i + SELECT_LANES < n ? i + SELECT_LANES : n) : n;
+            if (i >= n) break;
+            if (mode == DS_SELECT_COUNT) {
+                for (; i < end; i++) {
+                    float v = x[i];
+                    if (!(v > -INFINITY)) continue; /* -inf and NaN never count */
+                    uint32_t k = ds_float_order_key(v);
+                    if ((k & prefix_mask) != prefix) continue;
+                    hist[(k >> shift) & (nb - 1)] += 1.0;
+                }
+            } else {
+                for (; i < end; i++) {
+                    float v = x[i];
+                    if (!(v > 0.0f)) continue;
+                    uint32_t k = ds_float_bits(v);
+                    if ((k & prefix_mask) != prefix) continue;
+                    hist[(k >> shift) & (nb - 1)] += (double)v;
+                }
             }
         }
         int chosen = -1, lowest = -1;
@@ -53,6 +83,7 @@ uint32_t ds_select_desc(const float *x, size_t n, ds_select_weight mode, double 
         }
         prefix |= (uint32_t)chosen << shift;
         prefix_mask |= (nb - 1) << shift;
+        *at_out = hist[chosen];
     }
     *above_out = above;
     return prefix;

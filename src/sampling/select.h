@@ -20,6 +20,14 @@ static inline uint32_t ds_float_order_key(float f) {
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+/* Inverse of ds_float_order_key. */
+static inline float ds_float_from_order_key(uint32_t k) {
+    uint32_t u = (k & 0x80000000u) ? (k & 0x7fffffffu) : ~k;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
 /* Bit pattern of a non-negative float: already monotone. */
 static inline uint32_t ds_float_bits(float f) {
     uint32_t u;
@@ -34,10 +42,10 @@ typedef enum ds_select_weight {
 
 /* Walking x[0..n) in descending key order and summing weights, returns the key of the element
  * at which the sum first reaches `target` (> 0). *above = total weight of keys strictly greater
- * than the returned key. If rounding leaves the total below target, returns the smallest
- * weighted key. */
+ * than the returned key, *at = total weight of keys equal to it (ties). If rounding leaves the
+ * total below target, returns the smallest weighted key. */
 uint32_t ds_select_desc(const float *x, size_t n, ds_select_weight mode, double target,
-                        double *above);
+                        double *above, double *at);
 
 /* The n_top (≤ cap) largest values of x[0..n) as (index, value), sorted by value desc then
  * index asc. NaN is skipped. Returns how many were found (< n_top when n is smaller). */

@@ -29,13 +29,13 @@ static const float *rope_inv_freq(ds_cpu *cpu, double theta, int rot) {
 typedef struct attn_job {
     ds_cpu *cpu;
     const ds_batch *b;
-    const int32_t *tok_seq; /* [T] sequence of each token */
-    const float *qkv;       /* [T, width] */
-    float *q;               /* [T, nh, hd] normed + roped queries */
-    float *out;             /* [T, nh·hd] */
-    float *kpool, *vpool;   /* [n_blocks, bs, nkv, hd] */
+    const int32_t *tok_seq;       /* [T] sequence of each token */
+    const float *qkv;             /* [T, width] */
+    float *q;                     /* [T, nh, hd] normed + roped queries */
+    float *out;                   /* [T, nh·hd] */
+    float *kpool, *vpool;         /* [n_blocks, bs, nkv, hd] */
     const float *q_norm, *k_norm; /* [hd] */
-    const float *inv_freq;  /* [rot/2] */
+    const float *inv_freq;        /* [rot/2] */
     int nh, nkv, hd, rot, qw, bs, n_blocks;
     int64_t width;
     float eps, scale;
@@ -103,7 +103,8 @@ static void attn_core_task(void *ctx, int64_t begin, int64_t end, int tid) {
         int pos = j->b->positions[t];
         int64_t n_ctx = (int64_t)pos + 1;
         float *p = ds_cpu_scratch(j->cpu, tid, DS_CPU_SCRATCH_OP, (size_t)G * (size_t)n_ctx);
-        const float *q0 = j->q + ((size_t)t * (size_t)j->nh + (size_t)kvh * (size_t)G) * (size_t)j->hd;
+        const float *q0 =
+            j->q + ((size_t)t * (size_t)j->nh + (size_t)kvh * (size_t)G) * (size_t)j->hd;
 
         /* scores[g][i] = q_g · k_i · hd^-0.5 */
         for (int64_t i = 0; i < n_ctx; i++) {
@@ -125,11 +126,13 @@ static void attn_core_task(void *ctx, int64_t begin, int64_t end, int tid) {
             for (int64_t i = 0; i < n_ctx; i++) pg[i] *= inv;
         }
         /* out_g = Σ_i p[g][i] · v_i */
-        float *o0 = j->out + (size_t)t * (size_t)j->nh * (size_t)j->hd + (size_t)kvh * (size_t)G * (size_t)j->hd;
+        float *o0 = j->out + (size_t)t * (size_t)j->nh * (size_t)j->hd +
+                    (size_t)kvh * (size_t)G * (size_t)j->hd;
         memset(o0, 0, (size_t)G * (size_t)j->hd * sizeof(float));
         for (int64_t i = 0; i < n_ctx; i++) {
             const float *v = j->vpool + kv_offset(j, s, (int)i, kvh);
-            for (int g = 0; g < G; g++) ds_cpu_axpy(p[g * n_ctx + i], v, o0 + (size_t)g * (size_t)j->hd, j->hd);
+            for (int g = 0; g < G; g++)
+                ds_cpu_axpy(p[g * n_ctx + i], v, o0 + (size_t)g * (size_t)j->hd, j->hd);
         }
         /* output gate */
         if (j->gated) {

@@ -13,7 +13,7 @@
 /* Every block starts with a 64-byte header (total size + how it was obtained) so the returned
  * pointer stays 64-byte aligned. Large blocks come from mmap: zeroed lazily by the kernel, so a
  * big KV pool costs nothing until it is touched. */
-#define CPU_ALLOC_HEADER 64
+#define CPU_ALLOC_HEADER   64
 #define CPU_ALLOC_MMAP_MIN ((size_t)4 << 20)
 
 typedef struct alloc_header {

@@ -13,7 +13,7 @@ typedef enum ds_cpu_gdn_mode {
     DS_CPU_GDN_CHUNKED,   /* chunked form (chunk 64) for every sequence */
 } ds_cpu_gdn_mode;
 
-#define DS_CPU_GDN_CHUNK 64     /* chunk length of the chunked form (transformers' default) */
+#define DS_CPU_GDN_CHUNK     64 /* chunk length of the chunked form (transformers' default) */
 #define DS_CPU_GDN_CHUNK_MIN 64 /* AUTO: tokens of one sequence in one step to go chunked */
 
 /* be must come from ds_backend_cpu_create. */

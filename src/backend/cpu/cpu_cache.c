@@ -28,9 +28,10 @@ ds_status ds_cpu_cache_create(ds_backend *be, const ds_config *cfg, const ds_cac
     (void)be;
     *out = NULL;
     if (desc->n_slots <= 0 || desc->n_blocks < 0 || desc->block_size <= 0)
-        return ds_error_set(err, DS_ERR_INVALID_ARG,
-                            "cache: need n_slots > 0, n_blocks >= 0, block_size > 0 (got %d, %d, %d)",
-                            desc->n_slots, desc->n_blocks, desc->block_size);
+        return ds_error_set(
+            err, DS_ERR_INVALID_ARG,
+            "cache: need n_slots > 0, n_blocks >= 0, block_size > 0 (got %d, %d, %d)",
+            desc->n_slots, desc->n_blocks, desc->block_size);
     int n_layers = cfg->n_layers + cfg->n_mtp_layers;
     if (cfg->n_layers <= 0 || cfg->n_layers > DS_MAX_LAYERS || cfg->n_mtp_layers < 0 ||
         n_layers > DS_CPU_MAX_CACHE_LAYERS)
@@ -48,12 +49,14 @@ ds_status ds_cpu_cache_create(ds_backend *be, const ds_config *cfg, const ds_cac
     }
     if (c->n_attn > 0 && (cfg->n_kv_heads <= 0 || cfg->head_dim <= 0)) {
         free(c);
-        return ds_error_set(err, DS_ERR_INVALID_ARG, "cache: attention layers need n_kv_heads, head_dim > 0");
+        return ds_error_set(err, DS_ERR_INVALID_ARG,
+                            "cache: attention layers need n_kv_heads, head_dim > 0");
     }
     if (c->n_gdn > 0 && (cfg->gdn_k_heads <= 0 || cfg->gdn_v_heads <= 0 || cfg->gdn_k_dim <= 0 ||
                          cfg->gdn_v_dim <= 0 || cfg->gdn_conv_kernel <= 0)) {
         free(c);
-        return ds_error_set(err, DS_ERR_INVALID_ARG, "cache: linear-attention layers need positive GDN sizes");
+        return ds_error_set(err, DS_ERR_INVALID_ARG,
+                            "cache: linear-attention layers need positive GDN sizes");
     }
     c->n_kv_heads = cfg->n_kv_heads;
     c->head_dim = cfg->head_dim;
@@ -88,7 +91,8 @@ ds_status ds_cpu_cache_create(ds_backend *be, const ds_config *cfg, const ds_cac
         c->v[i] = ds_cpu_aligned_alloc(kv_bytes);
         if (!c->k[i] || !c->v[i]) {
             ds_cpu_cache_free(be, c);
-            return ds_error_set(err, DS_ERR_NOMEM, "cache: cannot allocate %zu-byte KV pool", kv_bytes);
+            return ds_error_set(err, DS_ERR_NOMEM, "cache: cannot allocate %zu-byte KV pool",
+                                kv_bytes);
         }
     }
     for (int i = 0; i < c->n_gdn; i++) {

@@ -62,6 +62,7 @@ void ds_cpu_op_embed(ds_backend *be, const ds_tensor *table, ds_tensor *out) {
 
 /* ---- RMSNorm --------------------------------------------------------------------------------- */
 
+/* out = x · rsqrt(mean(x²) + eps) · w; (x·r)·w in that order, as PyTorch does. */
 void ds_cpu_rmsnorm_row(const float *x, const float *w, float eps, int64_t D, float *out) {
     float ss = ds_cpu_dot(x, x, D);
     float r = 1.0f / sqrtf(ss / (float)D + eps);
@@ -81,7 +82,8 @@ typedef struct norm_job {
 static void rmsnorm_task(void *ctx, int64_t b, int64_t e, int tid) {
     (void)tid;
     norm_job *j = ctx;
-    for (int64_t r = b; r < e; r++) ds_cpu_rmsnorm_row(j->x + r * j->D, j->w, j->eps, j->D, j->out + r * j->D);
+    for (int64_t r = b; r < e; r++)
+        ds_cpu_rmsnorm_row(j->x + r * j->D, j->w, j->eps, j->D, j->out + r * j->D);
 }
 
 static void add_rmsnorm_task(void *ctx, int64_t b, int64_t e, int tid) {
@@ -99,7 +101,7 @@ void ds_cpu_op_rmsnorm(ds_backend *be, const ds_tensor *x, const ds_tensor *w, f
                        ds_tensor *out) {
     DS_ASSERT(x->dtype == DS_DTYPE_F32 && w->dtype == DS_DTYPE_F32 && out->dtype == DS_DTYPE_F32);
     int64_t D = last_dim(x);
-    DS_ASSERT(ds_tensor_numel(w) == D && ds_tensor_numel(out) == ds_tensor_numel(x));
+    DS_ASSERT(ds_tensor_numel(w) == D && ds_tensor_numel(out) >= ds_tensor_numel(x));
     norm_job j = {.x = x->data, .w = w->data, .eps = eps, .out = out->data, .D = D};
     for_rows(ds_cpu_of(be), n_rows(x), D, rmsnorm_task, &j);
 }
@@ -110,9 +112,13 @@ void ds_cpu_op_add_rmsnorm(ds_backend *be, ds_tensor *residual, const ds_tensor 
               w->dtype == DS_DTYPE_F32 && out->dtype == DS_DTYPE_F32);
     int64_t D = last_dim(residual);
     DS_ASSERT(ds_tensor_numel(w) == D && ds_tensor_numel(delta) == ds_tensor_numel(residual) &&
-              ds_tensor_numel(out) == ds_tensor_numel(residual));
-    norm_job j = {.res = residual->data, .delta = delta->data, .w = w->data, .eps = eps,
-                  .out = out->data, .D = D};
+              ds_tensor_numel(out) >= ds_tensor_numel(residual));
+    norm_job j = {.res = residual->data,
+                  .delta = delta->data,
+                  .w = w->data,
+                  .eps = eps,
+                  .out = out->data,
+                  .D = D};
     for_rows(ds_cpu_of(be), n_rows(residual), D, add_rmsnorm_task, &j);
 }
 
@@ -137,9 +143,9 @@ static void silu_mul_task(void *ctx, int64_t b, int64_t e, int tid) {
 void ds_cpu_op_silu_mul(ds_backend *be, const ds_tensor *gate_up, ds_tensor *out) {
     DS_ASSERT(gate_up->dtype == DS_DTYPE_F32 && out->dtype == DS_DTYPE_F32);
     int64_t I = last_dim(out);
-    DS_ASSERT(last_dim(gate_up) == 2 * I && n_rows(gate_up) == n_rows(out));
+    DS_ASSERT(last_dim(gate_up) == 2 * I && n_rows(out) >= n_rows(gate_up));
     silu_job j = {.gu = gate_up->data, .out = out->data, .I = I};
-    for_rows(ds_cpu_of(be), n_rows(out), 2 * I, silu_mul_task, &j);
+    for_rows(ds_cpu_of(be), n_rows(gate_up), 2 * I, silu_mul_task, &j);
 }
 
 /* ---- gather_rows ----------------------------------------------------------------------------- */

@@ -16,10 +16,10 @@ typedef struct gdn_job {
     ds_cache *c;
     const ds_batch *b;
     int pool;
-    const float *proj; /* [T, width] */
-    float *out;        /* [T, Hv·dv] */
-    float *xc;         /* [T, conv_dim] conv + SiLU output; q, k normalised in place */
-    float *gb;         /* [T, 2·Hv]: β then g */
+    const float *proj;      /* [T, width] */
+    float *out;             /* [T, Hv·dv] */
+    float *xc;              /* [T, conv_dim] conv + SiLU output; q, k normalised in place */
+    float *gb;              /* [T, 2·Hv]: β then g */
     const float *conv_w;    /* [conv_dim, K] */
     const float *neg_exp_A; /* [Hv] */
     const float *dt_bias;   /* [Hv] */
@@ -50,7 +50,9 @@ static void gdn_conv_task(void *ctx, int64_t begin, int64_t end, int tid) {
                 float acc = 0.0f;
                 for (int i = 0; i < K; i++) {
                     int idx = t + i; /* position in xpad */
-                    float xv = idx < H ? hist[idx] : j->proj[(size_t)(t0 + idx - H) * (size_t)j->width + (size_t)ch];
+                    float xv =
+                        idx < H ? hist[idx]
+                                : j->proj[(size_t)(t0 + idx - H) * (size_t)j->width + (size_t)ch];
                     acc += w[i] * xv;
                 }
                 j->xc[(size_t)(t0 + t) * (size_t)j->conv_dim + (size_t)ch] = ds_cpu_silu(acc);
@@ -58,7 +60,8 @@ static void gdn_conv_task(void *ctx, int64_t begin, int64_t end, int tid) {
             /* new history = last K-1 entries of xpad (xpad has H + n entries) */
             for (int i = 0; i < H; i++) {
                 int idx = n + i;
-                hist[i] = idx < H ? hist[idx] : j->proj[(size_t)(t0 + idx - H) * (size_t)j->width + (size_t)ch];
+                hist[i] = idx < H ? hist[idx]
+                                  : j->proj[(size_t)(t0 + idx - H) * (size_t)j->width + (size_t)ch];
             }
         }
     }
@@ -97,9 +100,9 @@ static void gdn_gate_task(void *ctx, int64_t begin, int64_t end, int tid) {
 typedef struct head_io {
     const float *q, *k, *v; /* token t: q + t·ld_x, k + t·ld_x, v + t·ld_x */
     size_t ld_x;
-    const float *beta, *g;  /* token t: beta[t·ld_g], g[t·ld_g] */
+    const float *beta, *g; /* token t: beta[t·ld_g], g[t·ld_g] */
     size_t ld_g;
-    float *o;               /* token t: o + t·ld_o */
+    float *o; /* token t: o + t·ld_o */
     size_t ld_o;
     int n, dk, dv;
 } head_io;
@@ -131,7 +134,7 @@ static void delta_rule_recurrent(const head_io *io, float *S, float *scratch) {
 #define CH DS_CPU_GDN_CHUNK
 
 static size_t chunk_scratch_floats(int dk, int dv) {
-    return (size_t)CH * (size_t)(3 * dk + 3 * dv) + 2 * (size_t)CH * CH + 2 * (size_t)CH +
+    return (size_t)CH * (size_t)(4 * dk + 2 * dv) + 2 * (size_t)CH * CH + 2 * (size_t)CH +
            (size_t)dk * (size_t)dv + 2 * (size_t)dv;
 }
 
@@ -144,19 +147,19 @@ static size_t chunk_scratch_floats(int dk, int dv) {
  * A short last chunk equals transformers' zero padding (padded g = 0, k = 0). */
 static void delta_rule_chunked(const head_io *io, float *S, float *scratch) {
     int dk = io->dk, dv = io->dv;
-    float *qc = scratch;             /* [CH, dk] q, then q·e^{c} */
-    float *kc = qc + CH * dk;        /* [CH, dk] k, then k·e^{c_L−c} */
-    float *kb = kc + CH * dk;        /* [CH, dk] β·k */
-    float *U = kb + CH * dk;         /* [CH, dv] β·v → new values */
-    float *W = U + CH * dv;          /* [CH, dk] β·k·e^{c} → decayed-key system solution */
-    float *vn = W + CH * dk;         /* [CH, dv] v' */
-    float *A = vn + CH * dv;         /* [CH, CH] */
-    float *P = A + CH * CH;          /* [CH, CH] */
-    float *cg = P + CH * CH;         /* [CH] cumulative g */
-    float *bt = cg + CH;             /* [CH] β */
-    float *Srow = bt + CH;           /* [dk, dv] kdᵀ v' */
+    float *qc = scratch;                 /* [CH, dk] q, then q·e^{c} */
+    float *kc = qc + CH * dk;            /* [CH, dk] k, then k·e^{c_L−c} */
+    float *kb = kc + CH * dk;            /* [CH, dk] β·k */
+    float *U = kb + CH * dk;             /* [CH, dv] β·v → new values */
+    float *W = U + CH * dv;              /* [CH, dk] β·k·e^{c} → decayed-key system solution */
+    float *vn = W + CH * dk;             /* [CH, dv] v' */
+    float *A = vn + CH * dv;             /* [CH, CH] */
+    float *P = A + CH * CH;              /* [CH, CH] */
+    float *cg = P + CH * CH;             /* [CH] cumulative g */
+    float *bt = cg + CH;                 /* [CH] β */
+    float *Srow = bt + CH;               /* [dk, dv] kdᵀ v' */
     float *tmp = Srow + (size_t)dk * dv; /* [dv] */
-    float *tmp2 = tmp + dv;          /* [dv] */
+    float *tmp2 = tmp + dv;              /* [dv] */
 
     for (int c0 = 0; c0 < io->n; c0 += CH) {
         int L = io->n - c0 < CH ? io->n - c0 : CH;
@@ -213,7 +216,8 @@ static void delta_rule_chunked(const head_io *io, float *S, float *scratch) {
         /* S ← e^{c_L}·S + kdᵀ v' */
         memset(Srow, 0, (size_t)dk * dv * sizeof(float));
         for (int jj = 0; jj < L; jj++)
-            for (int a = 0; a < dk; a++) ds_cpu_axpy(kc[jj * dk + a], vn + jj * dv, Srow + (size_t)a * dv, dv);
+            for (int a = 0; a < dk; a++)
+                ds_cpu_axpy(kc[jj * dk + a], vn + jj * dv, Srow + (size_t)a * dv, dv);
         float eL = expf(cL);
         for (size_t x = 0; x < (size_t)dk * dv; x++) S[x] = S[x] * eL + Srow[x];
     }
@@ -229,7 +233,8 @@ static void gdn_head_task(void *ctx, int64_t begin, int64_t end, int tid) {
         int t0 = b->seq_start[s], n = b->seq_start[s + 1] - t0;
         if (n == 0) continue;
         int slot = b->seq_slot[s];
-        float *S = j->c->state[j->pool] + ((size_t)slot * (size_t)Hv + (size_t)h) * (size_t)dk * (size_t)dv;
+        float *S = j->c->state[j->pool] +
+                   ((size_t)slot * (size_t)Hv + (size_t)h) * (size_t)dk * (size_t)dv;
         const float *x0 = j->xc + (size_t)t0 * (size_t)j->conv_dim;
         head_io io = {
             .q = x0 + (size_t)kh * dk,
@@ -290,12 +295,14 @@ void ds_cpu_op_gdn(ds_backend *be, ds_cache *c, int layer, const ds_config *cfg,
     };
     j.width = (int64_t)j.conv_dim + (int64_t)j.Hv * j.dv + 2 * (int64_t)j.Hv;
     int T = b->n_tokens;
-    DS_ASSERT(j.Hk > 0 && j.Hv % j.Hk == 0 && j.conv_dim == c->conv_dim && j.K - 1 == c->conv_hist &&
-              j.Hv == c->gdn_v_heads && j.dk == c->gdn_k_dim && j.dv == c->gdn_v_dim);
+    DS_ASSERT(j.Hk > 0 && j.Hv % j.Hk == 0 && j.conv_dim == c->conv_dim &&
+              j.K - 1 == c->conv_hist && j.Hv == c->gdn_v_heads && j.dk == c->gdn_k_dim &&
+              j.dv == c->gdn_v_dim);
     DS_ASSERT(proj->dtype == DS_DTYPE_F32 && out->dtype == DS_DTYPE_F32);
     DS_ASSERT(proj->ne[proj->ndim - 1] == j.width && ds_tensor_numel(proj) >= (int64_t)T * j.width);
     DS_ASSERT(ds_tensor_numel(out) >= (int64_t)T * j.Hv * j.dv);
-    DS_ASSERT(w->conv.dtype == DS_DTYPE_F32 && ds_tensor_numel(&w->conv) == (int64_t)j.conv_dim * j.K);
+    DS_ASSERT(w->conv.dtype == DS_DTYPE_F32 &&
+              ds_tensor_numel(&w->conv) == (int64_t)j.conv_dim * j.K);
     DS_ASSERT(w->neg_exp_A.dtype == DS_DTYPE_F32 && ds_tensor_numel(&w->neg_exp_A) == j.Hv);
     DS_ASSERT(w->dt_bias.dtype == DS_DTYPE_F32 && ds_tensor_numel(&w->dt_bias) == j.Hv);
     DS_ASSERT(w->norm.dtype == DS_DTYPE_F32 && ds_tensor_numel(&w->norm) == j.dv);

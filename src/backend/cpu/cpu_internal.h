@@ -25,10 +25,10 @@ typedef struct ds_cpu_buf {
 typedef struct ds_cpu {
     ds_threadpool *pool;
     int n_threads;
-    ds_batch batch;                 /* current step (set_batch); arrays owned by the caller */
+    ds_batch batch; /* current step (set_batch); arrays owned by the caller */
     bool has_batch;
     ds_cpu_gdn_mode gdn_mode;
-    ds_cpu_buf *scratch;            /* [n_threads * DS_CPU_SCRATCH_LEVELS] */
+    ds_cpu_buf *scratch; /* [n_threads * DS_CPU_SCRATCH_LEVELS] */
     ds_cpu_buf work[DS_CPU_WORK_COUNT];
     /* RoPE inverse frequencies for (rope_theta, rot_dim), cached across steps. */
     float *inv_freq; /* [rot_dim / 2] */
@@ -103,18 +103,18 @@ void ds_cpu_op_moe(ds_backend *be, const ds_config *cfg, const ds_moe_weights *w
 #define DS_CPU_MAX_CACHE_LAYERS (DS_MAX_LAYERS + 8) /* model layers + MTP layers */
 struct ds_cache {
     ds_cache_desc desc;
-    int n_layers;                 /* cfg->n_layers + cfg->n_mtp_layers */
+    int n_layers;                               /* cfg->n_layers + cfg->n_mtp_layers */
     int pool_of_layer[DS_CPU_MAX_CACHE_LAYERS]; /* attention or GDN pool index, -1 if none */
     bool is_attn[DS_CPU_MAX_CACHE_LAYERS];
     int n_attn, n_gdn;
     /* attention */
     int n_kv_heads, head_dim;
-    float **k, **v;               /* [n_attn] each [n_blocks, block_size, n_kv_heads, head_dim] */
+    float **k, **v; /* [n_attn] each [n_blocks, block_size, n_kv_heads, head_dim] */
     /* GDN */
-    int conv_dim, conv_hist;      /* conv_hist = kernel - 1 */
+    int conv_dim, conv_hist; /* conv_hist = kernel - 1 */
     int gdn_v_heads, gdn_k_dim, gdn_v_dim;
-    float **conv;                 /* [n_gdn] each [n_slots, conv_dim, conv_hist] */
-    float **state;                /* [n_gdn] each [n_slots, Hv, dk, dv] */
+    float **conv;  /* [n_gdn] each [n_slots, conv_dim, conv_hist] */
+    float **state; /* [n_gdn] each [n_slots, Hv, dk, dv] */
 };
 
 #endif

@@ -27,7 +27,8 @@ static inline float load1(const void *row, int64_t k, ds_dtype dt) {
 }
 
 static inline const void *row_ptr(const ds_tensor *w, int64_t row) {
-    return (const char *)w->data + (size_t)row * (size_t)w->ne[w->ndim - 1] * ds_dtype_size(w->dtype);
+    return (const char *)w->data +
+           (size_t)row * (size_t)w->ne[w->ndim - 1] * ds_dtype_size(w->dtype);
 }
 
 /* Σ_{k ≥ k8} w[k]·x[k], the part the 8-lane loop does not cover. */
@@ -66,9 +67,8 @@ static inline float hsum8(__m256 v) {
 }
 
 /* Four weight rows against one x row, converting on the fly (decode). */
-static inline __attribute__((always_inline)) void gemv_rows4(const float *x, const void *w0,
-                                                             int64_t ldw_bytes, ds_dtype dt,
-                                                             int64_t K, float *out) {
+static inline __attribute__((always_inline)) void
+gemv_rows4(const float *x, const void *w0, int64_t ldw_bytes, ds_dtype dt, int64_t K, float *out) {
     const void *w1 = (const char *)w0 + ldw_bytes, *w2 = (const char *)w1 + ldw_bytes,
                *w3 = (const char *)w2 + ldw_bytes;
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
@@ -95,9 +95,8 @@ static inline __attribute__((always_inline)) float gemv_row1(const float *x, con
     return hsum8(a0) + tail_dot(w0, dt, x, k8, K);
 }
 
-static inline __attribute__((always_inline)) void gemv_dt(const float *x, const ds_tensor *w,
-                                                          int64_t row0, int64_t n_rows, float *out,
-                                                          ds_dtype dt) {
+static inline __attribute__((always_inline)) void
+gemv_dt(const float *x, const ds_tensor *w, int64_t row0, int64_t n_rows, float *out, ds_dtype dt) {
     int64_t K = w->ne[w->ndim - 1];
     int64_t ldw = K * (int64_t)ds_dtype_size(dt);
     int64_t o = 0;
@@ -154,7 +153,8 @@ void ds_cpu_axpy(float a, const float *x, float *y, int64_t n) {
     __m256 av = _mm256_set1_ps(a);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+        _mm256_storeu_ps(y + i,
+                         _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     for (; i < n; i++) y[i] += a * x[i];
 }
 
@@ -196,9 +196,18 @@ void ds_cpu_axpy(float a, const float *x, float *y, int64_t n) {
 
 #endif
 
+#if CPU_SIMD
+void ds_cpu_scale(float a, float *y, int64_t n) {
+    __m256 av = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(av, _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] *= a;
+}
+#else
 void ds_cpu_scale(float a, float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] *= a;
 }
+#endif
 
 /* Converts n rows of W starting at row0 to f32 [n, K]. */
 static void convert_rows(const ds_tensor *w, int64_t row0, int64_t n, float *dst) {
@@ -308,10 +317,11 @@ void ds_cpu_op_linear(ds_backend *be, const ds_tensor *x, const ds_linear *w, ds
     int64_t K = x->ne[x->ndim - 1];
     DS_ASSERT(K == w->n_in && out->ne[out->ndim - 1] == w->n_out);
     int64_t R = ds_tensor_numel(x) / K;
-    DS_ASSERT(ds_tensor_numel(out) == R * w->n_out);
+    DS_ASSERT(ds_tensor_numel(out) >= R * w->n_out); /* R comes from x; out may be a larger view */
     ds_cpu_linear_f32(ds_cpu_of(be), x->data, R, K, w, out->data, w->n_out);
 }
 
-void ds_cpu_op_logits(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head, ds_tensor *out) {
+void ds_cpu_op_logits(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head,
+                      ds_tensor *out) {
     ds_cpu_op_linear(be, x, lm_head, out); /* activations are already F32 on the CPU */
 }

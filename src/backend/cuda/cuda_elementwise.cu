@@ -1,6 +1,6 @@
 /* cuda_elementwise.cu — the plain row ops: embed, rmsnorm, add_rmsnorm, silu_mul, gather_rows,
  * argmax. Activations are bf16; every reduction is fp32 and in a fixed order. */
-#include <float.h>
+#include <math.h>
 
 #include "cuda_common.cuh"
 
@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(ARGMAX_THREADS)
     __shared__ float sv[32];
     __shared__ int si[32];
     const float *row = logits + (int64_t)blockIdx.x * V;
-    float bv = -FLT_MAX;
+    float bv = -INFINITY;
     int bi = 0x7fffffff;
     if (V % 4 == 0) {
         for (int64_t v = threadIdx.x; v < V / 4; v += blockDim.x) {

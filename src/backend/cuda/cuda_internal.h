@@ -170,6 +170,7 @@ void ds_cuda_gdn(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a);
 
 /* MoE (cuda_moe.cu). */
 typedef struct ds_cuda_moe_args {
+    int T;                        /* rows of x (≤ DS_CUDA_MAX_TOKENS) */
     int H, E, top_k, I, Is, norm_topk;
     const void *x;                /* [T, H] bf16 */
     const void *w_in;             /* [E + 2Is + (Is ? 1 : 0), H]: router | shared gate_up | shared gate */

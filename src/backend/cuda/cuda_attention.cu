@@ -1,0 +1,455 @@
+/* cuda_attention.cu — gated GQA attention over a paged bf16 KV cache.
+ *
+ * Three kernels per layer:
+ *  1. attn_prep: per (token, head): q/k RMSNorm (fp32, rounded to bf16 like the reference's
+ *     bf16 activations), partial NeoX RoPE on dims [0, rot), K/V written into the paged cache,
+ *     the normed+roped query written into `out` (which has exactly nh·hd per token) so that no
+ *     extra workspace is needed; the attention kernels read it back from there.
+ *  2a. decode (every sequence has one new token): flash-decoding split over KV ranges. A block
+ *     serves one (sequence, kv head, split) and all G = nh/nkv query heads that share the kv
+ *     head, so K/V are read once per group; online softmax over tiles of 32 keys; fp32
+ *     partials (acc, m, l) go to the cache's workspace.
+ *  2b. prefill (any tokens per sequence): a tiled flash kernel on CUDA cores. A block serves
+ *     64 query rows = (64/G tokens) × G heads of one kv head and walks key tiles of 64 from
+ *     position 0 (cache) up to its last query position, causal mask per row.
+ *  3. decode only: combine the splits, times sigmoid(gate) → out. (Prefill applies the gate in
+ *     its epilogue.) */
+#include <math.h>
+
+#include "cuda_common.cuh"
+
+/* ---- 1. q/k norm + RoPE + KV write --------------------------------------------------------- */
+
+template <int HD>
+__global__ void __launch_bounds__(256)
+    attn_prep_kernel(ds_cuda_batch b, ds_cuda_attn_args a) {
+    __shared__ float buf[8][HD];
+    constexpr int EPL = HD / 32; /* elements per lane */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int t = blockIdx.x;
+    const int hh = blockIdx.y * 8 + warp;
+    const int nh = a.nh, nkv = a.nkv;
+    if (hh >= nh + 2 * nkv) return;
+    const int64_t ld = (int64_t)nh * 2 * HD + 2 * (int64_t)nkv * HD;
+    const bf16 *row = (const bf16 *)a.qkv + (int64_t)t * ld;
+    const bf16 *src;
+    int kind, j; /* 0 q, 1 k, 2 v */
+    if (hh < nh) {
+        kind = 0; j = hh; src = row + (int64_t)hh * 2 * HD;
+    } else if (hh < nh + nkv) {
+        kind = 1; j = hh - nh; src = row + (int64_t)nh * 2 * HD + (int64_t)j * HD;
+    } else {
+        kind = 2; j = hh - nh - nkv; src = row + (int64_t)nh * 2 * HD + (int64_t)(nkv + j) * HD;
+    }
+    const int s = b.tok_seq[t];
+    const int pos = b.positions[t];
+    bf16 *dst;
+    if (kind == 0) {
+        dst = (bf16 *)a.out + ((int64_t)t * nh + j) * HD;
+    } else {
+        const int blk = b.block_table[(int64_t)s * b.max_blocks + pos / a.block_size];
+        const int64_t off = ((int64_t)blk * a.block_size + pos % a.block_size) * nkv + j;
+        dst = (bf16 *)(kind == 1 ? a.k_cache : a.v_cache) + off * HD;
+    }
+    /* lane owns dims d = lane + 32·e (coalesced loads, conflict-free shared memory) */
+    float x[EPL];
+#pragma unroll
+    for (int e = 0; e < EPL; e++) x[e] = to_f32(src[lane + 32 * e]);
+    if (kind == 2) {
+#pragma unroll
+        for (int e = 0; e < EPL; e++) dst[lane + 32 * e] = src[lane + 32 * e];
+        return;
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int e = 0; e < EPL; e++) ss += x[e] * x[e];
+    ss = warp_sum(ss);
+    const float inv = rsqrtf(ss / (float)HD + a.eps);
+    const float *w = kind == 0 ? a.q_norm : a.k_norm;
+#pragma unroll
+    for (int e = 0; e < EPL; e++) {
+        const int d = lane + 32 * e;
+        x[e] = __bfloat162float(__float2bfloat16_rn(x[e] * inv * w[d]));
+        buf[warp][d] = x[e];
+    }
+    __syncwarp();
+    const int rot = a.rot, half = a.rot / 2;
+#pragma unroll
+    for (int e = 0; e < EPL; e++) {
+        const int d = lane + 32 * e;
+        float y = x[e];
+        if (d < rot) {
+            const int i = d < half ? d : d - half;
+            float sn, cs;
+            const float ang = (float)pos * a.inv_freq[i];
+            sincosf(ang, &sn, &cs);
+            y = d < half ? x[e] * cs - buf[warp][d + half] * sn : x[e] * cs + buf[warp][d - half] * sn;
+        }
+        dst[d] = __float2bfloat16_rn(y);
+    }
+}
+
+/* ---- 2a. decode: split-KV flash decoding ---------------------------------------------------- */
+
+#define DEC_TILE 32
+#define DEC_MAXG 16
+
+template <int HD>
+__global__ void __launch_bounds__(HD)
+    attn_decode_kernel(ds_cuda_batch b, ds_cuda_attn_args a, int G, int chunk, int nsplit) {
+    constexpr int NW = HD / 32, EPL = HD / 32;
+    __shared__ __align__(16) float qs[DEC_MAXG][HD];
+    __shared__ float sc[DEC_MAXG][DEC_TILE];
+    __shared__ float m_s[DEC_MAXG], l_s[DEC_MAXG], al_s[DEC_MAXG];
+    const int s = blockIdx.x, j = blockIdx.y, c = blockIdx.z;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int nh = a.nh, nkv = a.nkv, bs = a.block_size;
+    const int t = b.seq_start[s];
+    const int L = b.positions[t] + 1;
+    const int start = c * chunk;
+    const int end = min(L, start + chunk);
+    const int32_t *bt = b.block_table + (int64_t)s * b.max_blocks;
+    const bf16 *kc = (const bf16 *)a.k_cache, *vc = (const bf16 *)a.v_cache;
+
+    for (int g = 0; g < G; g++)
+        qs[g][tid] = to_f32(((const bf16 *)a.out)[((int64_t)t * nh + j * G + g) * HD + tid]) * a.scale;
+    if (tid < G) {
+        m_s[tid] = -INFINITY;
+        l_s[tid] = 0.f;
+    }
+    float acc[DEC_MAXG];
+#pragma unroll
+    for (int g = 0; g < DEC_MAXG; g++) acc[g] = 0.f;
+    __syncthreads();
+
+    for (int tile0 = start; tile0 < end; tile0 += DEC_TILE) {
+        /* A: scores, one key per warp at a time, lanes split the head dim */
+        for (int kk = warp; kk < DEC_TILE; kk += NW) {
+            const int p = tile0 + kk;
+            if (p < end) {
+                const int64_t row = ((int64_t)bt[p / bs] * bs + p % bs) * nkv + j;
+                const bf16 *kp = kc + row * HD + lane;
+                float kf[EPL];
+#pragma unroll
+                for (int e = 0; e < EPL; e++) kf[e] = to_f32(kp[32 * e]);
+#pragma unroll
+                for (int g = 0; g < DEC_MAXG; g++) {
+                    if (g < G) {
+                        float part = 0.f;
+#pragma unroll
+                        for (int e = 0; e < EPL; e++) part = fmaf(qs[g][lane + 32 * e], kf[e], part);
+                        part = warp_sum(part);
+                        if (lane == 0) sc[g][kk] = part;
+                    }
+                }
+            } else if (lane < G) {
+                sc[lane][kk] = -INFINITY;
+            }
+        }
+        __syncthreads();
+        /* B: online softmax per head; a warp per head, a lane per key */
+        for (int g = warp; g < G; g += NW) {
+            const float v = sc[g][lane];
+            const float mold = m_s[g];
+            const float mnew = fmaxf(mold, warp_max(v)); /* finite: key tile0 is valid */
+            const float p = v == -INFINITY ? 0.f : expf(v - mnew);
+            const float sum = warp_sum(p);
+            sc[g][lane] = p;
+            __syncwarp();
+            if (lane == 0) {
+                const float al = expf(mold - mnew); /* mold = -inf → 0 */
+                al_s[g] = al;
+                l_s[g] = l_s[g] * al + sum;
+                m_s[g] = mnew;
+            }
+        }
+        __syncthreads();
+        /* C: acc[g] (dim tid) = acc·alpha + Σ_k p·V[k, tid] */
+#pragma unroll
+        for (int g = 0; g < DEC_MAXG; g++)
+            if (g < G) acc[g] *= al_s[g];
+        const int nk = min(DEC_TILE, end - tile0);
+        for (int kk = 0; kk < nk; kk++) {
+            const int p = tile0 + kk;
+            const int64_t row = ((int64_t)bt[p / bs] * bs + p % bs) * nkv + j;
+            const float v = to_f32(vc[row * HD + tid]);
+#pragma unroll
+            for (int g = 0; g < DEC_MAXG; g++)
+                if (g < G) acc[g] = fmaf(sc[g][kk], v, acc[g]);
+        }
+        __syncthreads();
+    }
+    for (int g = 0; g < G; g++) {
+        const int64_t r = ((int64_t)s * nh + j * G + g) * nsplit + c;
+        float *w = a.ws + r * (HD + 2);
+        w[tid] = acc[g];
+        if (tid == 0) {
+            w[HD] = m_s[g];
+            w[HD + 1] = l_s[g];
+        }
+    }
+}
+
+/* ---- 3. decode combine + output gate -------------------------------------------------------- */
+
+template <int HD>
+__global__ void __launch_bounds__(HD)
+    attn_combine_kernel(ds_cuda_batch b, ds_cuda_attn_args a, int nsplit) {
+    const int s = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+    const int nh = a.nh;
+    const int t = b.seq_start[s];
+    const float *w = a.ws + ((int64_t)s * nh + h) * nsplit * (HD + 2);
+    float M = -INFINITY;
+    for (int c = 0; c < nsplit; c++) M = fmaxf(M, w[c * (HD + 2) + HD]);
+    float num = 0.f, den = 0.f;
+    for (int c = 0; c < nsplit; c++) {
+        const float m = w[c * (HD + 2) + HD];
+        if (m == -INFINITY) continue;
+        const float f = expf(m - M);
+        num += f * w[c * (HD + 2) + d];
+        den += f * w[c * (HD + 2) + HD + 1];
+    }
+    const int64_t ld = (int64_t)nh * 2 * HD + 2 * (int64_t)a.nkv * HD;
+    const float gate = to_f32(((const bf16 *)a.qkv)[(int64_t)t * ld + (int64_t)h * 2 * HD + HD + d]);
+    const float o = den > 0.f ? num / den : 0.f;
+    ((bf16 *)a.out)[((int64_t)t * nh + h) * HD + d] = __float2bfloat16_rn(o * sigmoid_f(gate));
+}
+
+/* ---- 2b. prefill: tiled flash attention on CUDA cores ------------------------------------- */
+
+#define PF_ROWS 64
+#define PF_KEYS 64
+#define PF_THREADS 256
+
+template <int HD>
+struct PfSmem {
+    static constexpr int QS = HD + 2; /* bf16 row stride: odd word stride, conflict-free */
+    static constexpr size_t q_off = 0;
+    static constexpr size_t k_off = q_off + (size_t)PF_ROWS * QS * 2;
+    static constexpr size_t v_off = k_off + (size_t)PF_KEYS * QS * 2;
+    static constexpr size_t p_off = v_off + (size_t)PF_KEYS * HD * 2;
+    static constexpr size_t st_off = p_off + (size_t)PF_ROWS * (PF_KEYS + 1) * 4;
+    static constexpr size_t bytes = st_off + 4 * PF_ROWS * 4;
+};
+
+template <int HD>
+__global__ void __launch_bounds__(PF_THREADS)
+    attn_prefill_kernel(ds_cuda_batch b, ds_cuda_attn_args a, int G, int BT) {
+    typedef PfSmem<HD> SM;
+    constexpr int QS = SM::QS;
+    constexpr int NP = HD / 32; /* bf16 pairs per thread per row in the PV product */
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *Qs = (bf16 *)(smem + SM::q_off);
+    bf16 *Ks = (bf16 *)(smem + SM::k_off);
+    bf16 *Vs = (bf16 *)(smem + SM::v_off);
+    float *Ps = (float *)(smem + SM::p_off);
+    float *m_s = (float *)(smem + SM::st_off);
+    float *l_s = m_s + PF_ROWS;
+    float *al_s = l_s + PF_ROWS;
+    int *rpos = (int *)(al_s + PF_ROWS);
+
+    const int s = blockIdx.z, j = blockIdx.y;
+    const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
+    const int nh = a.nh, nkv = a.nkv, bs = a.block_size;
+    const int ts = b.seq_start[s], te = b.seq_start[s + 1];
+    const int t0 = ts + blockIdx.x * BT;
+    if (t0 >= te) return;
+    const int ntok = min(BT, te - t0);
+    const int nrows = ntok * G;
+    const int32_t *bt = b.block_table + (int64_t)s * b.max_blocks;
+    const bf16 *kc = (const bf16 *)a.k_cache, *vc = (const bf16 *)a.v_cache;
+
+    /* query rows: r → token t0 + r / G, head j·G + r % G */
+    if (tid < PF_ROWS) {
+        rpos[tid] = tid < nrows ? b.positions[t0 + tid / G] : -1;
+        m_s[tid] = -INFINITY;
+        l_s[tid] = 0.f;
+    }
+    for (int i = tid; i < PF_ROWS * (HD / 2); i += PF_THREADS) {
+        const int r = i / (HD / 2), d2 = i % (HD / 2);
+        uint32_t v = 0;
+        if (r < nrows) {
+            const int64_t src = ((int64_t)(t0 + r / G) * nh + j * G + r % G) * HD + 2 * d2;
+            v = *reinterpret_cast<const uint32_t *>((const bf16 *)a.out + src);
+        }
+        *reinterpret_cast<uint32_t *>(Qs + r * QS + 2 * d2) = v;
+    }
+    __syncthreads();
+    int maxpos = -1;
+    for (int r = 0; r < nrows; r++) maxpos = max(maxpos, rpos[r]);
+
+    float o[4][NP][2];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int q = 0; q < NP; q++) o[i][q][0] = o[i][q][1] = 0.f;
+
+    for (int kt0 = 0; kt0 <= maxpos; kt0 += PF_KEYS) {
+        /* K/V tile from the paged cache (keys past maxpos are zero and masked) */
+        for (int i = tid; i < PF_KEYS * (HD / 8); i += PF_THREADS) {
+            const int kk = i / (HD / 8), c8 = i % (HD / 8);
+            const int p = kt0 + kk;
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+            if (p <= maxpos) {
+                const int64_t row = ((int64_t)bt[p / bs] * bs + p % bs) * nkv + j;
+                kv = *reinterpret_cast<const uint4 *>(kc + row * HD + c8 * 8);
+                vv = *reinterpret_cast<const uint4 *>(vc + row * HD + c8 * 8);
+            }
+            uint32_t *kd = reinterpret_cast<uint32_t *>(Ks + kk * QS + c8 * 8);
+            kd[0] = kv.x; kd[1] = kv.y; kd[2] = kv.z; kd[3] = kv.w;
+            *reinterpret_cast<uint4 *>(Vs + kk * HD + c8 * 8) = vv;
+        }
+        __syncthreads();
+        /* S = Q·Kᵀ: rows ty·4 + ai, keys tx + 16·bi */
+        float sacc[4][4];
+#pragma unroll
+        for (int ai = 0; ai < 4; ai++)
+#pragma unroll
+            for (int bi = 0; bi < 4; bi++) sacc[ai][bi] = 0.f;
+#pragma unroll 4
+        for (int d2 = 0; d2 < HD / 2; d2++) {
+            float2 qf[4], kf[4];
+#pragma unroll
+            for (int ai = 0; ai < 4; ai++)
+                qf[ai] = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(Qs + (ty * 4 + ai) * QS + 2 * d2));
+#pragma unroll
+            for (int bi = 0; bi < 4; bi++)
+                kf[bi] = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(Ks + (tx + 16 * bi) * QS + 2 * d2));
+#pragma unroll
+            for (int ai = 0; ai < 4; ai++)
+#pragma unroll
+                for (int bi = 0; bi < 4; bi++)
+                    sacc[ai][bi] = fmaf(qf[ai].x, kf[bi].x, fmaf(qf[ai].y, kf[bi].y, sacc[ai][bi]));
+        }
+#pragma unroll
+        for (int ai = 0; ai < 4; ai++) {
+            const int r = ty * 4 + ai;
+#pragma unroll
+            for (int bi = 0; bi < 4; bi++) {
+                const int kk = tx + 16 * bi;
+                Ps[r * (PF_KEYS + 1) + kk] = (kt0 + kk <= rpos[r]) ? sacc[ai][bi] * a.scale : -INFINITY;
+            }
+        }
+        __syncthreads();
+        /* online softmax: 4 threads per row, 16 keys each */
+        {
+            const int r = tid / 4, part = tid % 4;
+            float *pr = Ps + r * (PF_KEYS + 1) + part * 16;
+            float mx = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < 16; i++) mx = fmaxf(mx, pr[i]);
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mold = m_s[r];
+            const float mnew = fmaxf(mold, mx);
+            float sum = 0.f;
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                const float p = pr[i] == -INFINITY ? 0.f : expf(pr[i] - mnew);
+                pr[i] = p;
+                sum += p;
+            }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            __syncwarp();
+            if (part == 0) {
+                const float al = mnew == -INFINITY ? 1.f : expf(mold - mnew);
+                al_s[r] = al;
+                l_s[r] = l_s[r] * al + sum;
+                m_s[r] = mnew;
+            }
+        }
+        __syncthreads();
+        /* O = O·alpha + P·V: rows ty·4 + ai, dim pairs tx + 16·q */
+#pragma unroll
+        for (int ai = 0; ai < 4; ai++) {
+            const float al = al_s[ty * 4 + ai];
+#pragma unroll
+            for (int q = 0; q < NP; q++) {
+                o[ai][q][0] *= al;
+                o[ai][q][1] *= al;
+            }
+        }
+        for (int kk = 0; kk < PF_KEYS; kk++) {
+            float p[4];
+#pragma unroll
+            for (int ai = 0; ai < 4; ai++) p[ai] = Ps[(ty * 4 + ai) * (PF_KEYS + 1) + kk];
+#pragma unroll
+            for (int q = 0; q < NP; q++) {
+                const float2 v = __bfloat1622float2(
+                    *reinterpret_cast<const __nv_bfloat162 *>(Vs + kk * HD + 2 * (tx + 16 * q)));
+#pragma unroll
+                for (int ai = 0; ai < 4; ai++) {
+                    o[ai][q][0] = fmaf(p[ai], v.x, o[ai][q][0]);
+                    o[ai][q][1] = fmaf(p[ai], v.y, o[ai][q][1]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+    /* epilogue: normalise, gate, store */
+    const int64_t ld = (int64_t)nh * 2 * HD + 2 * (int64_t)nkv * HD;
+#pragma unroll
+    for (int ai = 0; ai < 4; ai++) {
+        const int r = ty * 4 + ai;
+        if (r >= nrows) continue;
+        const int tok = t0 + r / G, h = j * G + r % G;
+        const float l = l_s[r];
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const bf16 *gate = (const bf16 *)a.qkv + (int64_t)tok * ld + (int64_t)h * 2 * HD + HD;
+        bf16 *dst = (bf16 *)a.out + ((int64_t)tok * nh + h) * HD;
+#pragma unroll
+        for (int q = 0; q < NP; q++) {
+            const int d = 2 * (tx + 16 * q);
+            const float2 gf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(gate + d));
+            *reinterpret_cast<uint32_t *>(dst + d) =
+                pack_bf2(o[ai][q][0] * inv * sigmoid_f(gf.x), o[ai][q][1] * inv * sigmoid_f(gf.y));
+        }
+    }
+}
+
+/* ---- launcher ---------------------------------------------------------------------------- */
+
+template <int HD>
+static void run_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a) {
+    const ds_cuda_batch &b = ctx->batch;
+    const int T = b.n_tokens, S = b.n_seqs;
+    const int G = a->nh / a->nkv;
+    dim3 pgrid(T, DS_DIV_UP(a->nh + 2 * a->nkv, 8));
+    attn_prep_kernel<HD><<<pgrid, 256, 0, ctx->stream>>>(b, *a);
+    DS_CU_LAUNCHED(ctx, "attn_prep_kernel");
+
+    if (ctx->info.max_seq_tokens == 1 && G <= DEC_MAXG) {
+        const int max_ctx = ctx->info.max_ctx > 0 ? ctx->info.max_ctx : 1;
+        int nsplit = DS_DIV_UP(2 * ctx->sm_count, S * a->nkv);
+        const int tiles = DS_DIV_UP(max_ctx, DEC_TILE);
+        if (nsplit > tiles) nsplit = tiles;
+        if (nsplit > DS_CUDA_ATTN_MAX_SPLIT) nsplit = DS_CUDA_ATTN_MAX_SPLIT;
+        while (nsplit > 1 && (int64_t)S * a->nh * nsplit > a->ws_rows) nsplit--;
+        if (nsplit < 1) nsplit = 1;
+        const int chunk = DS_DIV_UP(DS_DIV_UP(max_ctx, nsplit), DEC_TILE) * DEC_TILE;
+        attn_decode_kernel<HD><<<dim3(S, a->nkv, nsplit), HD, 0, ctx->stream>>>(b, *a, G, chunk, nsplit);
+        DS_CU_LAUNCHED(ctx, "attn_decode_kernel");
+        attn_combine_kernel<HD><<<dim3(S, a->nh), HD, 0, ctx->stream>>>(b, *a, nsplit);
+        DS_CU_LAUNCHED(ctx, "attn_combine_kernel");
+        return;
+    }
+    const int BT = PF_ROWS / G;
+    const size_t smem = PfSmem<HD>::bytes;
+    DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    dim3 grid(DS_DIV_UP(ctx->info.max_seq_tokens, BT), a->nkv, S);
+    attn_prefill_kernel<HD><<<grid, PF_THREADS, smem, ctx->stream>>>(b, *a, G, BT);
+    DS_CU_LAUNCHED(ctx, "attn_prefill_kernel");
+}
+
+extern "C" void ds_cuda_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a) {
+    if (ctx->batch.n_tokens <= 0) return;
+    switch (a->hd) {
+    case 32: run_attention<32>(ctx, a); break;
+    case 64: run_attention<64>(ctx, a); break;
+    case 128: run_attention<128>(ctx, a); break;
+    case 256: run_attention<256>(ctx, a); break;
+    default: ds_cuda_check(ctx, cudaErrorInvalidValue, "attention: head_dim not 32/64/128/256", __FILE__, __LINE__);
+    }
+}

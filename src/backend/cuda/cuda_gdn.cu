@@ -1,0 +1,178 @@
+/* cuda_gdn.cu — Gated DeltaNet core: one fused kernel for conv + SiLU + gates + q/k L2-norm +
+ * delta-rule recurrence + gated RMSNorm, decode and prefill alike.
+ *
+ * A block serves one (sequence, value head) and walks the sequence's tokens of this step in
+ * order, so prefill runs the exact token-by-token recurrence (phase 1; the chunked form is
+ * phase 2). The head's fp32 state S [dk, dv] lives in registers for the whole step: thread
+ * (seg, j) of the 4·dv threads holds column j, rows [seg·dk/4, (seg+1)·dk/4); it is read once
+ * and written once per step.
+ *
+ * Conv history: every block owns the pre-conv inputs of the 2·dk + dv channels it convolves
+ * (its key head's q and k channels and its own v channels), stored per value head. The q/k
+ * channels of a key head are therefore duplicated for the hv/hk value heads that share it,
+ * which costs a few KiB per slot but removes any cross-block ordering on the conv state.
+ * Layouts (fp32): state [slot][gdn layer][hv][dk][dv]; conv history
+ * [slot][gdn layer][hv][2·dk + dv][kernel − 1]. */
+#include <math.h>
+
+#include "cuda_common.cuh"
+
+#define GDN_KC 4  /* conv kernel (all Qwen3.5 configs) */
+#define GDN_SEG 4 /* row segments of the state: block = GDN_SEG·dv threads */
+
+template <int DK, int DV>
+__global__ void __launch_bounds__(GDN_SEG * DV) gdn_kernel(ds_cuda_batch b, ds_cuda_gdn_args a) {
+    constexpr int KC = GDN_KC;
+    constexpr int SEG = GDN_SEG;
+    constexpr int NT = SEG * DV;      /* threads */
+    constexpr int RPS = DK / SEG;     /* state rows per thread */
+    constexpr int NCH = 2 * DK + DV;  /* channels convolved by this block */
+    constexpr int NW = NT / 32;
+    static_assert(NCH < NT, "one thread per conv channel plus one for the gates");
+    __shared__ float qs[DK], ks[DK], vs[DV];
+    __shared__ float red1[SEG][DV], red2[SEG][DV];
+    __shared__ float scal[2];
+    __shared__ float qred[NW], kred[NW]; /* q/k sums of squares per warp */
+    __shared__ float ored[NW];           /* o² per warp (separate arrays: no reuse race) */
+
+    const int h = blockIdx.x, s = blockIdx.y;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int j = tid % DV, seg = tid / DV;
+    const int hk = a.hk, hv = a.hv;
+    const int kh = h / (hv / hk);
+    const int64_t conv_dim = 2 * (int64_t)hk * DK + (int64_t)hv * DV;
+    const int64_t ldp = conv_dim + (int64_t)hv * DV + 2 * hv;
+    const int slot = b.seq_slot[s];
+    const int ts = b.seq_start[s], te = b.seq_start[s + 1];
+    if (ts >= te) return;
+
+    float *S = a.state + (int64_t)slot * a.state_slot_stride + (int64_t)h * DK * DV;
+    float *CH = a.conv_hist + (int64_t)slot * a.conv_slot_stride + (int64_t)h * NCH * (KC - 1);
+
+    /* this thread's conv channel (threads ≥ NCH have none) */
+    const int c = tid;
+    int64_t gc = 0;
+    if (c < DK) gc = (int64_t)kh * DK + c;
+    else if (c < 2 * DK) gc = (int64_t)hk * DK + (int64_t)kh * DK + (c - DK);
+    else if (c < NCH) gc = 2 * (int64_t)hk * DK + (int64_t)h * DV + (c - 2 * DK);
+    float cw[KC], hist[KC - 1];
+    if (c < NCH) {
+#pragma unroll
+        for (int i = 0; i < KC; i++) cw[i] = a.conv_w[gc * KC + i];
+#pragma unroll
+        for (int i = 0; i < KC - 1; i++) hist[i] = CH[c * (KC - 1) + i];
+    }
+
+    float st[RPS];
+#pragma unroll
+    for (int ii = 0; ii < RPS; ii++) st[ii] = S[(int64_t)(seg * RPS + ii) * DV + j];
+
+    const float qscale0 = rsqrtf((float)DK);
+    for (int t = ts; t < te; t++) {
+        const bf16 *prow = (const bf16 *)a.proj + (int64_t)t * ldp;
+        /* conv (kernel KC, causal, over history + this token) + SiLU */
+        float y = 0.f;
+        if (c < NCH) {
+            const float x = to_f32(prow[gc]);
+            float acc = cw[KC - 1] * x;
+#pragma unroll
+            for (int i = 0; i < KC - 1; i++) acc = fmaf(cw[i], hist[i], acc);
+#pragma unroll
+            for (int i = 0; i < KC - 2; i++) hist[i] = hist[i + 1];
+            hist[KC - 2] = x;
+            y = silu_f(acc);
+            if (c < DK) qs[c] = y;
+            else if (c < 2 * DK) ks[c - DK] = y;
+            else vs[c - 2 * DK] = y;
+        } else if (c == NCH) {
+            const float bb = to_f32(prow[conv_dim + (int64_t)hv * DV + h]);
+            const float aa = to_f32(prow[conv_dim + (int64_t)hv * DV + hv + h]) + a.dt_bias[h];
+            const float sp = aa > 20.f ? aa : log1pf(expf(aa)); /* softplus, torch threshold 20 */
+            scal[0] = sigmoid_f(bb);                            /* β */
+            scal[1] = expf(a.neg_exp_A[h] * sp);                /* α = exp(g) */
+        }
+        /* q/k L2 norms */
+        const float sq = warp_sum(c < DK ? y * y : 0.f);
+        const float sk = warp_sum(c >= DK && c < 2 * DK ? y * y : 0.f);
+        if (lane == 0) {
+            qred[warp] = sq;
+            kred[warp] = sk;
+        }
+        __syncthreads();
+        float qss = 0.f, kss = 0.f;
+#pragma unroll
+        for (int w = 0; w < NW; w++) {
+            qss += qred[w];
+            kss += kred[w];
+        }
+        const float qscale = rsqrtf(qss + 1e-6f) * qscale0;
+        const float kscale = rsqrtf(kss + 1e-6f);
+        const float beta = scal[0], alpha = scal[1];
+
+        /* S ← α·S;  kv = Sᵀk */
+        float part = 0.f;
+#pragma unroll
+        for (int ii = 0; ii < RPS; ii++) {
+            st[ii] *= alpha;
+            part = fmaf(st[ii], ks[seg * RPS + ii] * kscale, part);
+        }
+        red1[seg][j] = part;
+        __syncthreads();
+        float kv = 0.f;
+#pragma unroll
+        for (int sg = 0; sg < SEG; sg++) kv += red1[sg][j];
+        /* δ = β·(v − kv);  S ← S + k·δᵀ;  o = Sᵀq */
+        const float delta = beta * (vs[j] - kv);
+        float part2 = 0.f;
+#pragma unroll
+        for (int ii = 0; ii < RPS; ii++) {
+            st[ii] = fmaf(ks[seg * RPS + ii] * kscale, delta, st[ii]);
+            part2 = fmaf(st[ii], qs[seg * RPS + ii] * qscale, part2);
+        }
+        red2[seg][j] = part2;
+        __syncthreads();
+        /* gated RMSNorm over dv: o·rsqrt(mean(o²) + eps)·w·SiLU(z) */
+        float o = 0.f;
+        if (tid < DV) {
+#pragma unroll
+            for (int sg = 0; sg < SEG; sg++) o += red2[sg][tid];
+        }
+        const float o2 = warp_sum(tid < DV ? o * o : 0.f);
+        if (lane == 0) ored[warp] = o2;
+        __syncthreads();
+        if (tid < DV) {
+            float ms = 0.f;
+#pragma unroll
+            for (int w = 0; w < (DV + 31) / 32; w++) ms += ored[w];
+            const float n = o * rsqrtf(ms / (float)DV + a.eps);
+            const float z = to_f32(prow[conv_dim + (int64_t)h * DV + tid]);
+            ((bf16 *)a.out)[(int64_t)t * hv * DV + (int64_t)h * DV + tid] =
+                __float2bfloat16_rn(n * a.norm_w[tid] * silu_f(z));
+        }
+    }
+
+#pragma unroll
+    for (int ii = 0; ii < RPS; ii++) S[(int64_t)(seg * RPS + ii) * DV + j] = st[ii];
+    if (c < NCH) {
+#pragma unroll
+        for (int i = 0; i < KC - 1; i++) CH[c * (KC - 1) + i] = hist[i];
+    }
+}
+
+extern "C" void ds_cuda_gdn(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a) {
+    if (ctx->batch.n_tokens <= 0) return;
+    const dim3 grid(a->hv, ctx->batch.n_seqs);
+    const int shape = (a->dk == a->dv && a->kernel == GDN_KC && a->hk > 0 && a->hv % a->hk == 0) ? a->dk : 0;
+    switch (shape) {
+    case 16: gdn_kernel<16, 16><<<grid, GDN_SEG * 16, 0, ctx->stream>>>(ctx->batch, *a); break;
+    case 32: gdn_kernel<32, 32><<<grid, GDN_SEG * 32, 0, ctx->stream>>>(ctx->batch, *a); break;
+    case 64: gdn_kernel<64, 64><<<grid, GDN_SEG * 64, 0, ctx->stream>>>(ctx->batch, *a); break;
+    case 128: gdn_kernel<128, 128><<<grid, GDN_SEG * 128, 0, ctx->stream>>>(ctx->batch, *a); break;
+    default:
+        ds_cuda_check(ctx, cudaErrorInvalidValue,
+                      "gdn: built for dk = dv in {16, 32, 64, 128} and conv kernel 4", __FILE__,
+                      __LINE__);
+        return;
+    }
+    DS_CU_LAUNCHED(ctx, "gdn_kernel");
+}

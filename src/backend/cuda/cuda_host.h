@@ -1,0 +1,62 @@
+/* cuda_host.h — C-side internals of the CUDA backend shared by cuda_backend.c, cuda_ops.c,
+ * cuda_weights.c and cuda_cache.c (never seen by nvcc). */
+#ifndef DS_CUDA_HOST_H
+#define DS_CUDA_HOST_H
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_internal.h"
+
+ds_cuda_ctx *ds_cuda_ctx_of(ds_backend *be);
+
+/* The CUDA cache: per-layer paged KV pools and GDN state pools (device memory). */
+#define DS_CUDA_MAX_CACHE_LAYERS (DS_MAX_LAYERS + 8) /* model layers, then MTP layers */
+struct ds_cache {
+    int n_slots, n_blocks, block_size;
+    int n_layers;                            /* cfg->n_layers + cfg->n_mtp_layers */
+    int attn_index[DS_CUDA_MAX_CACHE_LAYERS]; /* layer → attention pool, or -1 */
+    int gdn_index[DS_CUDA_MAX_CACHE_LAYERS];  /* layer → GDN pool, or -1 */
+    int n_attn, n_gdn;
+    int nkv, hd;
+    void *kv;              /* [n_attn][2 (K, V)][n_blocks, block_size, nkv, hd] bf16 */
+    size_t kv_pool_elems;  /* elements of one K (or V) pool */
+    float *state;          /* [n_slots][n_gdn][hv][dk][dv] */
+    int64_t state_layer_floats;
+    float *conv;           /* [n_slots][n_gdn][hv][2dk + dv][kernel - 1] */
+    int64_t conv_layer_floats;
+    float *inv_freq;       /* [rot/2] RoPE inverse frequencies, computed on the host */
+    float *attn_ws;        /* decode split partials [ws_rows][hd + 2] */
+    int attn_ws_rows;
+};
+
+/* Layer index of MTP layer i as the attention op expects it. */
+static inline int ds_cuda_mtp_layer(const ds_config *cfg, int i) { return cfg->n_layers + i; }
+
+ds_status ds_cuda_prepare_weights(ds_backend *be, const ds_config *cfg,
+                                  const ds_model_weights *host, ds_model_weights *out,
+                                  ds_error *err);
+void ds_cuda_release_weights(ds_backend *be, ds_model_weights *w);
+
+ds_status ds_cuda_cache_create(ds_backend *be, const ds_config *cfg, const ds_cache_desc *desc,
+                               ds_cache **out, ds_error *err);
+void ds_cuda_cache_free(ds_backend *be, ds_cache *c);
+void ds_cuda_cache_reset_slot(ds_backend *be, ds_cache *c, int slot);
+
+void ds_cuda_op_embed(ds_backend *be, const ds_tensor *table, ds_tensor *out);
+void ds_cuda_op_rmsnorm(ds_backend *be, const ds_tensor *x, const ds_tensor *w, float eps,
+                        ds_tensor *out);
+void ds_cuda_op_add_rmsnorm(ds_backend *be, ds_tensor *residual, const ds_tensor *delta,
+                            const ds_tensor *w, float eps, ds_tensor *out);
+void ds_cuda_op_linear(ds_backend *be, const ds_tensor *x, const ds_linear *w, ds_tensor *out);
+void ds_cuda_op_silu_mul(ds_backend *be, const ds_tensor *gate_up, ds_tensor *out);
+void ds_cuda_op_gather_rows(ds_backend *be, const ds_tensor *x, ds_tensor *out);
+void ds_cuda_op_attention(ds_backend *be, ds_cache *c, int layer, const ds_config *cfg,
+                          const ds_attn_weights *w, const ds_tensor *qkv, ds_tensor *out);
+void ds_cuda_op_gdn(ds_backend *be, ds_cache *c, int layer, const ds_config *cfg,
+                    const ds_gdn_weights *w, const ds_tensor *proj, ds_tensor *out);
+void ds_cuda_op_moe(ds_backend *be, const ds_config *cfg, const ds_moe_weights *w,
+                    const ds_tensor *x, ds_tensor *out);
+void ds_cuda_op_logits(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head,
+                       ds_tensor *out);
+void ds_cuda_op_argmax(ds_backend *be, const ds_tensor *logits, int32_t *ids);
+
+#endif

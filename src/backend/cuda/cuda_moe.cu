@@ -1,0 +1,319 @@
+/* cuda_moe.cu — sparse MoE block with shared expert, deterministic (no float atomics).
+ *
+ *  1. one GEMV/GEMM over the fused [E + 2Is + 1, H] matrix (router | shared gate_up | shared
+ *     gate, contiguous by prepare_weights): fp32 logits L [T, E + 2Is + 1];
+ *  2. route: per token softmax over E (fp32), top-k (ties → lowest expert id), renormalise;
+ *     the shared expert's SiLU(g)·u (bf16) and sigmoid gate;
+ *  3. group: one block sorts the T·k assignments by expert (stable), listing active experts;
+ *  4. expert gate_up GEMV: a block per (active expert, 16 output rows) reads only that expert's
+ *     rows and serves all its assigned tokens (≤ 8 at a time) → h [A, 2I] bf16;
+ *  5. expert down GEMV with SiLU(g)·u computed in its input loader → y [A, H] fp32;
+ *  6. shared down GEMV → ysh [T, H] fp32;
+ *  7. combine: out[t] = Σ_i w_i·y[t·k + i] + sg[t]·ysh[t], summed in slot order → bf16.
+ * Grids are sized from T on the host (min(E, T·k) expert blocks); blocks past the device-side
+ * count of active experts exit at once, so the launch shape never depends on routing. */
+#include <math.h>
+
+#include "cuda_gemv.cuh"
+
+#define MOE_MAX_E 1024
+#define ROUTE_WARPS 4
+
+/* scratch layout for T tokens (A = T·k assignments), 256-byte aligned pieces */
+typedef struct moe_scratch {
+    float *L;        /* [T, NL] */
+    int32_t *ids;    /* [A] */
+    float *wts;      /* [A] */
+    bf16 *sh_act;    /* [T, Is] */
+    float *sg;       /* [T] */
+    int32_t *n_act;  /* [1] */
+    int32_t *act;    /* [E] active experts, ascending */
+    int32_t *off;    /* [E + 1] assignment offsets per active expert */
+    int32_t *sorted; /* [A] assignment indices grouped by expert, ascending within */
+    bf16 *h;         /* [A, 2I] */
+    float *y;        /* [A, H] */
+    float *ysh;      /* [T, H] */
+} moe_scratch;
+
+static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+static size_t moe_layout(char *base, int T, int H, int E, int k, int I, int Is, moe_scratch *s) {
+    const size_t A = (size_t)T * k;
+    const size_t NL = (size_t)E + 2 * (size_t)Is + (Is ? 1 : 0);
+    size_t off = 0;
+#define TAKE(field, type, count)                                      \
+    do {                                                              \
+        if (s) s->field = (type *)(base + off);                       \
+        off += al256(sizeof(type) * (size_t)(count));                 \
+    } while (0)
+    TAKE(L, float, (size_t)T * NL);
+    TAKE(ids, int32_t, A);
+    TAKE(wts, float, A);
+    TAKE(sh_act, bf16, (size_t)T * (Is ? Is : 1));
+    TAKE(sg, float, T);
+    TAKE(n_act, int32_t, 1);
+    TAKE(act, int32_t, E);
+    TAKE(off, int32_t, E + 1);
+    TAKE(sorted, int32_t, A);
+    TAKE(h, bf16, A * 2 * (size_t)I);
+    TAKE(y, float, A * (size_t)H);
+    TAKE(ysh, float, (size_t)T * H);
+#undef TAKE
+    return off;
+}
+
+extern "C" size_t ds_cuda_moe_scratch_bytes(int H, int E, int top_k, int I, int Is) {
+    return moe_layout(NULL, DS_CUDA_MAX_TOKENS, H, E, top_k, I, Is, NULL);
+}
+
+/* ---- 2. route ------------------------------------------------------------------------------ */
+
+__global__ void __launch_bounds__(ROUTE_WARPS * 32)
+    moe_route_kernel(int T, int E, int k, int Is, int norm_topk, moe_scratch sc) {
+    __shared__ float prob[ROUTE_WARPS][MOE_MAX_E];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int t = blockIdx.x * ROUTE_WARPS + warp;
+    if (t >= T) return;
+    const int64_t NL = (int64_t)E + 2 * Is + (Is ? 1 : 0);
+    const float *Lr = sc.L + (int64_t)t * NL;
+    float *pr = prob[warp];
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, Lr[e]);
+    mx = warp_max(mx);
+    float sum = 0.f;
+    for (int e = lane; e < E; e += 32) {
+        const float p = expf(Lr[e] - mx);
+        pr[e] = p;
+        sum += p;
+    }
+    sum = warp_sum(sum);
+    const float inv = 1.f / sum;
+    for (int e = lane; e < E; e += 32) pr[e] *= inv;
+    __syncwarp();
+    /* top-k by repeated warp argmax; taken entries are set to -1 (probabilities are ≥ 0) */
+    float wsel = 0.f, wsum = 0.f;
+    int isel = 0;
+    for (int i = 0; i < k; i++) {
+        float bv = -2.f;
+        int bi = 0x7fffffff;
+        for (int e = lane; e < E; e += 32) {
+            const float v = pr[e];
+            if (v > bv) { bv = v; bi = e; } /* e ascending per lane: first max kept */
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        }
+        if (lane == i) { wsel = bv; isel = bi; }
+        wsum += bv;
+        __syncwarp();
+        if (lane == 0) pr[bi] = -1.f;
+        __syncwarp();
+    }
+    if (lane < k) {
+        sc.ids[(int64_t)t * k + lane] = isel;
+        sc.wts[(int64_t)t * k + lane] = norm_topk ? wsel / wsum : wsel;
+    }
+    if (Is > 0) {
+        for (int i = lane; i < Is; i += 32)
+            sc.sh_act[(int64_t)t * Is + i] = __float2bfloat16_rn(silu_f(Lr[E + i]) * Lr[E + Is + i]);
+        if (lane == 0) sc.sg[t] = sigmoid_f(Lr[E + 2 * Is]);
+    }
+}
+
+/* ---- 3. group assignments by expert (one block) ------------------------------------------ */
+
+/* exclusive scan of one value per thread over the block (blockDim.x ≤ 1024); returns the total */
+static __device__ int block_excl_scan(int v, int *excl, int *wsum) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    __syncthreads();
+    if (lane == 31) wsum[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        int w = lane < nw ? wsum[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w += y;
+        }
+        if (lane < nw) wsum[lane] = w; /* inclusive warp totals */
+    }
+    __syncthreads();
+    *excl = x - v + (warp > 0 ? wsum[warp - 1] : 0);
+    return wsum[nw - 1];
+}
+
+__global__ void __launch_bounds__(1024) moe_group_kernel(int A, int E, moe_scratch sc) {
+    __shared__ int cnt[MOE_MAX_E];
+    __shared__ int wsum[32];
+    const int e = threadIdx.x;
+    if (e < E) cnt[e] = 0;
+    __syncthreads();
+    for (int a = threadIdx.x; a < A; a += blockDim.x) atomicAdd(&cnt[sc.ids[a]], 1); /* integer */
+    __syncthreads();
+    const int c = e < E ? cnt[e] : 0;
+    int start, rank;
+    block_excl_scan(c, &start, wsum);
+    const int nact = block_excl_scan(c > 0 ? 1 : 0, &rank, wsum);
+    if (c > 0) {
+        sc.act[rank] = e;
+        sc.off[rank] = start;
+        /* stable placement: this expert's assignments in ascending order */
+        int n = 0;
+        for (int a = 0; a < A && n < c; a++)
+            if (sc.ids[a] == e) sc.sorted[start + n++] = a;
+    }
+    if (threadIdx.x == 0) {
+        *sc.n_act = nact;
+        sc.off[nact] = A;
+    }
+}
+
+/* ---- 4/5. grouped expert GEMV --------------------------------------------------------------- */
+
+#define MOE_WARPS 8
+
+template <bool DOWN, int ROWS, int UNROLL, int R, bool STREAM>
+static __device__ __forceinline__ void moe_chunk(const bf16 *W, int64_t N, int64_t K, int64_t n0,
+                                                 const int32_t *rows, int k, int H, int I,
+                                                 const bf16 *x, const moe_scratch &sc) {
+    const int lane = threadIdx.x & 31;
+    float acc[ROWS][R];
+#pragma unroll
+    for (int rr = 0; rr < ROWS; rr++)
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[rr][r] = 0.f;
+    if (DOWN) {
+        XSiluMul<R> xs;
+        xs.I = I;
+#pragma unroll
+        for (int r = 0; r < R; r++) xs.base[r] = sc.h + (int64_t)rows[r] * 2 * I;
+        gemv_warp_partial<R, ROWS, UNROLL, STREAM>(W, K, n0, N, xs, 0, K, acc);
+    } else {
+        XRows<R> xs;
+#pragma unroll
+        for (int r = 0; r < R; r++) xs.base[r] = x + (int64_t)(rows[r] / k) * H;
+        gemv_warp_partial<R, ROWS, UNROLL, STREAM>(W, K, n0, N, xs, 0, K, acc);
+    }
+    gemv_warp_reduce<R, ROWS>(acc);
+    if (lane == 0) {
+#pragma unroll
+        for (int rr = 0; rr < ROWS; rr++) {
+            if (n0 + rr >= N) continue;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (DOWN) sc.y[(int64_t)rows[r] * H + n0 + rr] = acc[rr][r];
+                else sc.h[(int64_t)rows[r] * 2 * I + n0 + rr] = __float2bfloat16_rn(acc[rr][r]);
+            }
+        }
+    }
+}
+
+template <bool DOWN, int ROWS, int UNROLL>
+__global__ void __launch_bounds__(MOE_WARPS * 32)
+    moe_expert_kernel(const bf16 *__restrict__ Wall, int H, int I, int k,
+                      const bf16 *__restrict__ x, moe_scratch sc) {
+    const int i = blockIdx.x;
+    if (i >= *sc.n_act) return;
+    const int e = sc.act[i];
+    const int a0 = sc.off[i], a1 = sc.off[i + 1];
+    const int64_t N = DOWN ? H : 2 * (int64_t)I;
+    const int64_t K = DOWN ? I : H;
+    const bf16 *W = Wall + (int64_t)e * N * K;
+    const int warp = threadIdx.x >> 5;
+    const int64_t n0 = ((int64_t)blockIdx.y * MOE_WARPS + warp) * ROWS;
+    if (n0 >= N) return;
+    const bool stream = (a1 - a0) <= 8; /* weights re-read for more rows: keep them in L1 */
+    for (int c = a0; c < a1;) {
+        const int left = a1 - c;
+        const int32_t *rows = sc.sorted + c;
+        if (left >= 8) {
+            if (stream) moe_chunk<DOWN, ROWS, UNROLL, 8, true>(W, N, K, n0, rows, k, H, I, x, sc);
+            else moe_chunk<DOWN, ROWS, UNROLL, 8, false>(W, N, K, n0, rows, k, H, I, x, sc);
+            c += 8;
+        } else if (left >= 4) {
+            moe_chunk<DOWN, ROWS, UNROLL, 4, true>(W, N, K, n0, rows, k, H, I, x, sc);
+            c += 4;
+        } else if (left >= 2) {
+            moe_chunk<DOWN, ROWS, UNROLL, 2, true>(W, N, K, n0, rows, k, H, I, x, sc);
+            c += 2;
+        } else {
+            moe_chunk<DOWN, ROWS, UNROLL, 1, true>(W, N, K, n0, rows, k, H, I, x, sc);
+            c += 1;
+        }
+    }
+}
+
+/* ---- 7. combine ---------------------------------------------------------------------------- */
+
+__global__ void moe_combine_kernel(int H, int k, int Is, moe_scratch sc, bf16 *__restrict__ out) {
+    const int t = blockIdx.x;
+    for (int n = threadIdx.x; n < H; n += blockDim.x) {
+        float acc = 0.f;
+        for (int i = 0; i < k; i++) {
+            const int64_t a = (int64_t)t * k + i;
+            acc = fmaf(sc.wts[a], sc.y[a * H + n], acc);
+        }
+        if (Is > 0) acc = fmaf(sc.sg[t], sc.ysh[(int64_t)t * H + n], acc);
+        out[(int64_t)t * H + n] = __float2bfloat16_rn(acc);
+    }
+}
+
+extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
+    const int T = a->T;
+    if (T <= 0) return;
+    if (T > DS_CUDA_MAX_TOKENS || a->E > MOE_MAX_E || a->top_k > 32 || a->top_k > a->E || a->H % 8 || a->I % 8 ||
+        a->Is % 8) {
+        ds_cuda_check(ctx, cudaErrorInvalidValue, "moe: shape outside the built kernels", __FILE__,
+                      __LINE__);
+        return;
+    }
+    const int H = a->H, E = a->E, k = a->top_k, I = a->I, Is = a->Is;
+    const int A = T * k;
+    const int64_t NL = (int64_t)E + 2 * Is + (Is ? 1 : 0);
+    moe_scratch sc;
+    moe_layout((char *)ctx->d_moe_scratch, T, H, E, k, I, Is, &sc);
+
+    /* 1. router | shared gate_up | shared gate */
+    if (T <= DS_CUDA_GEMV_MAX_ROWS) ds_cuda_gemv(ctx, a->w_in, NL, H, a->x, H, T, sc.L, NL, 1);
+    else ds_cuda_gemm_lt(ctx, a->w_in, NL, H, a->x, H, T, sc.L, NL, 1);
+    /* 2. route */
+    moe_route_kernel<<<DS_DIV_UP(T, ROUTE_WARPS), ROUTE_WARPS * 32, 0, ctx->stream>>>(
+        T, E, k, Is, a->norm_topk, sc);
+    DS_CU_LAUNCHED(ctx, "moe_route_kernel");
+    /* 3. group */
+    moe_group_kernel<<<1, 1024, 0, ctx->stream>>>(A, E, sc);
+    DS_CU_LAUNCHED(ctx, "moe_group_kernel");
+    /* 4. gate_up, 5. down */
+    const int nblk = A < E ? A : E;
+    {
+        constexpr int ROWS = 2;
+        dim3 grid(nblk, DS_DIV_UP(2 * I, MOE_WARPS * ROWS));
+        moe_expert_kernel<false, ROWS, 4><<<grid, MOE_WARPS * 32, 0, ctx->stream>>>(
+            (const bf16 *)a->w_gu, H, I, k, (const bf16 *)a->x, sc);
+        DS_CU_LAUNCHED(ctx, "moe_expert_kernel<gate_up>");
+    }
+    {
+        constexpr int ROWS = 4;
+        dim3 grid(nblk, DS_DIV_UP(H, MOE_WARPS * ROWS));
+        moe_expert_kernel<true, ROWS, 2><<<grid, MOE_WARPS * 32, 0, ctx->stream>>>(
+            (const bf16 *)a->w_down, H, I, k, (const bf16 *)a->x, sc);
+        DS_CU_LAUNCHED(ctx, "moe_expert_kernel<down>");
+    }
+    /* 6. shared expert down */
+    if (Is > 0) {
+        if (T <= DS_CUDA_GEMV_MAX_ROWS) ds_cuda_gemv(ctx, a->w_sh_down, H, Is, sc.sh_act, Is, T, sc.ysh, H, 1);
+        else ds_cuda_gemm_lt(ctx, a->w_sh_down, H, Is, sc.sh_act, Is, T, sc.ysh, H, 1);
+    }
+    /* 7. combine */
+    moe_combine_kernel<<<T, 256, 0, ctx->stream>>>(H, k, Is, sc, (bf16 *)a->out);
+    DS_CU_LAUNCHED(ctx, "moe_combine_kernel");
+}

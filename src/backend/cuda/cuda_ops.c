@@ -1,0 +1,258 @@
+/* cuda_ops.c — the op table entries: shape checks (DS_ASSERT: shapes are internal invariants)
+ * on the host, then the launchers of cuda_*.cu. Nothing here synchronises except argmax,
+ * which must hand ids back to the host. */
+#include <math.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_host.h"
+
+static int64_t last_dim(const ds_tensor *t) { return t->ne[t->ndim - 1]; }
+static int64_t n_rows(const ds_tensor *t) { return ds_tensor_numel(t) / last_dim(t); }
+
+void ds_cuda_op_embed(ds_backend *be, const ds_tensor *table, ds_tensor *out) {
+    ds_cuda_ctx *c = ds_cuda_ctx_of(be);
+    DS_ASSERT(table->ndim == 2 && out->dtype == DS_DTYPE_BF16);
+    DS_ASSERT(table->dtype == DS_DTYPE_BF16 || table->dtype == DS_DTYPE_F32 ||
+              table->dtype == DS_DTYPE_F16);
+    const int64_t H = table->ne[1];
+    DS_ASSERT(last_dim(out) == H && n_rows(out) >= c->batch.n_tokens);
+    ds_cuda_embed(c, table->data, (int)table->dtype, table->ne[0], H, out->data);
+}
+
+void ds_cuda_op_rmsnorm(ds_backend *be, const ds_tensor *x, const ds_tensor *w, float eps,
+                        ds_tensor *out) {
+    DS_ASSERT(x->dtype == DS_DTYPE_BF16 && out->dtype == DS_DTYPE_BF16 && w->dtype == DS_DTYPE_F32);
+    const int64_t D = last_dim(x);
+    DS_ASSERT(ds_tensor_numel(w) == D && ds_tensor_numel(out) >= ds_tensor_numel(x));
+    ds_cuda_rmsnorm(ds_cuda_ctx_of(be), x->data, w->data, eps, n_rows(x), D, out->data);
+}
+
+void ds_cuda_op_add_rmsnorm(ds_backend *be, ds_tensor *residual, const ds_tensor *delta,
+                            const ds_tensor *w, float eps, ds_tensor *out) {
+    DS_ASSERT(residual->dtype == DS_DTYPE_BF16 && delta->dtype == DS_DTYPE_BF16 &&
+              out->dtype == DS_DTYPE_BF16 && w->dtype == DS_DTYPE_F32);
+    const int64_t D = last_dim(residual);
+    DS_ASSERT(ds_tensor_numel(w) == D && ds_tensor_numel(delta) == ds_tensor_numel(residual) &&
+              ds_tensor_numel(out) >= ds_tensor_numel(residual));
+    ds_cuda_add_rmsnorm(ds_cuda_ctx_of(be), residual->data, delta->data, w->data, eps,
+                        n_rows(residual), D, out->data);
+}
+
+/* out[R, n_out] (bf16, or f32 for logits) = x[R, n_in] · Wᵀ over the parts of w. */
+static void linear_any(ds_cuda_ctx *c, const ds_tensor *x, const ds_linear *w, ds_tensor *out,
+                       int out_f32) {
+    DS_ASSERT(x->dtype == DS_DTYPE_BF16);
+    DS_ASSERT(out->dtype == (out_f32 ? DS_DTYPE_F32 : DS_DTYPE_BF16));
+    const int64_t K = w->n_in, N = w->n_out;
+    DS_ASSERT(last_dim(x) == K && last_dim(out) == N);
+    const int64_t R = n_rows(x);
+    DS_ASSERT(n_rows(out) >= R);
+    if (R == 0) return;
+    const size_t osz = out_f32 ? 4 : 2;
+    int64_t col = 0;
+    for (int p = 0; p < w->n_parts; p++) {
+        const ds_tensor *wp = &w->parts[p];
+        DS_ASSERT(wp->dtype == DS_DTYPE_BF16 && wp->ndim == 2 && wp->ne[1] == K);
+        const int64_t Np = wp->ne[0];
+        char *o = (char *)out->data + (size_t)col * osz;
+        const int aligned = K % 8 == 0 && ((uintptr_t)x->data % 16) == 0 &&
+                            ((uintptr_t)wp->data % 16) == 0;
+        for (int64_t r0 = 0; r0 < R;) {
+            /* the GEMV serves up to 8 rows; more rows go to cuBLASLt in one GEMM */
+            if (R <= DS_CUDA_GEMV_MAX_ROWS && aligned) {
+                ds_cuda_gemv(c, wp->data, Np, K, x->data, K, (int)R, o, N, out_f32);
+                r0 = R;
+            } else {
+                const int64_t n = R - r0 > (1 << 30) ? (1 << 30) : R - r0;
+                ds_cuda_gemm_lt(c, wp->data, Np, K, (const char *)x->data + (size_t)r0 * K * 2, K,
+                                (int)n, o + (size_t)r0 * N * osz, N, out_f32);
+                r0 += n;
+            }
+        }
+        col += Np;
+    }
+    DS_ASSERT(col == N);
+}
+
+void ds_cuda_op_linear(ds_backend *be, const ds_tensor *x, const ds_linear *w, ds_tensor *out) {
+    linear_any(ds_cuda_ctx_of(be), x, w, out, 0);
+}
+
+void ds_cuda_op_logits(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head,
+                       ds_tensor *out) {
+    linear_any(ds_cuda_ctx_of(be), x, lm_head, out, 1);
+}
+
+void ds_cuda_op_silu_mul(ds_backend *be, const ds_tensor *gate_up, ds_tensor *out) {
+    DS_ASSERT(gate_up->dtype == DS_DTYPE_BF16 && out->dtype == DS_DTYPE_BF16);
+    const int64_t I = last_dim(out);
+    DS_ASSERT(last_dim(gate_up) == 2 * I && n_rows(out) >= n_rows(gate_up));
+    ds_cuda_silu_mul(ds_cuda_ctx_of(be), gate_up->data, n_rows(gate_up), I, out->data);
+}
+
+void ds_cuda_op_gather_rows(ds_backend *be, const ds_tensor *x, ds_tensor *out) {
+    ds_cuda_ctx *c = ds_cuda_ctx_of(be);
+    DS_ASSERT(x->dtype == out->dtype && last_dim(x) == last_dim(out));
+    DS_ASSERT(n_rows(out) >= c->batch.n_out);
+    ds_cuda_gather_rows(c, x->data, last_dim(x), (int)ds_dtype_size(x->dtype), out->data);
+}
+
+void ds_cuda_op_argmax(ds_backend *be, const ds_tensor *logits, int32_t *ids) {
+    ds_cuda_ctx *c = ds_cuda_ctx_of(be);
+    DS_ASSERT(logits->dtype == DS_DTYPE_F32);
+    const int64_t V = last_dim(logits), R = n_rows(logits);
+    DS_ASSERT(R <= DS_CUDA_MAX_TOKENS);
+    if (R == 0) return;
+    ds_cuda_argmax(c, logits->data, (int)R, V, c->d_ids);
+    DS_CU(c, cudaMemcpyAsync(c->h_ids, c->d_ids, sizeof(int32_t) * (size_t)R,
+                             cudaMemcpyDeviceToHost, c->stream));
+    DS_CU(c, cudaStreamSynchronize(c->stream));
+    if (c->failed) memset(ids, 0, sizeof(int32_t) * (size_t)R); /* error reported by synchronize */
+    else memcpy(ids, c->h_ids, sizeof(int32_t) * (size_t)R);
+}
+
+/* Host-side checks of the batch against the cache: slots and, for attention, the blocks the
+ * new tokens are written to. */
+static void check_batch_slots(const ds_cuda_ctx *c, const ds_cache *cache) {
+    const int32_t *slot = c->h_cur + c->h_seq_slot_off;
+    for (int s = 0; s < c->batch.n_seqs; s++) DS_ASSERT(slot[s] >= 0 && slot[s] < cache->n_slots);
+}
+
+void ds_cuda_op_attention(ds_backend *be, ds_cache *cache, int layer, const ds_config *cfg,
+                          const ds_attn_weights *w, const ds_tensor *qkv, ds_tensor *out) {
+    ds_cuda_ctx *c = ds_cuda_ctx_of(be);
+    DS_ASSERT(layer >= 0 && layer < cache->n_layers && cache->attn_index[layer] >= 0);
+    DS_ASSERT(cfg->attn_output_gate); /* Qwen3.5 always gates; the kernels assume [q; gate] */
+    const int nh = cfg->n_heads, nkv = cfg->n_kv_heads, hd = cfg->head_dim;
+    const int T = c->batch.n_tokens;
+    DS_ASSERT(nh > 0 && nkv > 0 && nh % nkv == 0 && nh / nkv <= 64 && hd == cache->hd &&
+              nkv == cache->nkv && cfg->rot_dim >= 0 && cfg->rot_dim <= hd && cfg->rot_dim % 2 == 0);
+    DS_ASSERT(qkv->dtype == DS_DTYPE_BF16 && out->dtype == DS_DTYPE_BF16);
+    const int64_t width = (int64_t)nh * hd * 2 + 2 * (int64_t)nkv * hd;
+    DS_ASSERT(last_dim(qkv) == width && n_rows(qkv) >= T);
+    DS_ASSERT(last_dim(out) == (int64_t)nh * hd && n_rows(out) >= T);
+    DS_ASSERT(w->q_norm.dtype == DS_DTYPE_F32 && w->k_norm.dtype == DS_DTYPE_F32 &&
+              ds_tensor_numel(&w->q_norm) == hd && ds_tensor_numel(&w->k_norm) == hd);
+    if (T == 0) return;
+    check_batch_slots(c, cache);
+    const int32_t *pos = c->h_cur + c->h_positions_off;
+    const int32_t *tseq = c->h_cur + c->h_tok_seq_off;
+    const int32_t *bt = c->h_cur + c->h_block_table_off;
+    for (int t = 0; t < T; t++) {
+        DS_ASSERT(pos[t] >= 0 && pos[t] / cache->block_size < c->batch.max_blocks);
+        const int32_t blk = bt[(int64_t)tseq[t] * c->batch.max_blocks + pos[t] / cache->block_size];
+        DS_ASSERT(blk >= 0 && blk < cache->n_blocks);
+    }
+    const int pool = cache->attn_index[layer];
+    char *kv = (char *)cache->kv + (size_t)2 * (size_t)pool * cache->kv_pool_elems * 2;
+    ds_cuda_attn_args a = {
+        .nh = nh,
+        .nkv = nkv,
+        .hd = hd,
+        .rot = cfg->rot_dim,
+        .block_size = cache->block_size,
+        .eps = (float)cfg->rms_eps,
+        .scale = (float)pow((double)hd, -0.5),
+        .q_norm = w->q_norm.data,
+        .k_norm = w->k_norm.data,
+        .inv_freq = cache->inv_freq,
+        .qkv = qkv->data,
+        .out = out->data,
+        .k_cache = kv,
+        .v_cache = kv + cache->kv_pool_elems * 2,
+        .ws = cache->attn_ws,
+        .ws_rows = cache->attn_ws_rows,
+    };
+    ds_cuda_attention(c, &a);
+}
+
+void ds_cuda_op_gdn(ds_backend *be, ds_cache *cache, int layer, const ds_config *cfg,
+                    const ds_gdn_weights *w, const ds_tensor *proj, ds_tensor *out) {
+    ds_cuda_ctx *c = ds_cuda_ctx_of(be);
+    DS_ASSERT(layer >= 0 && layer < cache->n_layers && cache->gdn_index[layer] >= 0);
+    const int Hk = cfg->gdn_k_heads, Hv = cfg->gdn_v_heads, dk = cfg->gdn_k_dim,
+              dv = cfg->gdn_v_dim, K = cfg->gdn_conv_kernel;
+    const int64_t conv_dim = ds_config_gdn_conv_dim(cfg);
+    const int64_t width = conv_dim + (int64_t)Hv * dv + 2 * (int64_t)Hv;
+    const int T = c->batch.n_tokens;
+    DS_ASSERT(Hk > 0 && Hv % Hk == 0);
+    DS_ASSERT(proj->dtype == DS_DTYPE_BF16 && out->dtype == DS_DTYPE_BF16);
+    DS_ASSERT(last_dim(proj) == width && n_rows(proj) >= T);
+    DS_ASSERT(last_dim(out) == (int64_t)Hv * dv && n_rows(out) >= T);
+    DS_ASSERT(w->conv.dtype == DS_DTYPE_F32 && ds_tensor_numel(&w->conv) == conv_dim * K);
+    DS_ASSERT(w->neg_exp_A.dtype == DS_DTYPE_F32 && ds_tensor_numel(&w->neg_exp_A) == Hv);
+    DS_ASSERT(w->dt_bias.dtype == DS_DTYPE_F32 && ds_tensor_numel(&w->dt_bias) == Hv);
+    DS_ASSERT(w->norm.dtype == DS_DTYPE_F32 && ds_tensor_numel(&w->norm) == dv);
+    DS_ASSERT(cache->state_layer_floats == (int64_t)Hv * dk * dv);
+    if (T == 0) return;
+    check_batch_slots(c, cache);
+    const int g = cache->gdn_index[layer];
+    ds_cuda_gdn_args a = {
+        .hk = Hk,
+        .hv = Hv,
+        .dk = dk,
+        .dv = dv,
+        .kernel = K,
+        .eps = (float)cfg->rms_eps,
+        .proj = proj->data,
+        .conv_w = w->conv.data,
+        .neg_exp_A = w->neg_exp_A.data,
+        .dt_bias = w->dt_bias.data,
+        .norm_w = w->norm.data,
+        .state = cache->state + (size_t)g * (size_t)cache->state_layer_floats,
+        .state_slot_stride = (int64_t)cache->n_gdn * cache->state_layer_floats,
+        .conv_hist = cache->conv + (size_t)g * (size_t)cache->conv_layer_floats,
+        .conv_slot_stride = (int64_t)cache->n_gdn * cache->conv_layer_floats,
+        .out = out->data,
+    };
+    ds_cuda_gdn(c, &a);
+}
+
+void ds_cuda_op_moe(ds_backend *be, const ds_config *cfg, const ds_moe_weights *w,
+                    const ds_tensor *x, ds_tensor *out) {
+    ds_cuda_ctx *c = ds_cuda_ctx_of(be);
+    DS_ASSERT(x->dtype == DS_DTYPE_BF16 && out->dtype == DS_DTYPE_BF16);
+    const int64_t H = last_dim(x), T = n_rows(x);
+    DS_ASSERT(last_dim(out) == H && n_rows(out) >= T && T <= DS_CUDA_MAX_TOKENS);
+    const int E = w->n_experts, k = cfg->top_k;
+    DS_ASSERT(E > 0 && k > 0 && k <= E && w->experts);
+    DS_ASSERT(w->router.ndim == 2 && w->router.ne[0] == E && w->router.ne[1] == H &&
+              w->router.dtype == DS_DTYPE_BF16);
+    const int64_t I = w->experts[0].gate_up.n_out / 2;
+    const int64_t Is = w->has_shared ? w->shared.gate_up.n_out / 2 : 0;
+    /* the layout prepare_weights made: router | shared gate_up | shared gate contiguous, and
+     * experts contiguous [E, 2I, H] / [E, H, I] */
+    const char *base = w->router.data;
+    DS_ASSERT(w->experts[0].gate_up.n_parts == 1 && w->experts[0].down.n_parts == 1);
+    if (E > 1) {
+        DS_ASSERT((const char *)w->experts[1].gate_up.parts[0].data ==
+                  (const char *)w->experts[0].gate_up.parts[0].data + (size_t)2 * I * H * 2);
+        DS_ASSERT((const char *)w->experts[1].down.parts[0].data ==
+                  (const char *)w->experts[0].down.parts[0].data + (size_t)H * I * 2);
+    }
+    if (Is) {
+        DS_ASSERT(w->shared.gate_up.n_parts == 1 &&
+                  (const char *)w->shared.gate_up.parts[0].data == base + (size_t)E * H * 2);
+        DS_ASSERT((const char *)w->shared_gate.data == base + (size_t)(E + 2 * Is) * H * 2);
+        DS_ASSERT(w->shared.down.n_parts == 1 && w->shared.down.n_in == Is);
+    }
+    DS_ASSERT(c->d_moe_scratch && c->moe_scratch_bytes >= ds_cuda_moe_scratch_bytes(
+                                                             (int)H, E, k, (int)I, (int)Is));
+    if (T == 0) return;
+    ds_cuda_moe_args a = {
+        .T = (int)T,
+        .H = (int)H,
+        .E = E,
+        .top_k = k,
+        .I = (int)I,
+        .Is = (int)Is,
+        .norm_topk = cfg->norm_topk_prob,
+        .x = x->data,
+        .w_in = base,
+        .w_gu = w->experts[0].gate_up.parts[0].data,
+        .w_down = w->experts[0].down.parts[0].data,
+        .w_sh_down = Is ? w->shared.down.parts[0].data : NULL,
+        .out = out->data,
+    };
+    ds_cuda_moe(c, &a);
+}

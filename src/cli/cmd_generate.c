@@ -1,0 +1,288 @@
+/* deltaserve generate — stream a continuation of a prompt:
+ *   deltaserve generate -m DIR (-p TEXT | --tokens 1,2,3) [-n N] [sampling options]
+ *                       [--print-ids] [--device D] [--threads N]
+ * Text streams to stdout as it is generated (never half a UTF-8 character); with --print-ids
+ * stdout gets the generated ids instead, one line, comma-separated. Timing goes to stderr. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/args.h"
+#include "cli/cli_cmds.h"
+#include "cli/engine.h"
+#include "sampling/sampler.h"
+#include "sampling/stop.h"
+#include "tokenizer/tokenizer.h"
+
+#define GEN_MAX_STOPS DS_SAMPLING_MAX_STOP
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: deltaserve generate -m DIR (-p TEXT | --tokens ID,ID,...) [options]\n"
+            "  -n N                     tokens to generate (default 64)\n"
+            "  --temperature T          0 = greedy (default 0)\n"
+            "  --top-p P --top-k K --min-p P\n"
+            "  --repetition-penalty R --presence-penalty P --frequency-penalty P\n"
+            "  --seed S                 same seed, same output\n"
+            "  --min-tokens N --ignore-eos --stop STR (repeatable)\n"
+            "  --print-ids              print the generated ids (one line) instead of text\n"
+            "  --device cpu|cuda|auto   --threads N\n");
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+typedef struct gen_args {
+    ds_cli_engine_opts eng;
+    const char *prompt, *tokens;
+    bool print_ids;
+    ds_sampling_params sp;
+    const char *stops[GEN_MAX_STOPS];
+} gen_args;
+
+/* Returns 0 to continue, else the exit code (help → -1 mapped to 0). */
+static int parse_args(int argc, char **argv, gen_args *a) {
+    const char *cmd = "generate";
+    bool bad = false;
+    ds_sampling_params_init(&a->sp);
+    a->sp.temperature = 0.0f;
+    a->sp.max_tokens = 64;
+    for (int i = 1; i < argc && !bad; i++) {
+        const char *v;
+        long n;
+        double d;
+        uint64_t u;
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            usage(stdout);
+            return -1;
+        } else if (!strcmp(argv[i], "--print-ids")) {
+            a->print_ids = true;
+        } else if (!strcmp(argv[i], "--ignore-eos")) {
+            a->sp.ignore_eos = true;
+        } else if ((v = ds_arg_value(argc, argv, &i, "-m", cmd, &bad))) {
+            a->eng.model_dir = v;
+        } else if ((v = ds_arg_value(argc, argv, &i, "-p", cmd, &bad))) {
+            a->prompt = v;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--tokens", cmd, &bad))) {
+            a->tokens = v;
+        } else if ((v = ds_arg_value(argc, argv, &i, "-n", cmd, &bad))) {
+            if (!ds_arg_int(cmd, "-n", v, 1, 1 << 24, &n)) return 2;
+            a->sp.max_tokens = (int)n;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--temperature", cmd, &bad))) {
+            if (!ds_arg_float(cmd, "--temperature", v, 0, 1e6, &d)) return 2;
+            a->sp.temperature = (float)d;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--top-p", cmd, &bad))) {
+            if (!ds_arg_float(cmd, "--top-p", v, 1e-9, 1, &d)) return 2;
+            a->sp.top_p = (float)d;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--top-k", cmd, &bad))) {
+            if (!ds_arg_int(cmd, "--top-k", v, -1, 1 << 24, &n)) return 2;
+            a->sp.top_k = (int)n;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--min-p", cmd, &bad))) {
+            if (!ds_arg_float(cmd, "--min-p", v, 0, 1, &d)) return 2;
+            a->sp.min_p = (float)d;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--repetition-penalty", cmd, &bad))) {
+            if (!ds_arg_float(cmd, "--repetition-penalty", v, 1e-6, 1e6, &d)) return 2;
+            a->sp.repetition_penalty = (float)d;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--presence-penalty", cmd, &bad))) {
+            if (!ds_arg_float(cmd, "--presence-penalty", v, -2, 2, &d)) return 2;
+            a->sp.presence_penalty = (float)d;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--frequency-penalty", cmd, &bad))) {
+            if (!ds_arg_float(cmd, "--frequency-penalty", v, -2, 2, &d)) return 2;
+            a->sp.frequency_penalty = (float)d;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--seed", cmd, &bad))) {
+            if (!ds_arg_u64(cmd, "--seed", v, &u)) return 2;
+            a->sp.seed = u;
+            a->sp.has_seed = true;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--min-tokens", cmd, &bad))) {
+            if (!ds_arg_int(cmd, "--min-tokens", v, 0, 1 << 24, &n)) return 2;
+            a->sp.min_tokens = (int)n;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--stop", cmd, &bad))) {
+            if (a->sp.n_stop >= GEN_MAX_STOPS) {
+                fprintf(stderr, "deltaserve generate: --stop: at most %d stop strings\n",
+                        GEN_MAX_STOPS);
+                return 2;
+            }
+            a->stops[a->sp.n_stop++] = v;
+            a->sp.stop = a->stops;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--device", cmd, &bad))) {
+            a->eng.device = v;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--threads", cmd, &bad))) {
+            if (!ds_arg_int(cmd, "--threads", v, 0, 1024, &n)) return 2;
+            a->eng.threads = (int)n;
+        } else if (!bad) {
+            fprintf(stderr, "deltaserve generate: unknown option '%s'\n", argv[i]);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (bad) return 2;
+    if (!a->eng.model_dir || (!a->prompt == !a->tokens)) {
+        fprintf(stderr, "deltaserve generate: -m DIR and exactly one of -p / --tokens are required\n");
+        usage(stderr);
+        return 2;
+    }
+    return 0;
+}
+
+/* Writes released text to stdout immediately (streaming). */
+static void emit(const char *text, size_t len) {
+    if (len) {
+        fwrite(text, 1, len, stdout);
+        fflush(stdout);
+    }
+}
+
+int ds_cmd_generate(int argc, char **argv) {
+    gen_args a = {0};
+    int rc = parse_args(argc, argv, &a);
+    if (rc) return rc < 0 ? 0 : rc;
+
+    ds_error err = {0};
+    ds_tokenizer *tok = NULL;
+    int32_t *prompt = NULL;
+    size_t n_prompt = 0;
+    if (a.prompt || !a.print_ids) {
+        if (ds_tokenizer_load(a.eng.model_dir, &tok, &err) != DS_OK) {
+            fprintf(stderr, "deltaserve generate: %s%s\n", err.msg,
+                    a.prompt ? "" : " (use --print-ids to generate ids without a tokenizer)");
+            return 1;
+        }
+    }
+    if (a.prompt) {
+        if (ds_tokenizer_encode(tok, a.prompt, strlen(a.prompt), true, &prompt, &n_prompt, &err)) {
+            fprintf(stderr, "deltaserve generate: -p: %s\n", err.msg);
+            ds_tokenizer_free(tok);
+            return 1;
+        }
+        if (n_prompt == 0) {
+            fprintf(stderr, "deltaserve generate: -p: the prompt encodes to no tokens\n");
+            ds_tokenizer_free(tok);
+            return 2;
+        }
+    } else if (!ds_arg_ids("generate", "--tokens", a.tokens, 0, &prompt, &n_prompt)) {
+        ds_tokenizer_free(tok);
+        return 2;
+    }
+
+    ds_cli_engine e;
+    a.eng.max_len = (int)n_prompt + a.sp.max_tokens;
+    a.eng.max_tokens = 256;
+    a.eng.max_out = 1;
+    if (!ds_cli_engine_open(&e, &a.eng, "generate")) {
+        free(prompt);
+        ds_tokenizer_free(tok);
+        return 1;
+    }
+    const int V = e.cfg.vocab;
+    ds_sampler sampler;
+    ds_stop_matcher stop;
+    ds_detok detok;
+    bool sampler_ok = false, stop_ok = false;
+    int32_t *out_ids = malloc(sizeof(int32_t) * (size_t)a.sp.max_tokens);
+    float *logits = malloc(sizeof(float) * (size_t)V);
+    if (tok) ds_detok_init(&detok, tok, true);
+    rc = 1;
+    if (!out_ids || !logits) {
+        fprintf(stderr, "deltaserve generate: out of memory\n");
+        goto done;
+    }
+    for (size_t i = 0; i < n_prompt; i++)
+        if (prompt[i] >= V) {
+            fprintf(stderr, "deltaserve generate: prompt token %d is outside the vocabulary (%d)\n",
+                    prompt[i], V);
+            rc = 2;
+            goto done;
+        }
+    if (ds_sampler_init(&sampler, &a.sp, V, e.cfg.eos_ids, e.cfg.n_eos, &err) != DS_OK) {
+        ds_sampler_free(&sampler);
+        fprintf(stderr, "deltaserve generate: %s\n", err.msg);
+        rc = 2;
+        goto done;
+    }
+    sampler_ok = true;
+    ds_status st = ds_stop_matcher_init_params(&stop, &sampler.params, &err);
+    stop_ok = true; /* freed even after a failed init, as stop.h asks */
+    if (st != DS_OK || ds_sampler_add_prompt(&sampler, prompt, (int)n_prompt, &err) != DS_OK) {
+        fprintf(stderr, "deltaserve generate: %s\n", err.msg);
+        goto done;
+    }
+
+    double t0 = now_s();
+    if (ds_session_feed(&e.sess, 0, prompt, (int)n_prompt, false, logits, &err) != DS_OK) {
+        fprintf(stderr, "deltaserve generate: %s\n", err.msg);
+        goto done;
+    }
+    double t_prefill = now_s() - t0;
+    int n_out = 0;
+    const char *why = "length";
+    double t_decode0 = now_s();
+    for (;;) {
+        ds_sample_result res;
+        if (ds_sampler_sample(&sampler, logits, n_out, &res, &err) != DS_OK ||
+            ds_sampler_accept(&sampler, res.token, &err) != DS_OK) {
+            fprintf(stderr, "deltaserve generate: %s\n", err.msg);
+            goto done;
+        }
+        out_ids[n_out++] = res.token;
+        int stop_token = -1;
+        ds_finish_reason fr = ds_sampler_finish_reason(&sampler, res.token, n_out, &stop_token);
+        bool stop_hit = false;
+        if (tok && !a.print_ids) {
+            const char *text;
+            size_t len;
+            ds_stop_result sr;
+            if (ds_detok_push(&detok, res.token, &text, &len, &err) != DS_OK ||
+                ds_stop_matcher_feed(&stop, text, len, &sr, &err) != DS_OK) {
+                fprintf(stderr, "deltaserve generate: %s\n", err.msg);
+                goto done;
+            }
+            emit(sr.text, sr.len);
+            stop_hit = sr.stop_index >= 0;
+        }
+        if (stop_hit || fr != DS_FINISH_NONE) {
+            why = stop_hit ? "stop string" : ds_finish_reason_name(fr);
+            break;
+        }
+        if (ds_session_feed(&e.sess, 0, &out_ids[n_out - 1], 1, false, logits, &err) != DS_OK) {
+            fprintf(stderr, "deltaserve generate: %s\n", err.msg);
+            goto done;
+        }
+    }
+    double t_decode = now_s() - t_decode0;
+    if (tok && !a.print_ids) {
+        const char *text;
+        size_t len;
+        ds_stop_result sr;
+        if (ds_detok_flush(&detok, &text, &len, &err) == DS_OK &&
+            ds_stop_matcher_feed(&stop, text, len, &sr, &err) == DS_OK)
+            emit(sr.text, sr.len);
+        ds_stop_matcher_flush(&stop, &sr);
+        emit(sr.text, sr.len);
+        printf("\n");
+    }
+    if (a.print_ids) {
+        for (int i = 0; i < n_out; i++) printf(i ? ",%d" : "%d", out_ids[i]);
+        printf("\n");
+    }
+    fflush(stdout); /* keep stdout's last line ahead of the stderr summary on a terminal */
+    fprintf(stderr,
+            "[%s] prompt %zu tokens in %.1f ms (%.1f tok/s); generated %d tokens in %.1f ms "
+            "(%.2f tok/s); finish: %s\n",
+            e.be->ops->name, n_prompt, t_prefill * 1e3, (double)n_prompt / t_prefill, n_out,
+            t_decode * 1e3, n_out > 1 ? (double)(n_out - 1) / t_decode : 0.0, why);
+    rc = 0;
+done:
+    if (stop_ok) ds_stop_matcher_free(&stop);
+    if (sampler_ok) ds_sampler_free(&sampler);
+    if (tok) ds_detok_free(&detok);
+    free(out_ids);
+    free(logits);
+    ds_cli_engine_close(&e);
+    free(prompt);
+    ds_tokenizer_free(tok);
+    return rc;
+}

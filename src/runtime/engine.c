@@ -1,0 +1,460 @@
+/* engine.c — the engine thread: intake of submissions and cancellations, one batched forward
+ * step per loop over everything the scheduler planned, sampling, events out.
+ *
+ * One step:
+ *   plan = ds_scheduler_schedule()           decodes first, then prefill chunks (policy)
+ *   batch = tokens / positions / seq_start / slots / n_past / block-table rows / out_rows,
+ *           all computed on the host into staging buffers allocated once (catalogue 2, 3)
+ *   ds_model_forward(batch)                  one forward for every sequence of the step
+ *   download the n_out logits rows            the step's only device → host copy
+ *   per sequence that wants logits: sample, accept, push the token, check finish
+ *   finished / cancelled: caches freed at once, the final event after the stats are published
+ *
+ * Requests whose chunk ends mid-prompt get no logits row. The engine sleeps on its condvar
+ * when it has nothing to run. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/engine.h"
+#include "runtime/kv_blocks.h"
+#include "runtime/request.h"
+#include "runtime/scheduler.h"
+#include "runtime/state_slots.h"
+
+struct ds_engine {
+    ds_model *model; /* borrowed */
+    ds_engine_opts o;
+    int vocab;
+    ds_cache *cache;
+    ds_kv_blocks kv;
+    ds_state_slots slots;
+    ds_scheduler sched;
+    int max_blocks; /* KV block-table row length: ceil(max_model_len / block_size) */
+
+    /* Per-step host staging (engine thread), sized once at create. */
+    int32_t *st_tokens;      /* [max_num_batched_tokens] */
+    int32_t *st_positions;   /* [max_num_batched_tokens] */
+    int32_t *st_seq_start;   /* [max_num_seqs + 1] */
+    int32_t *st_seq_slot;    /* [max_num_seqs] */
+    int32_t *st_seq_n_past;  /* [max_num_seqs] */
+    int32_t *st_block_table; /* [max_num_seqs, max_blocks] */
+    int32_t *st_out_rows;    /* [max_num_seqs] */
+    float *logits;           /* [max_num_seqs, V] host copy of the step's logits rows */
+
+    ds_request *done;         /* engine thread: finished this round, events not yet delivered */
+    ds_engine_stats counters; /* engine thread: the counters part of the stats */
+
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    /* ---- under mu ---- */
+    ds_request *sub_head, *sub_tail; /* submitted, not yet taken by the engine thread */
+    int n_sub;
+    bool wake;      /* a cancel arrived */
+    bool stopping;  /* ds_engine_destroy */
+    ds_engine_stats pub; /* the last published snapshot (waiting excludes the n_sub above) */
+    uint64_t rejected;
+};
+
+void ds_engine_opts_default(ds_engine_opts *o) {
+    *o = (ds_engine_opts){
+        .max_num_seqs = 16,
+        .max_model_len = 4096,
+        .max_num_batched_tokens = 2048,
+        .max_queue = 256,
+        .block_size = 16,
+        .num_kv_blocks = 0,
+    };
+}
+
+/* ---- finishing requests -------------------------------------------------------------------------- */
+
+/* Takes r out of the scheduler (its blocks and slot are free from here on) and queues its final
+ * event for after the stats are published. reason NONE = aborted. */
+static void end_request(ds_engine *e, ds_request *r, ds_finish_reason reason, int stop_token) {
+    ds_scheduler_remove(&e->sched, &r->seq);
+    r->end_reason = reason;
+    r->end_stop_token = stop_token;
+    r->next_done = e->done;
+    e->done = r;
+    if (reason == DS_FINISH_NONE) e->counters.requests_aborted++;
+    else e->counters.requests_finished++;
+}
+
+static void deliver_done(ds_engine *e) {
+    while (e->done) {
+        ds_request *r = e->done;
+        e->done = r->next_done;
+        ds_request_finish(r, r->end_reason, r->end_stop_token); /* r may be freed here */
+    }
+}
+
+static void publish_stats(ds_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    ds_engine_stats *p = &e->pub;
+    *p = e->counters;
+    p->running = ds_scheduler_n_running(&e->sched);
+    p->waiting = ds_scheduler_n_waiting(&e->sched);
+    p->kv_blocks_total = e->kv.n_blocks;
+    p->kv_blocks_used = ds_kv_blocks_n_used(&e->kv);
+    p->slots_total = e->slots.n_slots;
+    p->slots_used = ds_state_slots_n_used(&e->slots);
+    p->preemptions = e->sched.n_preemptions;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Every request the scheduler holds that the client cancelled (or all of them). */
+static void abort_requests(ds_engine *e, bool all) {
+    ds_sched_queue *queues[2] = {&e->sched.running, &e->sched.waiting};
+    for (int k = 0; k < 2; k++) {
+        for (ds_sched_seq *q = queues[k]->head, *next; q; q = next) {
+            next = q->next;
+            ds_request *r = q->owner;
+            if (all || atomic_load(&r->cancel)) end_request(e, r, DS_FINISH_NONE, -1);
+        }
+    }
+}
+
+/* ---- one step ------------------------------------------------------------------------------------ */
+
+/* Fills the staging buffers from the plan; returns the batch that points at them. */
+static ds_batch build_batch(ds_engine *e, const ds_sched_plan *plan) {
+    const ds_backend *be = e->model->be;
+    int T = 0, n_out = 0;
+    for (int i = 0; i < plan->n_items; i++) {
+        const ds_sched_item *it = &plan->items[i];
+        const ds_sched_seq *q = it->seq;
+        const ds_request *r = q->owner;
+        /* A slot keeps the recurrent state of its previous owner until cleared. */
+        if (it->fresh_slot) be->ops->cache_reset_slot(e->model->be, e->cache, q->slot);
+        e->st_seq_start[i] = T;
+        e->st_seq_slot[i] = q->slot;
+        e->st_seq_n_past[i] = q->n_computed;
+        memcpy(e->st_tokens + T, r->tokens + q->n_computed, (size_t)it->n_tokens * sizeof(int32_t));
+        for (int j = 0; j < it->n_tokens; j++) e->st_positions[T + j] = q->n_computed + j;
+        /* Only the blocks the sequence holds: the rest of the row is never read. */
+        int held = ds_kv_blocks_held(&e->kv, q->slot);
+        DS_ASSERT(held <= e->max_blocks &&
+                  (int64_t)held * e->o.block_size >= (int64_t)q->n_computed + it->n_tokens);
+        memcpy(e->st_block_table + (size_t)i * (size_t)e->max_blocks,
+               ds_kv_blocks_table(&e->kv, q->slot), (size_t)held * sizeof(int32_t));
+        T += it->n_tokens;
+        if (it->wants_logits) e->st_out_rows[n_out++] = T - 1;
+    }
+    e->st_seq_start[plan->n_items] = T;
+    DS_ASSERT(T == plan->n_tokens && n_out == plan->n_out);
+    return (ds_batch){
+        .n_tokens = T,
+        .n_seqs = plan->n_items,
+        .tokens = e->st_tokens,
+        .positions = e->st_positions,
+        .seq_start = e->st_seq_start,
+        .seq_slot = e->st_seq_slot,
+        .seq_n_past = e->st_seq_n_past,
+        .block_table = e->st_block_table,
+        .max_blocks = e->max_blocks,
+        .n_out = n_out,
+        .out_rows = e->st_out_rows,
+    };
+}
+
+/* Samples, records and pushes the next token of r from its logits row ([V], clobbered); ends r
+ * when it finished (or when sampling failed). */
+static void sample_one(ds_engine *e, ds_request *r, float *row) {
+    ds_error err = {0};
+    ds_sample_result res;
+    if (ds_sampler_sample(&r->sampler, row, r->n_generated, &res, &err) != DS_OK ||
+        ds_sampler_accept(&r->sampler, res.token, &err) != DS_OK) {
+        end_request(e, r, DS_FINISH_NONE, -1);
+        return;
+    }
+    DS_ASSERT(r->n_generated < r->max_new);
+    r->tokens[r->n_prompt + r->n_generated] = res.token;
+    r->n_generated++;
+    e->counters.generation_tokens++;
+    if (!r->counted_prompt) {
+        e->counters.prompt_tokens += (uint64_t)r->n_prompt;
+        r->counted_prompt = true;
+    }
+    if (!ds_request_push_token(r, &res)) {
+        end_request(e, r, DS_FINISH_NONE, -1);
+        return;
+    }
+    int stop_token = -1;
+    ds_finish_reason reason = ds_sampler_finish_reason(&r->sampler, res.token, r->n_generated,
+                                                       &stop_token);
+    if (reason != DS_FINISH_NONE) end_request(e, r, reason, stop_token);
+}
+
+static void run_step(ds_engine *e) {
+    const ds_sched_plan *plan = ds_scheduler_schedule(&e->sched);
+    if (plan->n_items == 0) {
+        /* Nothing can run although sequences wait: impossible, since a sequence alone always
+         * fits (submit refuses the others) and nothing is running. */
+        DS_ASSERT(ds_scheduler_n_running(&e->sched) + ds_scheduler_n_waiting(&e->sched) == 0);
+        return;
+    }
+    ds_model *m = e->model;
+    const ds_backend_ops *op = m->be->ops;
+    ds_batch b = build_batch(e, plan);
+    ds_error err = {0};
+    ds_status st = ds_model_forward(m, e->cache, &b, &err);
+    if (st == DS_OK && b.n_out > 0)
+        op->download(m->be, e->logits, m->s.logits.data,
+                     (size_t)b.n_out * (size_t)e->vocab * sizeof(float));
+    if (st == DS_OK) st = op->synchronize(m->be, &err);
+    e->counters.steps++;
+    int k = 0; /* logits row of the next sequence that wants one (out_rows order = plan order) */
+    for (int i = 0; i < plan->n_items; i++) {
+        const ds_sched_item *it = &plan->items[i];
+        ds_request *r = it->seq->owner;
+        if (st != DS_OK) { /* device failure: the step's requests cannot continue */
+            end_request(e, r, DS_FINISH_NONE, -1);
+            continue;
+        }
+        ds_sched_seq_advance(&r->seq, it->n_tokens, it->wants_logits);
+        if (!it->wants_logits) continue;
+        float *row = e->logits + (size_t)k++ * (size_t)e->vocab;
+        sample_one(e, r, row);
+    }
+}
+
+/* ---- the thread ---------------------------------------------------------------------------------- */
+
+static bool has_work(const ds_engine *e) {
+    return ds_scheduler_n_running(&e->sched) + ds_scheduler_n_waiting(&e->sched) > 0;
+}
+
+static void *engine_main(void *arg) {
+    ds_engine *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        while (!e->stopping && !e->sub_head && !e->wake && !has_work(e))
+            pthread_cond_wait(&e->cv, &e->mu);
+        ds_request *subs = e->sub_head;
+        e->sub_head = e->sub_tail = NULL;
+        e->pub.waiting += e->n_sub; /* until the next publish, so the queue bound holds */
+        e->n_sub = 0;
+        e->wake = false;
+        bool stopping = e->stopping;
+        pthread_mutex_unlock(&e->mu);
+
+        for (ds_request *r = subs, *next; r; r = next) {
+            next = r->next_sub;
+            ds_scheduler_add(&e->sched, &r->seq);
+        }
+        abort_requests(e, stopping); /* cancelled ones (all when stopping) free their caches now */
+        if (!stopping && has_work(e)) run_step(e);
+        publish_stats(e);
+        deliver_done(e);
+        if (stopping) break;
+    }
+    return NULL;
+}
+
+/* ---- public API ------------------------------------------------------------------------------------ */
+
+void ds_engine_poke_cancel(ds_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    e->wake = true;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+static ds_status check_opts(const ds_model *m, const ds_engine_opts *o, ds_error *err) {
+    if (o->max_num_seqs < 1 || o->max_model_len < 1 || o->max_num_batched_tokens < 1 ||
+        o->max_queue < 1 || o->block_size < 1 || o->num_kv_blocks < 0)
+        return ds_error_set(err, DS_ERR_INVALID_ARG,
+                            "engine options: max_num_seqs (%d), max_model_len (%d), "
+                            "max_num_batched_tokens (%d), max_queue (%d), block_size (%d) must be "
+                            ">= 1 and num_kv_blocks (%d) >= 0",
+                            o->max_num_seqs, o->max_model_len, o->max_num_batched_tokens,
+                            o->max_queue, o->block_size, o->num_kv_blocks);
+    if (o->max_num_batched_tokens < o->max_num_seqs)
+        return ds_error_set(err, DS_ERR_INVALID_ARG,
+                            "max_num_batched_tokens (%d) must be >= max_num_seqs (%d), or a step "
+                            "cannot hold every running decode",
+                            o->max_num_batched_tokens, o->max_num_seqs);
+    if (o->max_num_batched_tokens > m->max_tokens || o->max_num_seqs > m->max_out)
+        return ds_error_set(err, DS_ERR_INVALID_ARG,
+                            "the model was initialised for steps of %d tokens / %d logits rows; "
+                            "the engine needs max_num_batched_tokens %d / max_num_seqs %d",
+                            m->max_tokens, m->max_out, o->max_num_batched_tokens,
+                            o->max_num_seqs);
+    if (m->cfg.max_position > 0 && o->max_model_len > m->cfg.max_position)
+        return ds_error_set(err, DS_ERR_INVALID_ARG,
+                            "max_model_len %d exceeds the model's max_position_embeddings %d",
+                            o->max_model_len, m->cfg.max_position);
+    return DS_OK;
+}
+
+static void engine_free_parts(ds_engine *e) {
+    if (e->cache) e->model->be->ops->cache_free(e->model->be, e->cache);
+    ds_scheduler_free(&e->sched);
+    ds_kv_blocks_free(&e->kv);
+    ds_state_slots_free(&e->slots);
+    free(e->st_tokens);
+    free(e->st_positions);
+    free(e->st_seq_start);
+    free(e->st_seq_slot);
+    free(e->st_seq_n_past);
+    free(e->st_block_table);
+    free(e->st_out_rows);
+    free(e->logits);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    free(e);
+}
+
+ds_status ds_engine_create(ds_model *model, const ds_engine_opts *opts, ds_engine **out,
+                           ds_error *err) {
+    *out = NULL;
+    if (!model || !model->be || !opts)
+        return ds_error_set(err, DS_ERR_INVALID_ARG, "engine: model and options are required");
+    ds_status st = check_opts(model, opts, err);
+    if (st != DS_OK) return st;
+
+    const ds_engine_opts *o = opts;
+    int64_t max_blocks = ((int64_t)o->max_model_len + o->block_size - 1) / o->block_size;
+    int64_t n_blocks = o->num_kv_blocks > 0 ? o->num_kv_blocks : max_blocks * o->max_num_seqs;
+    if (n_blocks > INT32_MAX)
+        return ds_error_set(err, DS_ERR_INVALID_ARG,
+                            "KV pool of %lld blocks is too large (max_num_seqs %d x max_model_len "
+                            "%d / block_size %d)",
+                            (long long)n_blocks, o->max_num_seqs, o->max_model_len, o->block_size);
+
+    ds_engine *e = calloc(1, sizeof *e);
+    if (!e) return ds_error_set(err, DS_ERR_NOMEM, "engine: out of memory");
+    e->model = model;
+    e->o = *o;
+    e->o.num_kv_blocks = (int)n_blocks;
+    e->vocab = model->cfg.vocab;
+    e->max_blocks = (int)max_blocks;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    ds_kv_blocks_init(&e->kv, (int)n_blocks, o->block_size, o->max_num_seqs, (int)max_blocks);
+    ds_state_slots_init(&e->slots, o->max_num_seqs);
+    ds_scheduler_init(&e->sched, o->max_num_seqs, o->max_num_batched_tokens, &e->kv, &e->slots);
+
+    const size_t S = (size_t)o->max_num_seqs, T = (size_t)o->max_num_batched_tokens;
+    e->st_tokens = malloc(T * sizeof(int32_t));
+    e->st_positions = malloc(T * sizeof(int32_t));
+    e->st_seq_start = malloc((S + 1) * sizeof(int32_t));
+    e->st_seq_slot = malloc(S * sizeof(int32_t));
+    e->st_seq_n_past = malloc(S * sizeof(int32_t));
+    e->st_block_table = calloc(S * (size_t)max_blocks, sizeof(int32_t));
+    e->st_out_rows = malloc(S * sizeof(int32_t));
+    e->logits = malloc(S * (size_t)e->vocab * sizeof(float));
+    if (!e->st_tokens || !e->st_positions || !e->st_seq_start || !e->st_seq_slot ||
+        !e->st_seq_n_past || !e->st_block_table || !e->st_out_rows || !e->logits) {
+        engine_free_parts(e);
+        return ds_error_set(err, DS_ERR_NOMEM, "engine: out of memory for the step buffers");
+    }
+
+    ds_cache_desc desc = {.n_slots = o->max_num_seqs, .n_blocks = (int)n_blocks,
+                          .block_size = o->block_size};
+    st = model->be->ops->cache_create(model->be, &model->cfg, &desc, &e->cache, err);
+    if (st != DS_OK) {
+        e->cache = NULL;
+        engine_free_parts(e);
+        return st;
+    }
+    publish_stats(e);
+    if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
+        engine_free_parts(e);
+        return ds_error_set(err, DS_ERR_INTERNAL, "engine: cannot start the engine thread");
+    }
+    *out = e;
+    return DS_OK;
+}
+
+void ds_engine_destroy(ds_engine *e) {
+    if (!e) return;
+    pthread_mutex_lock(&e->mu);
+    e->stopping = true;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->thread, NULL);
+    DS_ASSERT(!e->sub_head && !e->done && !has_work(e));
+    engine_free_parts(e);
+}
+
+static ds_status reject(ds_engine *e, ds_status st) {
+    pthread_mutex_lock(&e->mu);
+    e->rejected++;
+    pthread_mutex_unlock(&e->mu);
+    return st;
+}
+
+ds_status ds_engine_submit(ds_engine *e, const ds_request_desc *d, ds_request **out,
+                           ds_error *err) {
+    if (out) *out = NULL;
+    if (!e || !d || !out)
+        return ds_error_set(err, DS_ERR_INVALID_ARG, "submit: engine, request and output are required");
+    const int V = e->vocab;
+    ds_status st = ds_sampling_params_validate(&d->params, V, err);
+    if (st != DS_OK) return reject(e, st);
+    if (d->n_prompt <= 0 || !d->prompt)
+        return reject(e, ds_error_set(err, DS_ERR_INVALID_ARG, "prompt is empty"));
+    const int64_t total = (int64_t)d->n_prompt + d->params.max_tokens;
+    if (total > e->o.max_model_len)
+        return reject(e, ds_error_set(err, DS_ERR_INVALID_ARG,
+                                      "this model's maximum context length is %d tokens, but %lld "
+                                      "tokens were requested (%d in the prompt, %d in max_tokens); "
+                                      "reduce the prompt or max_tokens",
+                                      e->o.max_model_len, (long long)total, d->n_prompt,
+                                      d->params.max_tokens));
+    if (!ds_scheduler_fits(&e->sched, total - 1))
+        return reject(e, ds_error_set(err, DS_ERR_INVALID_ARG,
+                                      "request needs %d KV blocks of %d tokens (%d in the prompt, "
+                                      "%d in max_tokens) but the KV pool has %d",
+                                      ds_kv_blocks_for_tokens(&e->kv, total - 1), e->o.block_size,
+                                      d->n_prompt, d->params.max_tokens, e->kv.n_blocks));
+    ds_sampler sampler;
+    st = ds_sampler_init(&sampler, &d->params, V, e->model->cfg.eos_ids, e->model->cfg.n_eos, err);
+    if (st == DS_OK) st = ds_sampler_add_prompt(&sampler, d->prompt, d->n_prompt, err);
+    if (st != DS_OK) {
+        ds_sampler_free(&sampler);
+        return reject(e, st);
+    }
+    ds_request *r = ds_request_create(e, d->prompt, d->n_prompt, &sampler);
+    if (!r) {
+        ds_sampler_free(&sampler);
+        return reject(e, ds_error_set(err, DS_ERR_NOMEM, "submit: out of memory for a request of "
+                                      "%lld tokens", (long long)total));
+    }
+
+    pthread_mutex_lock(&e->mu);
+    int waiting = e->pub.waiting + e->n_sub;
+    bool busy = e->stopping || waiting >= e->o.max_queue;
+    if (busy) {
+        e->rejected++;
+    } else {
+        if (e->sub_tail) e->sub_tail->next_sub = r;
+        else e->sub_head = r;
+        e->sub_tail = r;
+        e->n_sub++;
+        pthread_cond_signal(&e->cv);
+    }
+    bool stopping = e->stopping;
+    pthread_mutex_unlock(&e->mu);
+    if (busy) {
+        ds_request_unref(r);
+        ds_request_unref(r);
+        return stopping ? ds_error_set(err, DS_ERR_BUSY, "the engine is shutting down")
+                        : ds_error_set(err, DS_ERR_BUSY,
+                                       "the request queue is full (%d waiting, max_queue %d)",
+                                       waiting, e->o.max_queue);
+    }
+    *out = r;
+    return DS_OK;
+}
+
+void ds_engine_get_stats(ds_engine *e, ds_engine_stats *s) {
+    pthread_mutex_lock(&e->mu);
+    *s = e->pub;
+    s->waiting += e->n_sub;
+    s->requests_rejected = e->rejected;
+    pthread_mutex_unlock(&e->mu);
+}

@@ -1,0 +1,90 @@
+/* engine.h — the serving runtime's public face: one engine thread owns the model, the caches
+ * and the device; other threads (HTTP handlers, benchmarks, tests) submit requests and read
+ * their outputs through a per-request channel.
+ *
+ *   ds_engine_create(model, &opts, &eng, &err);          // starts the engine thread
+ *   ds_engine_submit(eng, &desc, &req, &err);            // any thread; never blocks on the model
+ *   while (ds_request_next(req, &ev, timeout_ms)) {...}  // the submitter's thread
+ *   ds_request_release(req);                             // also cancels if still running
+ *   ds_engine_destroy(eng);
+ *
+ * Policy (scheduler.c): continuous batching; each step packs the running decodes first, then
+ * chunked prefill of waiting/partially prefilled requests up to max_num_batched_tokens; at most
+ * max_num_seqs sequences hold caches; admission needs a free GDN state slot and enough free KV
+ * blocks; under KV pressure the newest running request is preempted (its caches freed, its
+ * prompt + generated tokens recomputed later). Requests that can never fit (prompt + max_tokens
+ * > max_model_len) are refused at submit. Detokenisation and stop strings are the consumer's
+ * business (it calls ds_request_cancel when a stop string matched). */
+#ifndef DS_ENGINE_H
+#define DS_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "model/model.h"
+#include "sampling/sampler.h"
+
+typedef struct ds_engine ds_engine;
+typedef struct ds_request ds_request;
+
+typedef struct ds_engine_opts {
+    int max_num_seqs;           /* concurrent sequences holding caches (GDN slots) */
+    int max_model_len;          /* prompt + output tokens per request */
+    int max_num_batched_tokens; /* token budget per step (chunked prefill) */
+    int max_queue;              /* waiting requests beyond which submit returns DS_ERR_BUSY */
+    int block_size;             /* KV block size in tokens */
+    int num_kv_blocks;          /* 0 = derive from max_num_seqs × max_model_len */
+} ds_engine_opts;
+
+void ds_engine_opts_default(ds_engine_opts *o);
+
+/* The model must be initialised with max_tokens ≥ max_num_batched_tokens and max_out ≥
+ * max_num_seqs. The engine does not own the model. */
+ds_status ds_engine_create(ds_model *model, const ds_engine_opts *opts, ds_engine **out,
+                           ds_error *err);
+/* Cancels everything still running, joins the engine thread, frees the caches. */
+void ds_engine_destroy(ds_engine *e);
+
+typedef struct ds_request_desc {
+    const int32_t *prompt;       /* [n_prompt] token ids (copied) */
+    int n_prompt;
+    ds_sampling_params params;   /* copied (deep) */
+} ds_request_desc;
+
+/* Errors: DS_ERR_INVALID_ARG for bad params, empty prompt, ids outside the vocabulary, or
+ * prompt + max_tokens > max_model_len (message states both lengths, like vLLM's
+ * context-length error); DS_ERR_BUSY when the waiting queue is full. */
+ds_status ds_engine_submit(ds_engine *e, const ds_request_desc *d, ds_request **out, ds_error *err);
+
+typedef struct ds_request_event {
+    int n_tokens;                       /* new tokens in this event (≥ 1 unless finished-only) */
+    int32_t tokens[16];
+    ds_sample_result samples[16];       /* per token (logprobs when asked for) */
+    bool finished;
+    ds_finish_reason reason;            /* when finished: stop / length (abort → NONE) */
+    int stop_token;                     /* the stop_token_id that finished it, else -1 */
+    int n_prompt_tokens;
+    int n_generated;                    /* total so far */
+} ds_request_event;
+
+/* Waits up to timeout_ms (< 0 = forever) for the next event. Returns false on timeout or once
+ * the finished event has been consumed. */
+bool ds_request_next(ds_request *r, ds_request_event *ev, int timeout_ms);
+/* Asks the engine to stop the request and free its caches (client gone, stop string hit). */
+void ds_request_cancel(ds_request *r);
+/* Drops the caller's reference (cancelling first if unfinished). */
+void ds_request_release(ds_request *r);
+
+/* Counters and gauges for /metrics and tests (a consistent snapshot). */
+typedef struct ds_engine_stats {
+    int running, waiting;
+    int kv_blocks_total, kv_blocks_used;
+    int slots_total, slots_used;
+    uint64_t requests_finished, requests_aborted, requests_rejected, preemptions;
+    uint64_t prompt_tokens, generation_tokens, steps;
+} ds_engine_stats;
+
+void ds_engine_get_stats(ds_engine *e, ds_engine_stats *s);
+
+#endif

@@ -1,0 +1,219 @@
+#include "runtime/scheduler.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/status.h"
+
+/* ---- sequences ------------------------------------------------------------------------------- */
+
+void ds_sched_seq_init(ds_sched_seq *q, int n_prompt, int max_new, void *owner) {
+    DS_ASSERT(n_prompt > 0 && max_new > 0);
+    /* The last generated token is sampled but never fed, so it needs no cache position. */
+    *q = (ds_sched_seq){.n_tokens = n_prompt, .max_tokens = n_prompt + max_new - 1, .slot = -1,
+                        .owner = owner};
+}
+
+void ds_sched_seq_advance(ds_sched_seq *q, int n_fed, bool sampled) {
+    DS_ASSERT(q->state == DS_SCHED_RUNNING && n_fed > 0 && q->n_computed + n_fed <= q->n_tokens);
+    q->n_computed += n_fed;
+    if (sampled) {
+        DS_ASSERT(q->n_computed == q->n_tokens);
+        q->n_tokens++;
+    }
+}
+
+/* ---- intrusive queues -------------------------------------------------------------------------- */
+
+static void queue_push_back(ds_sched_queue *l, ds_sched_seq *q) {
+    q->prev = l->tail;
+    q->next = NULL;
+    if (l->tail) l->tail->next = q;
+    else l->head = q;
+    l->tail = q;
+    l->n++;
+}
+
+static void queue_push_front(ds_sched_queue *l, ds_sched_seq *q) {
+    q->prev = NULL;
+    q->next = l->head;
+    if (l->head) l->head->prev = q;
+    else l->tail = q;
+    l->head = q;
+    l->n++;
+}
+
+static void queue_unlink(ds_sched_queue *l, ds_sched_seq *q) {
+    if (q->prev) q->prev->next = q->next;
+    else l->head = q->next;
+    if (q->next) q->next->prev = q->prev;
+    else l->tail = q->prev;
+    q->prev = q->next = NULL;
+    DS_ASSERT(l->n > 0);
+    l->n--;
+}
+
+/* ---- lifetime ---------------------------------------------------------------------------------- */
+
+void ds_scheduler_init(ds_scheduler *s, int max_num_seqs, int max_num_batched_tokens,
+                       ds_kv_blocks *kv, ds_state_slots *slots) {
+    DS_ASSERT(max_num_seqs > 0 && max_num_batched_tokens > 0);
+    DS_ASSERT(kv->n_seqs >= max_num_seqs && slots->n_slots >= max_num_seqs);
+    *s = (ds_scheduler){.max_num_seqs = max_num_seqs,
+                        .max_num_batched_tokens = max_num_batched_tokens,
+                        .kv = kv,
+                        .slots = slots};
+    s->snap = ds_xcalloc((size_t)max_num_seqs, sizeof *s->snap);
+    s->plan.items = ds_xcalloc((size_t)max_num_seqs, sizeof *s->plan.items);
+}
+
+void ds_scheduler_free(ds_scheduler *s) {
+    free(s->snap);
+    free(s->plan.items);
+    *s = (ds_scheduler){0};
+}
+
+bool ds_scheduler_fits(const ds_scheduler *s, int64_t max_tokens) {
+    int64_t blocks = ds_kv_blocks_for_tokens(s->kv, max_tokens);
+    return blocks <= s->kv->n_blocks && blocks <= s->kv->max_blocks_per_seq;
+}
+
+void ds_scheduler_add(ds_scheduler *s, ds_sched_seq *q) {
+    DS_ASSERT(q->state == DS_SCHED_NONE && q->slot < 0 && q->n_tokens > q->n_computed);
+    DS_ASSERT(ds_scheduler_fits(s, q->max_tokens));
+    q->state = DS_SCHED_WAITING;
+    queue_push_back(&s->waiting, q);
+}
+
+/* Frees the caches of a running sequence. */
+static void release_caches(ds_scheduler *s, ds_sched_seq *q) {
+    DS_ASSERT(q->slot >= 0);
+    ds_kv_blocks_release(s->kv, q->slot);
+    ds_state_slots_release(s->slots, q->slot);
+    q->slot = -1;
+}
+
+void ds_scheduler_remove(ds_scheduler *s, ds_sched_seq *q) {
+    switch (q->state) {
+    case DS_SCHED_WAITING: queue_unlink(&s->waiting, q); break;
+    case DS_SCHED_RUNNING:
+        queue_unlink(&s->running, q);
+        release_caches(s, q);
+        break;
+    case DS_SCHED_NONE: return;
+    }
+    q->state = DS_SCHED_NONE;
+}
+
+/* ---- planning ---------------------------------------------------------------------------------- */
+
+static bool in_plan(const ds_scheduler *s, const ds_sched_seq *q) {
+    return q->plan_step == s->step;
+}
+
+static void plan_add(ds_scheduler *s, ds_sched_seq *q, int n, bool fresh) {
+    ds_sched_plan *p = &s->plan;
+    bool logits = q->n_computed + n == q->n_tokens;
+    q->plan_step = s->step;
+    q->plan_index = p->n_items;
+    p->items[p->n_items++] =
+        (ds_sched_item){.seq = q, .n_tokens = n, .wants_logits = logits, .fresh_slot = fresh};
+    p->n_tokens += n;
+    p->n_out += logits;
+}
+
+static void plan_drop(ds_scheduler *s, ds_sched_seq *q) {
+    ds_sched_plan *p = &s->plan;
+    int i = q->plan_index;
+    DS_ASSERT(i >= 0 && i < p->n_items && p->items[i].seq == q);
+    p->n_tokens -= p->items[i].n_tokens;
+    p->n_out -= p->items[i].wants_logits;
+    memmove(&p->items[i], &p->items[i + 1], (size_t)(p->n_items - i - 1) * sizeof p->items[0]);
+    p->n_items--;
+    for (int k = i; k < p->n_items; k++) p->items[k].seq->plan_index = k;
+    q->plan_step = 0;
+}
+
+/* Running → front of the waiting queue, caches freed, everything to be recomputed. */
+static void preempt(ds_scheduler *s, ds_sched_seq *q) {
+    if (in_plan(s, q)) plan_drop(s, q);
+    queue_unlink(&s->running, q);
+    release_caches(s, q);
+    q->n_computed = 0;
+    q->state = DS_SCHED_WAITING;
+    queue_push_front(&s->waiting, q);
+    s->n_preemptions++;
+    s->plan.n_preempted++;
+}
+
+/* Gives running sequence q the blocks for n more tokens, preempting the newest running
+ * sequences as needed. Returns false when q itself had to be preempted. */
+static bool reserve_running(ds_scheduler *s, ds_sched_seq *q, int n) {
+    int64_t target = (int64_t)q->n_computed + n;
+    while (!ds_kv_blocks_can_append(s->kv, q->slot, target)) {
+        ds_sched_seq *victim = s->running.tail;
+        DS_ASSERT(victim != NULL);
+        preempt(s, victim);
+        if (victim == q) return false;
+    }
+    bool ok = ds_kv_blocks_append(s->kv, q->slot, target);
+    DS_ASSERT(ok);
+    return true;
+}
+
+/* Plans the running sequences of one kind: decodes (1 token left) or prefills (more). */
+static void plan_running(ds_scheduler *s, bool decodes, int *budget) {
+    /* Snapshot: preemption unlinks sequences from the running queue while we walk it. */
+    int n = 0;
+    for (ds_sched_seq *q = s->running.head; q; q = q->next) s->snap[n++] = q;
+    for (int i = 0; i < n && *budget > 0; i++) {
+        ds_sched_seq *q = s->snap[i];
+        if (q->state != DS_SCHED_RUNNING || in_plan(s, q)) continue; /* preempted / planned */
+        int left = q->n_tokens - q->n_computed;
+        DS_ASSERT(left >= 1);
+        if ((left == 1) != decodes) continue;
+        int take = left < *budget ? left : *budget;
+        int before = s->plan.n_tokens;
+        if (!reserve_running(s, q, take)) continue;
+        /* Victims dropped from the plan gave their tokens back. */
+        *budget += before - s->plan.n_tokens;
+        plan_add(s, q, take, false);
+        *budget -= take;
+    }
+}
+
+static void plan_waiting(ds_scheduler *s, int *budget) {
+    while (s->waiting.head && *budget > 0 && s->running.n < s->max_num_seqs) {
+        ds_sched_seq *q = s->waiting.head;
+        DS_ASSERT(q->n_computed == 0);
+        int take = q->n_tokens < *budget ? q->n_tokens : *budget;
+        if (ds_state_slots_n_free(s->slots) == 0 ||
+            ds_kv_blocks_for_tokens(s->kv, take) > ds_kv_blocks_n_free(s->kv))
+            break; /* strict FCFS: nobody overtakes the head */
+        int slot = ds_state_slots_alloc(s->slots);
+        DS_ASSERT(slot >= 0 && ds_kv_blocks_held(s->kv, slot) == 0);
+        bool ok = ds_kv_blocks_append(s->kv, slot, take);
+        DS_ASSERT(ok);
+        queue_unlink(&s->waiting, q);
+        q->slot = slot;
+        q->state = DS_SCHED_RUNNING;
+        queue_push_back(&s->running, q);
+        plan_add(s, q, take, true);
+        *budget -= take;
+    }
+}
+
+const ds_sched_plan *ds_scheduler_schedule(ds_scheduler *s) {
+    ds_sched_plan *p = &s->plan;
+    s->step++; /* sequences of earlier plans are out of this one (steps start at 1) */
+    p->n_items = p->n_tokens = p->n_out = p->n_preempted = 0;
+
+    int budget = s->max_num_batched_tokens;
+    plan_running(s, true, &budget);
+    plan_running(s, false, &budget);
+    /* After a preemption the pool is short: admitting now would only evict again (vLLM does
+     * the same). */
+    if (p->n_preempted == 0) plan_waiting(s, &budget);
+    DS_ASSERT(budget >= 0 && p->n_tokens + budget == s->max_num_batched_tokens);
+    return p;
+}

@@ -1,0 +1,126 @@
+/* The CLI contract users and scripts rely on, checked through the real binary against the
+ * transformers fixtures: `generate --tokens … --print-ids` prints the greedy continuation as
+ * one comma-separated line; `score` prints {"pos","argmax","logsumexp"} per position and
+ * --logits-out writes float32 [n_tokens × vocab]. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "testlib.h"
+
+static char *run_capture(const char *cmdline) {
+    FILE *p = popen(cmdline, "r");
+    assert_non_null(p);
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    size_t got;
+    while ((got = fread(buf + n, 1, cap - n - 1, p)) > 0) {
+        n += got;
+        if (n + 1 == cap) buf = realloc(buf, cap *= 2);
+    }
+    buf[n] = 0;
+    int rc = pclose(p);
+    if (rc != 0) fail_msg("command failed (%d): %s", rc, cmdline);
+    return buf;
+}
+
+static cJSON *load_ref(const char *name) {
+    char rel[128];
+    snprintf(rel, sizeof rel, "ref/%s.json", name);
+    char *t = test_read_file(test_data_path(rel), NULL);
+    assert_non_null(t);
+    cJSON *j = cJSON_Parse(t);
+    free(t);
+    assert_non_null(j);
+    return j;
+}
+
+static void ids_to_csv(const cJSON *arr, char *out, size_t cap) {
+    size_t n = 0;
+    out[0] = 0;
+    const cJSON *v;
+    cJSON_ArrayForEach(v, arr) n += (size_t)snprintf(out + n, cap - n, n ? ",%d" : "%d", v->valueint);
+}
+
+static void check_generate(const char *model) {
+    cJSON *ref = load_ref(model);
+    const cJSON *g;
+    cJSON_ArrayForEach(g, cJSON_GetObjectItem(ref, "greedy")) {
+        char prompt[8192], want[8192], cmd[16384];
+        ids_to_csv(cJSON_GetObjectItem(g, "prompt"), prompt, sizeof prompt);
+        ids_to_csv(cJSON_GetObjectItem(g, "generated"), want, sizeof want);
+        int n = cJSON_GetArraySize(cJSON_GetObjectItem(g, "generated"));
+        snprintf(cmd, sizeof cmd,
+                 "%s generate -m %s/models/%s --tokens %s -n %d --ignore-eos --print-ids "
+                 "--device cpu 2>/dev/null",
+                 test_bin(), test_data_dir(), model, prompt, n);
+        char *out = run_capture(cmd);
+        out[strcspn(out, "\n")] = 0;
+        assert_string_equal(out, want);
+        free(out);
+    }
+    cJSON_Delete(ref);
+}
+
+static void test_generate_moe(void **st) { (void)st; check_generate("tiny-moe"); }
+static void test_generate_dense(void **st) { (void)st; check_generate("tiny-dense"); }
+
+static void test_score(void **st) {
+    (void)st;
+    cJSON *ref = load_ref("tiny-moe");
+    const cJSON *seq = cJSON_GetArrayItem(cJSON_GetObjectItem(ref, "sequences"), 3); /* len63 */
+    const cJSON *toks = cJSON_GetObjectItem(seq, "tokens");
+    int n = cJSON_GetArraySize(toks);
+    char ids[8192], cmd[16384], tmp[] = "/tmp/ds_score_XXXXXX";
+    ids_to_csv(toks, ids, sizeof ids);
+    int fd = mkstemp(tmp);
+    assert_true(fd >= 0);
+    close(fd);
+    snprintf(cmd, sizeof cmd, "%s score -m %s/models/tiny-moe --tokens %s --logits-out %s --device cpu",
+             test_bin(), test_data_dir(), ids, tmp);
+    char *out = run_capture(cmd);
+    const cJSON *am = cJSON_GetObjectItem(seq, "argmax"), *lse = cJSON_GetObjectItem(seq, "logsumexp");
+    char *line = out;
+    for (int p = 0; p < n; p++) {
+        char *nl = strchr(line, '\n');
+        assert_non_null(nl);
+        *nl = 0;
+        cJSON *j = cJSON_Parse(line);
+        assert_non_null(j);
+        assert_int_equal(cJSON_GetObjectItem(j, "pos")->valueint, p);
+        assert_int_equal(cJSON_GetObjectItem(j, "argmax")->valueint, cJSON_GetArrayItem(am, p)->valueint);
+        double got = cJSON_GetObjectItem(j, "logsumexp")->valuedouble;
+        double want = cJSON_GetArrayItem(lse, p)->valuedouble;
+        assert_true(fabs(got - want) <= 1e-4 * fabs(want) + 1e-5);
+        cJSON_Delete(j);
+        line = nl + 1;
+    }
+    assert_int_equal(*line, 0);
+    size_t len = 0;
+    char *bin = test_read_file(tmp, &len);
+    assert_non_null(bin);
+    assert_int_equal(len, (size_t)n * 512 * sizeof(float));
+    char rel[128];
+    snprintf(rel, sizeof rel, "ref/%s", cJSON_GetObjectItem(seq, "file")->valuestring);
+    size_t rlen = 0;
+    char *want = test_read_file(test_data_path(rel), &rlen);
+    assert_int_equal(rlen, len);
+    assert_true(test_rel_l2((float *)bin, (float *)want, len / sizeof(float)) < 1e-4);
+    free(bin);
+    free(want);
+    free(out);
+    unlink(tmp);
+    cJSON_Delete(ref);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_generate_moe),
+        cmocka_unit_test(test_generate_dense),
+        cmocka_unit_test(test_score),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
