@@ -124,7 +124,7 @@ static bool build_compact(ds_dist *d, const float *x, int n, const ds_dist_param
             i += DS_LANES - 1;
             continue;
         }
-        if (!(x[i] > kth)) continue; /* ties with the k-th value stay (vLLM) */
+        if (!(x[i] >= kth)) continue; /* ties with the k-th value stay (vLLM) */
         float w = fast_expf((x[i] - max_logit) * inv_t);
         if (!(w >= p->min_p) || !(w > 0.0f)) continue;
         if (m == DS_DIST_COMPACT_MAX) return false;
