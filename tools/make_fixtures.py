@@ -320,10 +320,9 @@ def save_model(model, model_dir, max_shard_size=None):
     if os.path.exists(model_dir):
         shutil.rmtree(model_dir)
     m = model.to(torch.bfloat16)
-    # Sub-configs keep the dtype the model was built with (float32); record what the files hold.
-    for sub in ("text_config", "vision_config"):
-        if getattr(m.config, sub, None) is not None:
-            getattr(m.config, sub).dtype = torch.bfloat16
+    # Note: text_config/vision_config keep "dtype": "float32" (the dtype the model was built
+    # with); only the top-level "dtype" says bfloat16. Readers must take dtypes from the
+    # safetensors headers. Left as is so a rerun reproduces the committed files byte for byte.
     kw = save_kwargs(m, safe_serialization=True)
     if max_shard_size is not None:
         kw["max_shard_size"] = max_shard_size

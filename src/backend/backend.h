@@ -112,6 +112,21 @@ typedef struct ds_backend_ops {
     void (*logits)(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head, ds_tensor *out);
     /* ids[r] = argmax_v logits[r, v] (lowest index on ties); logits F32 [R, V]; ids host [R]. */
     void (*argmax)(ds_backend *be, const ds_tensor *logits, int32_t *ids);
+
+    /* ---- optional (NULL when a backend does not provide them) ---------------------------- */
+
+    /* Seeded random weights of realistic scale for cfg, created directly in backend memory, so
+     * full-size shapes can be benchmarked without a checkpoint (NULL: the model code generates
+     * host weights and calls prepare_weights). Freed by release_weights. */
+    ds_status (*dummy_weights)(ds_backend *be, const ds_config *cfg, uint64_t seed,
+                               ds_model_weights *out, ds_error *err);
+    /* Measured copy bandwidth of the backend's memory in GB/s (bytes read + written per
+     * second), the roofline the benchmarks report against. */
+    double (*copy_bandwidth_gbps)(ds_backend *be);
+    /* Kernels launched since the last call (resets the counter); for per-step counts. */
+    uint64_t (*take_launch_count)(ds_backend *be);
+    /* Human-readable device name ("NVIDIA H200", "cpu: 16 threads"). */
+    const char *(*device_name)(ds_backend *be);
 } ds_backend_ops;
 
 struct ds_backend {

@@ -7,5 +7,6 @@ int ds_cmd_score(int argc, char **argv);
 int ds_cmd_tokenize(int argc, char **argv);
 int ds_cmd_detokenize(int argc, char **argv);
 int ds_cmd_info(int argc, char **argv);
+int ds_cmd_bench(int argc, char **argv);
 
 #endif

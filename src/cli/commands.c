@@ -7,5 +7,6 @@ const ds_cli_command ds_cli_commands[] = {
     {"tokenize", ds_cmd_tokenize},
     {"detokenize", ds_cmd_detokenize},
     {"info", ds_cmd_info},
+    {"bench", ds_cmd_bench},
     {0, 0},
 };

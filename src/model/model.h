@@ -25,6 +25,7 @@ typedef struct ds_model {
     int max_tokens;     /* rows per step the scratch holds */
     int max_out;        /* logit rows per step */
     ds_model_scratch s;
+    ds_model_weights *dummy_host; /* host dummy weights this model owns (else NULL) */
 } ds_model;
 
 /* Binds host weights to a backend (prepare_weights) and allocates scratch for steps of up to
@@ -32,6 +33,10 @@ typedef struct ds_model {
  * model on backends that alias them (CPU). */
 ds_status ds_model_init(ds_model *m, ds_backend *be, const ds_config *cfg,
                         const ds_model_weights *host, int max_tokens, int max_out, ds_error *err);
+/* Same with seeded random weights of realistic scale (--dummy-weights): created on the device
+ * when the backend can (ops->dummy_weights), else on the host and prepared. */
+ds_status ds_model_init_dummy(ds_model *m, ds_backend *be, const ds_config *cfg, uint64_t seed,
+                              int max_tokens, int max_out, ds_error *err);
 void ds_model_free(ds_model *m);
 
 /* One forward step over the batch. On return m->s.logits holds F32 [b->n_out, V] logits (backend

@@ -17,6 +17,9 @@ ds_status ds_session_init(ds_session *s, ds_model *m, int n_slots, int max_len, 
     for (int i = 0; i < n_slots * s->blocks_per_seq; i++) s->block_table[i] = i;
     s->n_past = ds_xcalloc((size_t)n_slots, sizeof(int32_t));
     s->positions = ds_xcalloc((size_t)m->max_tokens, sizeof(int32_t));
+    s->seq_start = ds_xcalloc((size_t)m->max_tokens + 1, sizeof(int32_t));
+    s->seq_n_past = ds_xcalloc((size_t)m->max_tokens, sizeof(int32_t));
+    s->step_blocks = ds_xcalloc((size_t)m->max_tokens * (size_t)s->blocks_per_seq, sizeof(int32_t));
     s->out_rows = ds_xcalloc((size_t)m->max_tokens, sizeof(int32_t));
     for (int i = 0; i < n_slots; i++) ds_session_reset(s, i);
     return DS_OK;
@@ -27,6 +30,9 @@ void ds_session_free(ds_session *s) {
     free(s->block_table);
     free(s->n_past);
     free(s->positions);
+    free(s->seq_start);
+    free(s->seq_n_past);
+    free(s->step_blocks);
     free(s->out_rows);
     *s = (ds_session){0};
 }
@@ -89,5 +95,49 @@ ds_status ds_session_feed(ds_session *s, int slot, const int32_t *tokens, int n,
         s->n_past[slot] += T;
         done += T;
     }
+    return DS_OK;
+}
+
+ds_status ds_session_decode(ds_session *s, const int32_t *slots, const int32_t *tokens, int n,
+                            float *logits_host, ds_error *err) {
+    ds_model *m = s->model;
+    if (n <= 0 || n > m->max_tokens || n > m->max_out || n > s->n_slots)
+        return ds_error_set(err, DS_ERR_INVALID_ARG, "decode batch of %d does not fit", n);
+    const size_t B = (size_t)s->blocks_per_seq;
+    for (int i = 0; i < n; i++) {
+        int slot = slots[i];
+        if (slot < 0 || slot >= s->n_slots)
+            return ds_error_set(err, DS_ERR_INVALID_ARG, "slot %d out of range", slot);
+        if (s->n_past[slot] + 1 > s->max_len)
+            return ds_error_set(err, DS_ERR_INVALID_ARG, "slot %d is full (%d tokens)", slot,
+                                s->max_len);
+        s->positions[i] = s->n_past[slot];
+        s->seq_start[i] = i;
+        s->seq_n_past[i] = s->n_past[slot];
+        s->out_rows[i] = i;
+        memcpy(s->step_blocks + (size_t)i * B, s->block_table + (size_t)slot * B,
+               B * sizeof(int32_t));
+    }
+    s->seq_start[n] = n;
+    ds_batch b = {
+        .n_tokens = n,
+        .n_seqs = n,
+        .tokens = tokens,
+        .positions = s->positions,
+        .seq_start = s->seq_start,
+        .seq_slot = slots,
+        .seq_n_past = s->seq_n_past,
+        .block_table = s->step_blocks,
+        .max_blocks = s->blocks_per_seq,
+        .n_out = n,
+        .out_rows = s->out_rows,
+    };
+    ds_status st = ds_model_forward(m, s->cache, &b, err);
+    if (st != DS_OK) return st;
+    if (logits_host)
+        m->be->ops->download(m->be, logits_host, m->s.logits.data,
+                             (size_t)n * (size_t)m->cfg.vocab * sizeof(float));
+    if ((st = m->be->ops->synchronize(m->be, err)) != DS_OK) return st;
+    for (int i = 0; i < n; i++) s->n_past[slots[i]] += 1;
     return DS_OK;
 }

@@ -21,7 +21,9 @@ typedef struct ds_session {
     int32_t *block_table; /* [n_slots, blocks_per_seq] */
     int32_t *n_past;      /* [n_slots] tokens already in each slot's caches */
     /* per-step host staging, sized for model->max_tokens */
-    int32_t *positions, *out_rows;
+    int32_t *positions, *out_rows;   /* [max_tokens] */
+    int32_t *seq_start, *seq_n_past; /* [max_tokens + 1], [max_tokens] (batched decode) */
+    int32_t *step_blocks;            /* [max_tokens, blocks_per_seq] block-table rows of a step */
 } ds_session;
 
 ds_status ds_session_init(ds_session *s, ds_model *m, int n_slots, int max_len, ds_error *err);
@@ -35,5 +37,11 @@ void ds_session_reset(ds_session *s, int slot);
  * last token. */
 ds_status ds_session_feed(ds_session *s, int slot, const int32_t *tokens, int n, bool all_logits,
                           float *logits_host, ds_error *err);
+
+/* One decode step for n sequences at once: token tokens[i] appended to slot slots[i] (distinct
+ * slots), all in one batch. logits_host (may be NULL) receives F32 [n, V]. The model must have
+ * max_out ≥ n. */
+ds_status ds_session_decode(ds_session *s, const int32_t *slots, const int32_t *tokens, int n,
+                            float *logits_host, ds_error *err);
 
 #endif

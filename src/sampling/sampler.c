@@ -99,7 +99,7 @@ ds_finish_reason ds_sampler_finish_reason(const ds_sampler *s, int token, int n_
                                           int *stop_token) {
     if (stop_token) *stop_token = -1;
     if (n_generated >= s->params.min_tokens) {
-        if (!s->params.ignore_eos && ds_sampler_is_eos(s, token)) return DS_FINISH_STOP;
+        if (ds_sampler_is_eos(s, token)) return DS_FINISH_STOP;
         if (is_stop_id(s, token)) {
             if (stop_token) *stop_token = token;
             return DS_FINISH_STOP;

@@ -113,7 +113,7 @@ ds_status ds_stop_matcher_feed(ds_stop_matcher *m, const char *text, size_t len,
     const uint64_t base = m->n_bytes - m->win_len;  /* stream offset of b[0] */
     m->n_bytes += len;
 
-    if (m->n_stops > 0 && len > 0 && m->n_fed >= m->min_tokens) {
+    if (m->n_stops > 0 && len > 0 && m->n_fed > m->min_tokens) {
         int best = -1;
         size_t best_start = 0, best_end = 0;
         for (int j = 0; j < m->n_stops; j++) {

@@ -9,7 +9,8 @@ ds_status tok_regex_compile(const char *pattern, size_t len, bool literal, const
                             pcre2_code **out, ds_error *err) {
     int code = 0;
     PCRE2_SIZE off = 0;
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    /* PCRE2_LITERAL refuses PCRE2_UCP (nothing to classify in a literal). */
+    uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, len, opts, &code, &off, NULL);
     if (!re) {
         PCRE2_UCHAR msg[160];
@@ -102,8 +103,8 @@ static ds_status split_pieces(tok_scratch *sc, const pcre2_code *re, tok_split_b
                 pos = ms + l;
                 continue;
             }
-            bool keep_gap = behavior == TOK_SPLIT_ISOLATED || invert;
-            bool keep_match = behavior == TOK_SPLIT_ISOLATED || !invert;
+            bool keep_gap = behavior == TOK_SPLIT_ISOLATED || !invert;
+            bool keep_match = behavior == TOK_SPLIT_ISOLATED || invert;
             if (keep_gap &&
                 (st = pieces_push(&sc->pieces2, &sc->n_pieces2, &sc->cap_pieces2, base + last,
                                   ms - last, err)) != DS_OK)
@@ -114,7 +115,7 @@ static ds_status split_pieces(tok_scratch *sc, const pcre2_code *re, tok_split_b
                 return st;
             last = pos = me;
         }
-        bool keep_gap = behavior == TOK_SPLIT_ISOLATED || invert;
+        bool keep_gap = behavior == TOK_SPLIT_ISOLATED || !invert;
         if (keep_gap && (st = pieces_push(&sc->pieces2, &sc->n_pieces2, &sc->cap_pieces2,
                                           base + last, n - last, err)) != DS_OK)
             return st;
