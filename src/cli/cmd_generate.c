@@ -231,7 +231,9 @@ int ds_cmd_generate(int argc, char **argv) {
         int stop_token = -1;
         ds_finish_reason fr = ds_sampler_finish_reason(&sampler, res.token, n_out, &stop_token);
         bool stop_hit = false;
-        if (tok && !a.print_ids) {
+        /* The text of a finishing EOS / stop id is not output (vLLM), unless asked for. */
+        bool feed_text = fr != DS_FINISH_STOP || sampler.params.include_stop_str_in_output;
+        if (tok && !a.print_ids && feed_text) {
             const char *text;
             size_t len;
             ds_stop_result sr;

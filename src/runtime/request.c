@@ -139,8 +139,10 @@ bool ds_request_next(ds_request *r, ds_request_event *ev, int timeout_ms) {
     int avail = r->q_write - r->q_read;
     int n = avail < 16 ? avail : 16;
     memset(ev, 0, sizeof *ev);
-    memcpy(ev->tokens, r->q_tokens + r->q_read, (size_t)n * sizeof ev->tokens[0]);
-    memcpy(ev->samples, r->q_samples + r->q_read, (size_t)n * sizeof ev->samples[0]);
+    if (n > 0) {
+        memcpy(ev->tokens, r->q_tokens + r->q_read, (size_t)n * sizeof ev->tokens[0]);
+        memcpy(ev->samples, r->q_samples + r->q_read, (size_t)n * sizeof ev->samples[0]);
+    }
     r->q_read += n;
     ev->n_tokens = n;
     ev->n_prompt_tokens = r->n_prompt;

@@ -85,6 +85,17 @@ static void heap_offer(float *heap, int *size, int k, float v) {
     }
 }
 
+double ds_logsumexp(const float *x, int n, float m) {
+    double a[DS_LANES] = {0};
+    int i = 0;
+    for (; i + DS_LANES <= n; i += DS_LANES)
+        for (int j = 0; j < DS_LANES; j++) a[j] += (double)fast_expf(x[i + j] - m);
+    for (; i < n; i++) a[0] += (double)fast_expf(x[i] - m);
+    double s = 0.0;
+    for (int j = 0; j < DS_LANES; j++) s += a[j];
+    return (double)m + log(s);
+}
+
 /* k-th largest finite value of x (k < number of values > -inf), with a size-k min-heap. */
 static float kth_largest(const float *x, int n, int k) {
     float heap[DS_DIST_HEAP_MAX];
@@ -114,9 +125,8 @@ static int compact_cmp(const void *a, const void *b) {
 
 /* top_k ≤ DS_DIST_HEAP_MAX: gather the survivors; false if ties overflow the list. */
 static bool build_compact(ds_dist *d, const float *x, int n, const ds_dist_params *p,
-                          float max_logit, int n_live) {
+                          float max_logit) {
     const float kth = kth_largest(x, n, p->top_k);
-    (void)n_live;
     const float inv_t = 1.0f / p->temperature;
     int m = 0;
     for (int i = 0; i < n; i++) {
@@ -218,7 +228,7 @@ static void build_full(ds_dist *d, float *x, int n, const ds_dist_params *p, flo
 void ds_dist_build(ds_dist *d, float *x, int n, const ds_dist_params *p, float max_logit,
                    int n_live) {
     if (p->top_k > 0 && p->top_k <= DS_DIST_HEAP_MAX && p->top_k < n_live &&
-        build_compact(d, x, n, p, max_logit, n_live))
+        build_compact(d, x, n, p, max_logit))
         return;
     build_full(d, x, n, p, max_logit, n_live);
 }

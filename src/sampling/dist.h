@@ -46,8 +46,13 @@ int ds_dist_draw(const ds_dist *d, const float *x, int n, double u);
 /* Writes the normalised distribution over x[0..n). */
 void ds_dist_write_probs(const ds_dist *d, float *x, int n);
 
-/* exp(x) for float x: Cephes-style range reduction + degree-6 polynomial, ≤ 2 ulp over
- * [-87, 88], 0 below -87; plain C that the compiler vectorises (glibc expf does not). */
+/* exp(x) for float x: Cephes-style range reduction + degree-6 polynomial, relative error
+ * < 2e-7 over [-87, 88], 0 below -87; plain C that the compiler vectorises (glibc expf is a
+ * call per element). */
 float ds_fast_expf(float x);
+
+/* log Σ exp(x[i]) over x[0..n) (-inf entries contribute 0), given m = max x (finite): the
+ * log_softmax normaliser for the reported logprobs. */
+double ds_logsumexp(const float *x, int n, float m);
 
 #endif

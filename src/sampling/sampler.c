@@ -99,7 +99,7 @@ ds_finish_reason ds_sampler_finish_reason(const ds_sampler *s, int token, int n_
                                           int *stop_token) {
     if (stop_token) *stop_token = -1;
     if (n_generated >= s->params.min_tokens) {
-        if (ds_sampler_is_eos(s, token)) return DS_FINISH_STOP;
+        if (!s->params.ignore_eos && ds_sampler_is_eos(s, token)) return DS_FINISH_STOP;
         if (is_stop_id(s, token)) {
             if (stop_token) *stop_token = token;
             return DS_FINISH_STOP;
@@ -216,9 +216,7 @@ static double raw_logprob_prepare(ds_sampler *s, const float *logits, ds_sample_
         s->raw[i] = v;
         if (v > m) m = v;
     }
-    double sum = 0.0;
-    for (int i = 0; i < n; i++) sum += exp((double)s->raw[i] - (double)m);
-    const double lse = (double)m + log(sum);
+    const double lse = ds_logsumexp(s->raw, n, m);
     res->n_top = ds_select_top_n(s->raw, (size_t)n, s->params.logprobs, res->top_ids,
                                  res->top_logprobs);
     for (int j = 0; j < res->n_top; j++)

@@ -19,9 +19,11 @@
  * the request's own RNG. Sampling does not record the token: ds_sampler_accept does, so a
  * speculative verifier can sample and reject without undo.
  *
- * Cost at vocab V: greedy is one pass over the logits; random sampling is O(V) with no sort
- * (top_k and top_p are thresholds found by 3-pass radix selection over the float bits, see
- * select.c) and no allocation per call. */
+ * Cost at vocab V: greedy is one pass over the logits; random sampling is O(V) with no sort of
+ * the vocabulary and no allocation per call (dist.c: a size-k heap + short sorted list for
+ * small top_k, radix selection over the float bits for top_p / large top_k, a vectorisable
+ * exp). Measured at V = 250k on the 2-core dev box, including the 1 MB logits copy: greedy
+ * ≈ 0.1 ms, top_k=50 + top_p=0.9 ≈ 0.15 ms, top_p=0.95 alone ≈ 0.6 ms. */
 #ifndef DS_SAMPLING_SAMPLER_H
 #define DS_SAMPLING_SAMPLER_H
 

@@ -84,7 +84,7 @@ static size_t stop_prefix_tail(const ds_stop_matcher *m, const char *b, size_t n
 }
 
 static ds_status ensure_buf(ds_stop_matcher *m, size_t need) {
-    if (need <= m->buf_cap) return DS_OK;
+    if (m->buf && need <= m->buf_cap) return DS_OK;
     size_t cap = m->buf_cap ? m->buf_cap : 256;
     while (cap < need) cap *= 2;
     char *b = realloc(m->buf, cap);

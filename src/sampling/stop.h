@@ -14,7 +14,8 @@
  *  - Stop strings are only checked once more than min_tokens tokens were fed (vLLM checks when
  *    len(output_token_ids) > min_tokens); a match must end in text fed after that point.
  *  - When generation ends for another reason (EOS, length), ds_stop_matcher_flush releases the
- *    held-back tail. */
+ *    held-back tail. As in vLLM, the text of a finishing EOS / stop_token_id token is not fed
+ *    (it is not part of the output) unless include_stop_str_in_output. */
 #ifndef DS_SAMPLING_STOP_H
 #define DS_SAMPLING_STOP_H
 

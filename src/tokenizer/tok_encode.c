@@ -17,6 +17,53 @@ static void scratch_free(tok_scratch *sc) {
     free(sc->syms);
     free(sc->heap);
     free(sc->ids);
+    free(sc->cache);
+    tok_buf_free(&sc->cache_keys);
+    free(sc->cache_ids);
+}
+
+/* BPE of one piece through the per-call cache. Only worth it for pieces longer than a byte
+ * and short enough to repeat. */
+static ds_status bpe_cached(const ds_tokenizer *tok, tok_scratch *sc, const unsigned char *w, size_t n,
+                            ds_error *err) {
+    if (!sc->use_cache || n < 2 || n > TOK_CACHE_MAX_WORD) return tok_bpe_word(tok, sc, w, n, err);
+    if (!sc->cache) {
+        sc->cache = calloc(TOK_CACHE_SLOTS, sizeof *sc->cache);
+        if (!sc->cache) return tok_bpe_word(tok, sc, w, n, err); /* the cache is optional */
+    }
+    uint32_t h = tok_hash_bytes(w, n);
+    size_t j = h & (TOK_CACHE_SLOTS - 1);
+    while (sc->cache[j].key_len) {
+        const tok_cache_slot *c = &sc->cache[j];
+        if (c->hash == h && c->key_len == n && memcmp(sc->cache_keys.p + c->key_off, w, n) == 0) {
+            for (uint32_t k = 0; k < c->ids_n; k++) {
+                ds_status st = tok_scratch_push_id(sc, sc->cache_ids[c->ids_off + k], err);
+                if (st != DS_OK) return st;
+            }
+            return DS_OK;
+        }
+        j = (j + 1) & (TOK_CACHE_SLOTS - 1);
+    }
+    size_t first = sc->n_ids;
+    ds_status st = tok_bpe_word(tok, sc, w, n, err);
+    if (st != DS_OK || sc->cache_count * 2 >= TOK_CACHE_SLOTS) return st;
+    size_t got = sc->n_ids - first;
+    if (sc->n_cache_ids + got > sc->cap_cache_ids) {
+        size_t cap = sc->cap_cache_ids ? sc->cap_cache_ids * 2 : 4096;
+        while (cap < sc->n_cache_ids + got) cap *= 2;
+        int32_t *v = realloc(sc->cache_ids, sizeof *v * cap);
+        if (!v) return DS_OK;
+        sc->cache_ids = v;
+        sc->cap_cache_ids = cap;
+    }
+    size_t key_off = sc->cache_keys.len;
+    if (tok_buf_append(&sc->cache_keys, w, n, NULL) != DS_OK) return DS_OK;
+    memcpy(sc->cache_ids + sc->n_cache_ids, sc->ids + first, sizeof(int32_t) * got);
+    sc->cache[j] = (tok_cache_slot){.hash = h, .key_off = (uint32_t)key_off, .key_len = (uint32_t)n,
+                                    .ids_off = (uint32_t)sc->n_cache_ids, .ids_n = (uint32_t)got};
+    sc->n_cache_ids += got;
+    sc->cache_count++;
+    return DS_OK;
 }
 
 /* Step 3 + 4 on one plain span. */
@@ -26,7 +73,7 @@ static ds_status encode_plain(const ds_tokenizer *tok, tok_scratch *sc, const ch
     if (st != DS_OK) return st;
     for (size_t p = 0; p < sc->n_pieces; p++) {
         const unsigned char *w = (const unsigned char *)sc->piece_text.p + sc->pieces[p].off;
-        if ((st = tok_bpe_word(tok, sc, w, sc->pieces[p].len, err)) != DS_OK) return st;
+        if ((st = bpe_cached(tok, sc, w, sc->pieces[p].len, err)) != DS_OK) return st;
     }
     return DS_OK;
 }
@@ -99,6 +146,7 @@ ds_status ds_tokenizer_encode(const ds_tokenizer *tok, const char *text, size_t 
     *ids = NULL;
     *n_ids = 0;
     tok_scratch sc = {0};
+    sc.use_cache = len >= TOK_CACHE_MIN_INPUT;
     ds_status st = encode_impl(tok, text ? text : "", len, parse_special, &sc, err);
     if (st == DS_OK) {
         *ids = sc.ids; /* ownership passes to the caller */

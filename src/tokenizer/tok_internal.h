@@ -221,7 +221,25 @@ typedef struct tok_scratch {
     tok_buf word; /* byte-level spelling for ignore_merges look-ups */
     int32_t *ids;
     size_t n_ids, cap_ids;
+    /* Pre-token → ids cache for one encode call (words repeat a lot in long inputs). Entries
+     * point into cache_keys and cache_ids; the table stops taking entries when half full. */
+    bool use_cache;               /* long inputs only: the table costs more than short ones gain */
+    struct tok_cache_slot *cache; /* [TOK_CACHE_SLOTS] or NULL */
+    size_t cache_count;
+    tok_buf cache_keys;
+    int32_t *cache_ids;
+    size_t n_cache_ids, cap_cache_ids;
 } tok_scratch;
+
+#define TOK_CACHE_SLOTS 8192
+#define TOK_CACHE_MAX_WORD 64
+#define TOK_CACHE_MIN_INPUT 4096
+
+typedef struct tok_cache_slot {
+    uint32_t hash;
+    uint32_t key_off, key_len; /* key_len 0: empty slot */
+    uint32_t ids_off, ids_n;
+} tok_cache_slot;
 
 ds_status tok_scratch_push_id(tok_scratch *sc, int32_t id, ds_error *err);
 /* Pre-tokenizes plain (normalized) text into sc->pieces. */

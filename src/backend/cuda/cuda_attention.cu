@@ -179,7 +179,9 @@ __global__ void __launch_bounds__(HD)
         }
         __syncthreads();
     }
-    for (int g = 0; g < G; g++) {
+#pragma unroll
+    for (int g = 0; g < DEC_MAXG; g++) { /* constant indices keep acc[] in registers */
+        if (g >= G) break;
         const int64_t r = ((int64_t)s * nh + j * G + g) * nsplit + c;
         float *w = a.ws + r * (HD + 2);
         w[tid] = acc[g];

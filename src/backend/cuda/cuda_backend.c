@@ -251,6 +251,10 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
     be->ops = &cuda_ops;
     be->impl = c;
     c->device = device;
+    {
+        const char *rows = getenv("DS_CUDA_GEMV_ROWS"); /* measurement knob, see cuda_notes.md */
+        c->gemv_rows = rows ? atoi(rows) : 2;
+    }
     CREATE_CHECK(cudaSetDevice(device));
     struct cudaDeviceProp prop;
     CREATE_CHECK(cudaGetDeviceProperties(&prop, device));

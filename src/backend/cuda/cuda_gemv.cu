@@ -5,8 +5,6 @@
  * too few row blocks to fill the chip (narrow N). Split-K is deterministic: each split writes
  * fp32 partials, the last block to arrive (per-tile counter) sums them in split order and
  * resets the counter to 0, so the next launch (or a graph replay) finds it clean. */
-#include <stdlib.h>
-
 #include "cuda_gemv.cuh"
 
 #define GEMV_WARPS 8
@@ -97,23 +95,11 @@ static void dispatch_r(ds_cuda_ctx *ctx, dim3 grid, const bf16 *W, int64_t N, in
     }
 }
 
-/* Rows per warp: 2 by default (8 loads of 16 B in flight per lane); DS_CUDA_GEMV_ROWS=1|2|4
- * selects another variant for measurements. */
-static int gemv_rows_variant(void) {
-    static int rows = 0;
-    if (!rows) {
-        const char *e = getenv("DS_CUDA_GEMV_ROWS");
-        int v = e ? atoi(e) : 2;
-        rows = (v == 1 || v == 4) ? v : 2;
-    }
-    return rows;
-}
-
 extern "C" void ds_cuda_gemv(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K,
                              const void *x, int64_t ldx, int R, void *out, int64_t ldo,
                              int out_f32) {
     if (N <= 0 || R <= 0) return;
-    const int rows = gemv_rows_variant();
+    const int rows = ctx->gemv_rows == 1 || ctx->gemv_rows == 4 ? ctx->gemv_rows : 2;
     const int64_t rows_per_block = (int64_t)GEMV_WARPS * rows;
     const int64_t bx = DS_DIV_UP(N, rows_per_block);
     /* split K when the row blocks cannot fill two waves of one block per SM */
@@ -149,15 +135,21 @@ extern "C" void ds_cuda_gemv(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t
 
 /* ---- cuBLASLt ---------------------------------------------------------------------------- */
 
+static uint32_t lt_align(const void *p, int64_t pitch_bytes) {
+    uint64_t v = (uint64_t)(uintptr_t)p | (uint64_t)pitch_bytes | 256u;
+    return (uint32_t)(v & (~v + 1)); /* lowest set bit, at most 256 */
+}
+
 /* Row-major out[R, N] = x[R, K] · W[N, K]ᵀ is, in cuBLASLt's column-major terms,
  * D (N×R, ld ldo) = op(A)·B with A = W stored K×N (ld K), op(A) = Aᵀ, B = x stored K×R (ld ldx). */
 static ds_cuda_lt_plan *lt_plan(ds_cuda_ctx *ctx, int64_t N, int64_t K, int64_t ldx, int R,
-                                int64_t ldo, int out_f32) {
+                                int64_t ldo, int out_f32, const uint32_t align[3]) {
     const int ctype = out_f32 ? CUDA_R_32F : CUDA_R_16BF;
     for (int i = 0; i < DS_CUDA_LT_CACHE; i++) {
         ds_cuda_lt_plan *p = &ctx->lt_plans[i];
         if (p->used && p->m == N && p->n == R && p->k == K && p->lda == K && p->ldb == ldx &&
-            p->ldc == ldo && p->ctype == ctype)
+            p->ldc == ldo && p->ctype == ctype && p->align[0] == align[0] &&
+            p->align[1] == align[1] && p->align[2] == align[2])
             return p;
     }
     ds_cuda_lt_plan *p = &ctx->lt_plans[ctx->lt_next];
@@ -170,6 +162,7 @@ static ds_cuda_lt_plan *lt_plan(ds_cuda_ctx *ctx, int64_t N, int64_t K, int64_t 
         p->used = 0;
     }
     p->m = N; p->n = R; p->k = K; p->lda = K; p->ldb = ldx; p->ldc = ldo; p->ctype = ctype;
+    for (int i = 0; i < 3; i++) p->align[i] = align[i];
     if (DS_LT(ctx, cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F))) return NULL;
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     int bad = 0;
@@ -183,6 +176,16 @@ static ds_cuda_lt_plan *lt_plan(ds_cuda_ctx *ctx, int64_t N, int64_t K, int64_t 
     size_t wsb = DS_CUDA_LT_WS_BYTES;
     bad |= DS_LT(ctx, cublasLtMatmulPreferenceSetAttribute(
                           pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
+    /* the heuristic otherwise assumes 256-byte aligned operands (e.g. a part's column offset
+     * in a multi-part output, or an fp32 output with an odd row length, are less aligned) */
+    bad |= DS_LT(ctx, cublasLtMatmulPreferenceSetAttribute(
+                          pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align[0], sizeof align[0]));
+    bad |= DS_LT(ctx, cublasLtMatmulPreferenceSetAttribute(
+                          pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align[1], sizeof align[1]));
+    bad |= DS_LT(ctx, cublasLtMatmulPreferenceSetAttribute(
+                          pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align[2], sizeof align[2]));
+    bad |= DS_LT(ctx, cublasLtMatmulPreferenceSetAttribute(
+                          pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align[2], sizeof align[2]));
     cublasLtMatmulHeuristicResult_t res;
     int nres = 0;
     bad |= DS_LT(ctx, cublasLtMatmulAlgoGetHeuristic(ctx->lt, p->op, p->a, p->b, p->c, p->c, pref,
@@ -202,7 +205,10 @@ extern "C" void ds_cuda_gemm_lt(ds_cuda_ctx *ctx, const void *W, int64_t N, int6
                                 const void *x, int64_t ldx, int R, void *out, int64_t ldo,
                                 int out_f32) {
     if (N <= 0 || R <= 0) return;
-    ds_cuda_lt_plan *p = lt_plan(ctx, N, K, ldx, R, ldo, out_f32);
+    /* alignment each operand really has: its address and its row pitch */
+    const uint32_t align[3] = {lt_align(W, K * 2), lt_align(x, ldx * 2),
+                               lt_align(out, ldo * (out_f32 ? 4 : 2))};
+    ds_cuda_lt_plan *p = lt_plan(ctx, N, K, ldx, R, ldo, out_f32, align);
     if (!p) return;
     const float alpha = 1.f, beta = 0.f;
     DS_LT(ctx, cublasLtMatmul(ctx->lt, p->op, &alpha, W, p->a, x, p->b, &beta, out, p->c, out,

@@ -63,6 +63,7 @@ typedef struct ds_cuda_lt_plan {
     int used;
     int64_t m, n, k, lda, ldb, ldc;
     int ctype; /* cudaDataType of C/D */
+    uint32_t align[3]; /* byte alignment of A, B, C/D the plan was chosen for */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
@@ -88,6 +89,9 @@ typedef struct ds_cuda_ctx {
     /* host copy of the current batch (for host-side invariant checks) */
     int32_t *h_cur;               /* points into the h_meta buffer just uploaded */
     int h_positions_off, h_seq_start_off, h_seq_slot_off, h_block_table_off, h_tok_seq_off;
+
+    /* GEMV: output rows per warp (1, 2 or 4; env DS_CUDA_GEMV_ROWS at create, default 2) */
+    int gemv_rows;
 
     /* GEMV split-K */
     float *d_splitk_ws;           /* [DS_CUDA_SPLITK_WS_FLOATS] */

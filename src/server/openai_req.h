@@ -1,0 +1,71 @@
+/* openai_req.h — OpenAI request bodies (/v1/completions, /v1/chat/completions) → validated
+ * generation requests, and OpenAI-style error objects.
+ *
+ * Everything in a body is untrusted: wrong JSON types, out-of-range values and unsupported
+ * features become a ds_oai_error (HTTP status, type, param, code, message) — never a crash.
+ * Sampling ranges are checked by ds_sampling_params_validate, whose message names the field;
+ * the param of the error is taken from it. Vocabulary and context-length checks need the
+ * tokenised prompt and happen later (openai_handlers.c). */
+#ifndef DS_SERVER_OPENAI_REQ_H
+#define DS_SERVER_OPENAI_REQ_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "core/status.h"
+#include "sampling/params.h"
+#include "server/chat_format.h"
+
+typedef enum ds_oai_kind { DS_OAI_COMPLETIONS = 0, DS_OAI_CHAT = 1 } ds_oai_kind;
+
+typedef struct ds_oai_error {
+    int status;          /* HTTP status */
+    const char *type;    /* "invalid_request_error", "authentication_error", ... */
+    const char *code;    /* NULL → null */
+    char param[64];      /* "" → null */
+    char message[DS_ERROR_MSG_MAX];
+} ds_oai_error;
+
+void ds_oai_error_set(ds_oai_error *e, int status, const char *type, const char *code,
+                      const char *param, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* {"error": {"message", "type", "param", "code"}} as a malloc'd string (NULL on OOM). */
+char *ds_oai_error_json(const ds_oai_error *e);
+
+typedef struct ds_oai_request {
+    ds_oai_kind kind;
+    cJSON *root;                  /* the parsed body; strings below point into it */
+    const char *model;            /* NULL when absent */
+
+    /* /v1/completions */
+    const char *prompt_text;      /* the prompt when it is a string */
+    int32_t *prompt_ids;          /* [n_prompt_ids] the prompt when it is token ids (owned) */
+    int n_prompt_ids;
+    bool echo;
+
+    /* /v1/chat/completions */
+    ds_chat_message *messages;    /* [n_messages] (owned array; strings point into root) */
+    int n_messages;
+    char **joined;                /* [n_messages] contents joined from text parts (owned) */
+    ds_chat_opts chat;
+
+    bool stream;
+    bool include_usage;           /* stream_options.include_usage */
+    bool continuous_usage;        /* stream_options.continuous_usage_stats (usage in every chunk) */
+    bool max_tokens_given;        /* else: completions 16, chat max_model_len - prompt */
+    const char *max_tokens_param; /* "max_tokens" or "max_completion_tokens" (error param) */
+    int logprobs;                 /* -1 none, else top-N alternatives per token */
+    bool skip_special_tokens;     /* vLLM extension, default true */
+    ds_sampling_params sp;        /* stop / stop_token_ids point into the arrays below */
+    const char *stops[DS_SAMPLING_MAX_STOP];
+    int *stop_ids;                /* owned */
+} ds_oai_request;
+
+/* Parses and validates a body. False with *e filled (status 400) on any problem. */
+bool ds_oai_parse(ds_oai_kind kind, const char *body, size_t len, ds_oai_request *r,
+                  ds_oai_error *e);
+void ds_oai_request_free(ds_oai_request *r);
+
+#endif
