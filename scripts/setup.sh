@@ -4,10 +4,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEBS="build-essential cmake pkg-config clang libcjson-dev libpcre2-dev libutf8proc-dev \
-libmicrohttpd-dev libcurl4-openssl-dev libcmocka-dev nodejs npm"
+DEBS="build-essential cmake pkg-config clang curl libcjson-dev libpcre2-dev libutf8proc-dev \
+libmicrohttpd-dev libcurl4-openssl-dev libcmocka-dev"
 missing=""
 for p in $DEBS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+# node + npm run the tokenizer/template reference checks; a machine may already have them from
+# another source (whose nodejs package conflicts with Debian's npm), so look for the commands.
+command -v node >/dev/null 2>&1 || missing="$missing nodejs"
+command -v npm >/dev/null 2>&1 || missing="$missing npm"
 if [ -n "$missing" ]; then
   echo "setup: installing Debian packages:$missing"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"

@@ -943,13 +943,19 @@ int main(void) {
         printf("test_cuda_ops: cpu backend: %s\n", err.msg);
         return 1;
     }
-    const struct CMUnitTest tests[] = {
+    const struct CMUnitTest all[] = {
         cmocka_unit_test(test_elementwise), cmocka_unit_test(test_linear),
         cmocka_unit_test(test_argmax),      cmocka_unit_test(test_moe),
         cmocka_unit_test(test_mixers),      cmocka_unit_test(test_model_fixtures),
         cmocka_unit_test(test_bench),
     };
-    const int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    /* DS_CUDA_TESTS=name,name… runs a subset (e.g. under compute-sanitizer) */
+    struct CMUnitTest tests[sizeof all / sizeof all[0]];
+    size_t n = 0;
+    const char *only = getenv("DS_CUDA_TESTS");
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (!only || strstr(only, all[i].name + 5 /* skip "test_" */)) tests[n++] = all[i];
+    const int rc = _cmocka_run_group_tests("test_cuda_ops", tests, n, NULL, NULL);
     g_cuda->ops->destroy(g_cuda);
     g_cpu->ops->destroy(g_cpu);
     return rc;

@@ -31,7 +31,7 @@
 #define MODEL_MAX_OUT 16
 #define N_REQ 16
 
-/* ---- fixtures ----------------------------------------------------------------------------------- */
+/* ---- fixtures ------------------------------------------------------------------------------- */
 
 typedef struct fixture {
     ds_config cfg;
@@ -116,7 +116,7 @@ static void make_workload(spec *w, bool sampled, uint64_t seed) {
     }
 }
 
-/* ---- the reference: one request alone through ds_session ------------------------------------------ */
+/* ---- the reference: one request alone through ds_session ------------------------------------ */
 
 static void solo_run(fixture *f, ds_session *ss, const spec *sp, result *out) {
     const int V = f->cfg.vocab;
@@ -147,7 +147,8 @@ static void solo_run(fixture *f, ds_session *ss, const spec *sp, result *out) {
             break;
         }
         int32_t t = res.token;
-        if (ds_session_feed(ss, 0, &t, 1, false, logits, &err) != DS_OK) fail_msg("feed: %s", err.msg);
+        if (ds_session_feed(ss, 0, &t, 1, false, logits, &err) != DS_OK)
+            fail_msg("feed: %s", err.msg);
     }
     out->finished = true;
     free(logits);
@@ -163,7 +164,7 @@ static void solo_all(fixture *f, const spec *w, int n, result *out) {
     ds_session_free(&ss);
 }
 
-/* ---- the engine side ------------------------------------------------------------------------------- */
+/* ---- the engine side ------------------------------------------------------------------------ */
 
 /* Reads every event of r into out, checking the channel's contract as it goes. Runs on worker
  * threads, where cmocka's assertions must not be used: violations go to out->err. */
@@ -313,7 +314,7 @@ static void base_opts(ds_engine_opts *o) {
     o->block_size = 16;
 }
 
-/* ---- (1), (2), (3): batching does not change results ------------------------------------------------- */
+/* ---- (1), (2), (3): batching does not change results ---------------------------------------- */
 
 static void run_equivalence(const char *model, bool sampled, uint64_t seed) {
     fixture f;
@@ -381,7 +382,7 @@ static void test_preemption_keeps_results(void **state) {
     fixture_close(&f);
 }
 
-/* ---- (4) cancellation -------------------------------------------------------------------------------- */
+/* ---- (4) cancellation ----------------------------------------------------------------------- */
 
 static ds_request *submit_ok(ds_engine *e, const spec *s) {
     ds_request_desc d = {.prompt = s->prompt, .n_prompt = s->n_prompt, .params = s->params};
@@ -494,7 +495,7 @@ static void test_cancel_frees_caches(void **state) {
     fixture_close(&f);
 }
 
-/* ---- (5) admission errors ------------------------------------------------------------------------------ */
+/* ---- (5) admission errors ------------------------------------------------------------------- */
 
 static ds_status try_submit(ds_engine *e, const int32_t *prompt, int n, const ds_sampling_params *p,
                             ds_error *err) {
@@ -626,7 +627,7 @@ static void test_submit_errors(void **state) {
     fixture_close(&f);
 }
 
-/* ---- (6) min_tokens / max_tokens / stop ids ------------------------------------------------------------- */
+/* ---- (6) min_tokens / max_tokens / stop ids ------------------------------------------------- */
 
 static void engine_one(fixture *f, const spec *s, result *out) {
     ds_engine_opts o;
@@ -684,7 +685,8 @@ static void test_stop_conditions(void **state) {
     s4.params.min_tokens = k + 3;
     engine_one(&f, &s4, &r);
     assert_memory_equal(r.toks, base.toks, (size_t)k * sizeof(int32_t));
-    for (int j = 0; j < s4.params.min_tokens && j < r.n; j++) assert_int_not_equal(r.toks[j], s3.stop_ids[0]);
+    for (int j = 0; j < s4.params.min_tokens && j < r.n; j++)
+        assert_int_not_equal(r.toks[j], s3.stop_ids[0]);
     assert_true(r.n >= s4.params.min_tokens);
     if (r.reason == DS_FINISH_STOP) {
         assert_int_equal(r.toks[r.n - 1], s3.stop_ids[0]);
@@ -699,7 +701,7 @@ static void test_stop_conditions(void **state) {
     fixture_close(&f);
 }
 
-/* ---- (7) destroy with requests in flight ----------------------------------------------------------------- */
+/* ---- (7) destroy with requests in flight ---------------------------------------------------- */
 
 typedef struct reader {
     ds_request *r;

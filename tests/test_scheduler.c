@@ -37,7 +37,7 @@ typedef struct fake_req {
 
 static void req_init(fake_req *r, int n_prompt, int max_new) {
     memset(r, 0, sizeof *r);
-    ds_sched_seq_init(&r->seq, n_prompt, max_new, r);
+    ds_sched_seq_init(&r->seq, NULL, n_prompt, max_new, r); /* tokens: the runner's business */
     r->max_new = max_new;
 }
 
@@ -59,7 +59,7 @@ static const ds_sched_item *find_item(const ds_sched_plan *p, const fake_req *r)
     return NULL;
 }
 
-/* ---- hand-worked plans ------------------------------------------------------------------------ */
+/* ---- hand-worked plans ---------------------------------------------------------------------- */
 
 static void test_decodes_first_then_fcfs_prefill(void **state) {
     (void)state;
@@ -294,7 +294,7 @@ static void test_fits(void **state) {
     sim_free(&m);
 }
 
-/* ---- randomised simulation -------------------------------------------------------------------- */
+/* ---- randomised simulation ------------------------------------------------------------------ */
 
 typedef struct rnd_req {
     fake_req f;
@@ -359,7 +359,8 @@ static uint64_t run_random(uint64_t seed) {
             bool decode = q->n_tokens - q->n_computed == 1 && !it->fresh_slot;
             if (decode) assert_false(seen_nondecode); /* decodes come first */
             else seen_nondecode = true;
-            assert_true((int64_t)ds_kv_blocks_held(&m.kv, q->slot) * bs >= q->n_computed + it->n_tokens);
+            assert_true((int64_t)ds_kv_blocks_held(&m.kv, q->slot) * bs >=
+                        q->n_computed + it->n_tokens);
             for (int k = 0; k < i; k++) assert_int_not_equal(p->items[k].seq->slot, q->slot);
             if (it->fresh_slot) {
                 assert_int_equal(q->n_computed, 0);
@@ -378,7 +379,8 @@ static uint64_t run_random(uint64_t seed) {
         assert_int_equal(out, p->n_out);
         /* Pool accounting: running sequences hold every used block, waiting ones none. */
         int held = 0;
-        for (ds_sched_seq *q = m.s.running.head; q; q = q->next) held += ds_kv_blocks_held(&m.kv, q->slot);
+        for (ds_sched_seq *q = m.s.running.head; q; q = q->next)
+            held += ds_kv_blocks_held(&m.kv, q->slot);
         for (ds_sched_seq *q = m.s.waiting.head; q; q = q->next) assert_int_equal(q->slot, -1);
         assert_int_equal(held, ds_kv_blocks_n_used(&m.kv));
         assert_int_equal(ds_state_slots_n_used(&m.slots), ds_scheduler_n_running(&m.s));
@@ -412,7 +414,8 @@ static uint64_t run_random(uint64_t seed) {
 static void test_random_workloads(void **state) {
     (void)state;
     uint64_t preemptions = 0;
-    for (uint64_t seed = 1; seed <= 300; seed++) preemptions += run_random(seed * 0x9e3779b97f4a7c15ull);
+    for (uint64_t seed = 1; seed <= 300; seed++)
+        preemptions += run_random(seed * 0x9e3779b97f4a7c15ull);
     print_message("random workloads: %llu preemptions\n", (unsigned long long)preemptions);
     assert_true(preemptions > 100); /* the small pools did exercise preemption */
 }

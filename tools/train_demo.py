@@ -23,7 +23,8 @@ directory, so a bug in saving or evaluation costs seconds, not the training run.
 Usage (as run through the device tool; see models/qwen35-demo/README.md for the exact command):
     tools/extract_corpus.sh                      # here: .carry/demo/kjv.txt
     python3 tools/train_demo.py --corpus .carry/demo/kjv.txt --out /tmp/qwen35-demo \\
-        --train-seconds 270 --tar $OUT/qwen35-demo.tgz --summary $OUT/summary.json
+        --train-seconds 240 --tar $OUT/qwen35-demo.tgz --summary $OUT/summary.json
+    cat qwen35-demo.tgz.part* | tar xz      # the archive comes back in <= 15 MB parts
 """
 
 import argparse
@@ -901,10 +902,28 @@ def pipeline(args, tok, streams, eos_ids, out_dir, seconds, max_steps, tag, full
                 reference_first=ref["greedy"][1]["generated"][:8])
 
 
-def pack(d, tar_path):
+def pack(d, tar_path, part_bytes=15_000_000):
+    """Packs d into tar_path; an archive over part_bytes is split into tar_path.partNN pieces
+    (the device tool returns files of at most 16 MiB): cat tar_path.part* > tar_path."""
+    for old in [f for f in os.listdir(os.path.dirname(os.path.abspath(tar_path)))
+                if f.startswith(os.path.basename(tar_path) + ".part")]:
+        os.remove(os.path.join(os.path.dirname(os.path.abspath(tar_path)), old))
     with tarfile.open(tar_path, "w:gz") as tf:
         tf.add(d, arcname=os.path.basename(os.path.normpath(d)))
-    log(f"[tar] {tar_path} {os.path.getsize(tar_path)} bytes: {dir_listing(d)}")
+    size = os.path.getsize(tar_path)
+    log(f"[tar] {tar_path} {size} bytes: {dir_listing(d)}")
+    if size > part_bytes:
+        with open(tar_path, "rb") as f:
+            i = 0
+            while True:
+                chunk = f.read(part_bytes)
+                if not chunk:
+                    break
+                with open(f"{tar_path}.part{i:02d}", "wb") as g:
+                    g.write(chunk)
+                i += 1
+        os.remove(tar_path)
+        log(f"[tar] split into {i} parts {tar_path}.part00..{i - 1:02d} (cat them to rejoin)")
 
 
 def main():
@@ -914,7 +933,7 @@ def main():
     ap.add_argument("--tar", default=None, help="pack the model directory into this .tgz")
     ap.add_argument("--summary", default=None, help="write the numbers as JSON here")
     ap.add_argument("--seed", type=int, default=20250601)
-    ap.add_argument("--train-seconds", type=float, default=270.0,
+    ap.add_argument("--train-seconds", type=float, default=240.0,
                     help="wall-clock budget of the training loop (the schedule adapts to it)")
     ap.add_argument("--max-steps", type=int, default=100000)
     ap.add_argument("--self-test-steps", type=int, default=6,

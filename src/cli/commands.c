@@ -7,6 +7,8 @@ const ds_cli_command ds_cli_commands[] = {
     {"tokenize", ds_cmd_tokenize},
     {"detokenize", ds_cmd_detokenize},
     {"info", ds_cmd_info},
+    {"serve", ds_cmd_serve},
+    {"bench-serve", ds_cmd_bench_serve},
     {"bench", ds_cmd_bench},
     {0, 0},
 };

@@ -1,17 +1,17 @@
 /* engine.c — the engine thread: intake of submissions and cancellations, one batched forward
  * step per loop over everything the scheduler planned, sampling, events out.
  *
- * One step:
- *   plan = ds_scheduler_schedule()           decodes first, then prefill chunks (policy)
- *   batch = tokens / positions / seq_start / slots / n_past / block-table rows / out_rows,
- *           all computed on the host into staging buffers allocated once (catalogue 2, 3)
- *   ds_model_forward(batch)                  one forward for every sequence of the step
- *   download the n_out logits rows            the step's only device → host copy
+ * One loop:
+ *   take the submission queue (engine mutex), queue the requests in the scheduler
+ *   cancelled requests: out of the scheduler, caches freed at once
+ *   plan = ds_scheduler_schedule()     decodes first, then prefill chunks (scheduler.c: policy)
+ *   ds_runner_step(plan)               one ds_batch, one forward, one logits download (runner.c)
  *   per sequence that wants logits: sample, accept, push the token, check finish
- *   finished / cancelled: caches freed at once, the final event after the stats are published
+ *   publish the stats, then deliver the final events of the requests that ended
  *
- * Requests whose chunk ends mid-prompt get no logits row. The engine sleeps on its condvar
- * when it has nothing to run. */
+ * Sequences whose chunk ends mid-prompt get no logits row. The engine sleeps on its condvar
+ * when it has nothing to run. Because the stats are published before final events are
+ * delivered, a client that saw its request end also sees its caches freed in the stats. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +19,7 @@
 #include "runtime/engine.h"
 #include "runtime/kv_blocks.h"
 #include "runtime/request.h"
+#include "runtime/runner.h"
 #include "runtime/scheduler.h"
 #include "runtime/state_slots.h"
 
@@ -26,21 +27,10 @@ struct ds_engine {
     ds_model *model; /* borrowed */
     ds_engine_opts o;
     int vocab;
-    ds_cache *cache;
-    ds_kv_blocks kv;
-    ds_state_slots slots;
-    ds_scheduler sched;
-    int max_blocks; /* KV block-table row length: ceil(max_model_len / block_size) */
-
-    /* Per-step host staging (engine thread), sized once at create. */
-    int32_t *st_tokens;      /* [max_num_batched_tokens] */
-    int32_t *st_positions;   /* [max_num_batched_tokens] */
-    int32_t *st_seq_start;   /* [max_num_seqs + 1] */
-    int32_t *st_seq_slot;    /* [max_num_seqs] */
-    int32_t *st_seq_n_past;  /* [max_num_seqs] */
-    int32_t *st_block_table; /* [max_num_seqs, max_blocks] */
-    int32_t *st_out_rows;    /* [max_num_seqs] */
-    float *logits;           /* [max_num_seqs, V] host copy of the step's logits rows */
+    ds_kv_blocks kv;      /* KV block bookkeeping (rows = state slots) */
+    ds_state_slots slots; /* GDN state slot bookkeeping */
+    ds_scheduler sched;   /* queues + policy */
+    ds_runner runner;     /* the backend cache + step buffers */
 
     ds_request *done;         /* engine thread: finished this round, events not yet delivered */
     ds_engine_stats counters; /* engine thread: the counters part of the stats */
@@ -68,7 +58,7 @@ void ds_engine_opts_default(ds_engine_opts *o) {
     };
 }
 
-/* ---- finishing requests -------------------------------------------------------------------------- */
+/* ---- finishing requests --------------------------------------------------------------------- */
 
 /* Takes r out of the scheduler (its blocks and slot are free from here on) and queues its final
  * event for after the stats are published. reason NONE = aborted. */
@@ -116,48 +106,7 @@ static void abort_requests(ds_engine *e, bool all) {
     }
 }
 
-/* ---- one step ------------------------------------------------------------------------------------ */
-
-/* Fills the staging buffers from the plan; returns the batch that points at them. */
-static ds_batch build_batch(ds_engine *e, const ds_sched_plan *plan) {
-    const ds_backend *be = e->model->be;
-    int T = 0, n_out = 0;
-    for (int i = 0; i < plan->n_items; i++) {
-        const ds_sched_item *it = &plan->items[i];
-        const ds_sched_seq *q = it->seq;
-        const ds_request *r = q->owner;
-        /* A slot keeps the recurrent state of its previous owner until cleared. */
-        if (it->fresh_slot) be->ops->cache_reset_slot(e->model->be, e->cache, q->slot);
-        e->st_seq_start[i] = T;
-        e->st_seq_slot[i] = q->slot;
-        e->st_seq_n_past[i] = q->n_computed;
-        memcpy(e->st_tokens + T, r->tokens + q->n_computed, (size_t)it->n_tokens * sizeof(int32_t));
-        for (int j = 0; j < it->n_tokens; j++) e->st_positions[T + j] = q->n_computed + j;
-        /* Only the blocks the sequence holds: the rest of the row is never read. */
-        int held = ds_kv_blocks_held(&e->kv, q->slot);
-        DS_ASSERT(held <= e->max_blocks &&
-                  (int64_t)held * e->o.block_size >= (int64_t)q->n_computed + it->n_tokens);
-        memcpy(e->st_block_table + (size_t)i * (size_t)e->max_blocks,
-               ds_kv_blocks_table(&e->kv, q->slot), (size_t)held * sizeof(int32_t));
-        T += it->n_tokens;
-        if (it->wants_logits) e->st_out_rows[n_out++] = T - 1;
-    }
-    e->st_seq_start[plan->n_items] = T;
-    DS_ASSERT(T == plan->n_tokens && n_out == plan->n_out);
-    return (ds_batch){
-        .n_tokens = T,
-        .n_seqs = plan->n_items,
-        .tokens = e->st_tokens,
-        .positions = e->st_positions,
-        .seq_start = e->st_seq_start,
-        .seq_slot = e->st_seq_slot,
-        .seq_n_past = e->st_seq_n_past,
-        .block_table = e->st_block_table,
-        .max_blocks = e->max_blocks,
-        .n_out = n_out,
-        .out_rows = e->st_out_rows,
-    };
-}
+/* ---- one step ------------------------------------------------------------------------------- */
 
 /* Samples, records and pushes the next token of r from its logits row ([V], clobbered); ends r
  * when it finished (or when sampling failed). */
@@ -173,6 +122,8 @@ static void sample_one(ds_engine *e, ds_request *r, float *row) {
     r->tokens[r->n_prompt + r->n_generated] = res.token;
     r->n_generated++;
     e->counters.generation_tokens++;
+    /* Prompt tokens count once per request, when its prompt was first fully processed
+     * (recomputation after a preemption is not counted again). */
     if (!r->counted_prompt) {
         e->counters.prompt_tokens += (uint64_t)r->n_prompt;
         r->counted_prompt = true;
@@ -195,15 +146,9 @@ static void run_step(ds_engine *e) {
         DS_ASSERT(ds_scheduler_n_running(&e->sched) + ds_scheduler_n_waiting(&e->sched) == 0);
         return;
     }
-    ds_model *m = e->model;
-    const ds_backend_ops *op = m->be->ops;
-    ds_batch b = build_batch(e, plan);
     ds_error err = {0};
-    ds_status st = ds_model_forward(m, e->cache, &b, &err);
-    if (st == DS_OK && b.n_out > 0)
-        op->download(m->be, e->logits, m->s.logits.data,
-                     (size_t)b.n_out * (size_t)e->vocab * sizeof(float));
-    if (st == DS_OK) st = op->synchronize(m->be, &err);
+    float *logits = NULL; /* [plan->n_out, V] */
+    ds_status st = ds_runner_step(&e->runner, plan, &e->kv, &logits, &err);
     e->counters.steps++;
     int k = 0; /* logits row of the next sequence that wants one (out_rows order = plan order) */
     for (int i = 0; i < plan->n_items; i++) {
@@ -215,12 +160,12 @@ static void run_step(ds_engine *e) {
         }
         ds_sched_seq_advance(&r->seq, it->n_tokens, it->wants_logits);
         if (!it->wants_logits) continue;
-        float *row = e->logits + (size_t)k++ * (size_t)e->vocab;
+        float *row = logits + (size_t)k++ * (size_t)e->vocab;
         sample_one(e, r, row);
     }
 }
 
-/* ---- the thread ---------------------------------------------------------------------------------- */
+/* ---- the thread ----------------------------------------------------------------------------- */
 
 static bool has_work(const ds_engine *e) {
     return ds_scheduler_n_running(&e->sched) + ds_scheduler_n_waiting(&e->sched) > 0;
@@ -253,7 +198,7 @@ static void *engine_main(void *arg) {
     return NULL;
 }
 
-/* ---- public API ------------------------------------------------------------------------------------ */
+/* ---- public API ----------------------------------------------------------------------------- */
 
 void ds_engine_poke_cancel(ds_engine *e) {
     pthread_mutex_lock(&e->mu);
@@ -290,18 +235,10 @@ static ds_status check_opts(const ds_model *m, const ds_engine_opts *o, ds_error
 }
 
 static void engine_free_parts(ds_engine *e) {
-    if (e->cache) e->model->be->ops->cache_free(e->model->be, e->cache);
+    ds_runner_free(&e->runner);
     ds_scheduler_free(&e->sched);
     ds_kv_blocks_free(&e->kv);
     ds_state_slots_free(&e->slots);
-    free(e->st_tokens);
-    free(e->st_positions);
-    free(e->st_seq_start);
-    free(e->st_seq_slot);
-    free(e->st_seq_n_past);
-    free(e->st_block_table);
-    free(e->st_out_rows);
-    free(e->logits);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     free(e);
@@ -330,33 +267,15 @@ ds_status ds_engine_create(ds_model *model, const ds_engine_opts *opts, ds_engin
     e->o = *o;
     e->o.num_kv_blocks = (int)n_blocks;
     e->vocab = model->cfg.vocab;
-    e->max_blocks = (int)max_blocks;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     ds_kv_blocks_init(&e->kv, (int)n_blocks, o->block_size, o->max_num_seqs, (int)max_blocks);
     ds_state_slots_init(&e->slots, o->max_num_seqs);
     ds_scheduler_init(&e->sched, o->max_num_seqs, o->max_num_batched_tokens, &e->kv, &e->slots);
 
-    const size_t S = (size_t)o->max_num_seqs, T = (size_t)o->max_num_batched_tokens;
-    e->st_tokens = malloc(T * sizeof(int32_t));
-    e->st_positions = malloc(T * sizeof(int32_t));
-    e->st_seq_start = malloc((S + 1) * sizeof(int32_t));
-    e->st_seq_slot = malloc(S * sizeof(int32_t));
-    e->st_seq_n_past = malloc(S * sizeof(int32_t));
-    e->st_block_table = calloc(S * (size_t)max_blocks, sizeof(int32_t));
-    e->st_out_rows = malloc(S * sizeof(int32_t));
-    e->logits = malloc(S * (size_t)e->vocab * sizeof(float));
-    if (!e->st_tokens || !e->st_positions || !e->st_seq_start || !e->st_seq_slot ||
-        !e->st_seq_n_past || !e->st_block_table || !e->st_out_rows || !e->logits) {
-        engine_free_parts(e);
-        return ds_error_set(err, DS_ERR_NOMEM, "engine: out of memory for the step buffers");
-    }
-
-    ds_cache_desc desc = {.n_slots = o->max_num_seqs, .n_blocks = (int)n_blocks,
-                          .block_size = o->block_size};
-    st = model->be->ops->cache_create(model->be, &model->cfg, &desc, &e->cache, err);
+    st = ds_runner_init(&e->runner, model, o->max_num_seqs, o->max_num_batched_tokens,
+                        (int)n_blocks, o->block_size, (int)max_blocks, err);
     if (st != DS_OK) {
-        e->cache = NULL;
         engine_free_parts(e);
         return st;
     }
@@ -391,7 +310,8 @@ ds_status ds_engine_submit(ds_engine *e, const ds_request_desc *d, ds_request **
                            ds_error *err) {
     if (out) *out = NULL;
     if (!e || !d || !out)
-        return ds_error_set(err, DS_ERR_INVALID_ARG, "submit: engine, request and output are required");
+        return ds_error_set(err, DS_ERR_INVALID_ARG,
+                            "submit: engine, request and output are required");
     const int V = e->vocab;
     ds_status st = ds_sampling_params_validate(&d->params, V, err);
     if (st != DS_OK) return reject(e, st);

@@ -30,7 +30,7 @@ ds_request *ds_request_create(ds_engine *eng, const int32_t *prompt, int n_promp
     r->n_prompt = n_prompt;
     r->max_new = max_new;
     r->sampler = *sampler; /* moved: the caller no longer frees it */
-    ds_sched_seq_init(&r->seq, n_prompt, max_new, r);
+    ds_sched_seq_init(&r->seq, r->tokens, n_prompt, max_new, r);
 
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -107,7 +107,7 @@ void ds_request_finish(ds_request *r, ds_finish_reason reason, int stop_token) {
     ds_request_unref(r); /* the engine's reference */
 }
 
-/* ---- the submitter's side (engine.h) ---------------------------------------------------------- */
+/* ---- the submitter's side (engine.h) -------------------------------------------------------- */
 
 static void deadline_after(struct timespec *ts, int ms) {
     clock_gettime(CLOCK_MONOTONIC, ts);

@@ -5,13 +5,14 @@
 
 #include "core/status.h"
 
-/* ---- sequences ------------------------------------------------------------------------------- */
+/* ---- sequences ------------------------------------------------------------------------------ */
 
-void ds_sched_seq_init(ds_sched_seq *q, int n_prompt, int max_new, void *owner) {
+void ds_sched_seq_init(ds_sched_seq *q, const int32_t *tokens, int n_prompt, int max_new,
+                       void *owner) {
     DS_ASSERT(n_prompt > 0 && max_new > 0);
     /* The last generated token is sampled but never fed, so it needs no cache position. */
     *q = (ds_sched_seq){.n_tokens = n_prompt, .max_tokens = n_prompt + max_new - 1, .slot = -1,
-                        .owner = owner};
+                        .tokens = tokens, .owner = owner};
 }
 
 void ds_sched_seq_advance(ds_sched_seq *q, int n_fed, bool sampled) {
@@ -23,7 +24,7 @@ void ds_sched_seq_advance(ds_sched_seq *q, int n_fed, bool sampled) {
     }
 }
 
-/* ---- intrusive queues -------------------------------------------------------------------------- */
+/* ---- intrusive queues ----------------------------------------------------------------------- */
 
 static void queue_push_back(ds_sched_queue *l, ds_sched_seq *q) {
     q->prev = l->tail;
@@ -53,7 +54,7 @@ static void queue_unlink(ds_sched_queue *l, ds_sched_seq *q) {
     l->n--;
 }
 
-/* ---- lifetime ---------------------------------------------------------------------------------- */
+/* ---- lifetime ------------------------------------------------------------------------------- */
 
 void ds_scheduler_init(ds_scheduler *s, int max_num_seqs, int max_num_batched_tokens,
                        ds_kv_blocks *kv, ds_state_slots *slots) {
@@ -105,7 +106,7 @@ void ds_scheduler_remove(ds_scheduler *s, ds_sched_seq *q) {
     q->state = DS_SCHED_NONE;
 }
 
-/* ---- planning ---------------------------------------------------------------------------------- */
+/* ---- planning ------------------------------------------------------------------------------- */
 
 static bool in_plan(const ds_scheduler *s, const ds_sched_seq *q) {
     return q->plan_step == s->step;

@@ -44,6 +44,8 @@ typedef struct ds_sched_seq {
     int n_computed;   /* tokens already in the caches */
     int max_tokens;   /* most tokens it will ever hold in the caches (prompt + max_tokens − 1) */
     int slot;         /* state slot / KV table row while running, else -1 */
+    const int32_t *tokens; /* [n_tokens] the known tokens (owned by the engine's request; the
+                              scheduler never reads them, the runner feeds them) */
     ds_sched_state state;
     uint64_t plan_step; /* the plan (ds_scheduler.step) it was last put in */
     int plan_index;     /* its item's index in that plan */
@@ -51,8 +53,10 @@ typedef struct ds_sched_seq {
     void *owner;      /* the engine's request */
 } ds_sched_seq;
 
-/* A fresh sequence of n_prompt tokens that may grow to n_prompt + max_new tokens. */
-void ds_sched_seq_init(ds_sched_seq *q, int n_prompt, int max_new, void *owner);
+/* A fresh sequence of n_prompt tokens that may grow to n_prompt + max_new tokens; `tokens` has
+ * room for all of them. */
+void ds_sched_seq_init(ds_sched_seq *q, const int32_t *tokens, int n_prompt, int max_new,
+                       void *owner);
 
 /* After the step ran: n fed tokens are in the caches; `sampled` when a token was appended. */
 void ds_sched_seq_advance(ds_sched_seq *q, int n_fed, bool sampled);

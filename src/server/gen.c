@@ -74,7 +74,7 @@ void ds_gen_abort(ds_gen *g) {
 }
 
 static bool push_tok(ds_gen *g, int32_t id, const ds_sample_result *s) {
-    if (!g->o.want_logprobs) return true;
+    if (!g->o.want_tokens) return true;
     if (g->n_toks == g->cap_toks) {
         int cap = g->cap_toks ? 2 * g->cap_toks : 16;
         ds_gen_token *t = realloc(g->toks, (size_t)cap * sizeof *t);

@@ -32,7 +32,7 @@ typedef struct ds_gen_opts {
     const ds_tokenizer *tok;
     const ds_sampling_params *sp; /* stop strings, include_stop_str_in_output, min_tokens */
     bool skip_special;
-    bool want_logprobs;           /* keep per-token samples in toks */
+    bool want_tokens;             /* keep per-token ids + samples in toks (logprobs, token ids) */
     bool split_reasoning;         /* chat: the prompt leaves the model inside a reasoning block */
     const char *reasoning_end;
     ds_metrics *metrics;          /* NULL: no observations */
@@ -48,7 +48,7 @@ typedef struct ds_gen {
     /* released by the last step(s), until ds_gen_clear_step */
     ds_strbuf content;
     ds_strbuf reasoning;
-    ds_gen_token *toks; /* [n_toks] tokens consumed (only with want_logprobs) */
+    ds_gen_token *toks; /* [n_toks] tokens consumed (only with want_tokens) */
     int n_toks, cap_toks;
     /* totals */
     int n_prompt;

@@ -392,7 +392,8 @@ static bool parse_sampling(const cJSON *root, ds_oai_request *r, ds_oai_error *e
         !get_int(root, "min_tokens", INT_MIN, INT_MAX, &sp->min_tokens, NULL, e) ||
         !get_bool(root, "ignore_eos", &sp->ignore_eos, e) ||
         !get_bool(root, "include_stop_str_in_output", &sp->include_stop_str_in_output, e) ||
-        !get_bool(root, "skip_special_tokens", &r->skip_special_tokens, e))
+        !get_bool(root, "skip_special_tokens", &r->skip_special_tokens, e) ||
+        !get_bool(root, "return_token_ids", &r->return_token_ids, e))
         return false;
     if (sp->top_k < -1) return bad(e, "top_k", "top_k must be -1 (off) or >= 0, got %d", sp->top_k);
 

@@ -58,6 +58,7 @@ typedef struct ds_oai_request {
     const char *max_tokens_param; /* "max_tokens" or "max_completion_tokens" (error param) */
     int logprobs;                 /* -1 none, else top-N alternatives per token */
     bool skip_special_tokens;     /* vLLM extension, default true */
+    bool return_token_ids;        /* vLLM extension: token_ids / prompt_token_ids in the output */
     ds_sampling_params sp;        /* stop / stop_token_ids point into the arrays below */
     const char *stops[DS_SAMPLING_MAX_STOP];
     int *stop_ids;                /* owned */

@@ -1,6 +1,7 @@
 #include "server/strbuf.h"
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +84,7 @@ char *ds_strbuf_take(ds_strbuf *b, size_t *len) {
         if (len) *len = 0;
         return NULL;
     }
+    if (len) *len = 0;
     if (!b->data && !reserve(b, 0)) return NULL;
     char *p = b->data;
     if (len) *len = b->len;

@@ -1,0 +1,421 @@
+/* openai_handlers.c — POST /v1/completions and /v1/chat/completions: parse → tokenise → check
+ * the context → submit → stream (SSE) or collect the output.
+ *
+ * Every failure before submission is an HTTP error with an OpenAI error body; once streaming
+ * has started, an engine failure becomes a `data: {"error": ...}` event followed by [DONE].
+ * A client that goes away is noticed either by a failed write (streaming) or by a peek at its
+ * socket between 100 ms waits; its request is then cancelled, which frees its KV blocks and
+ * state slot in the engine. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "server/gen.h"
+#include "server/openai_resp.h"
+#include "server/server_internal.h"
+
+#define WAIT_SLICE_MS 100
+
+typedef struct ds_job {
+    ds_server *srv;
+    struct MHD_Connection *conn;
+    ds_oai_request rq;
+    ds_oai_resp_ctx ctx;
+    ds_gen g;
+    bool gen_ready;
+    char *echo_text;        /* completions with echo: the prompt text */
+    int32_t *ids;           /* [n_ids] the prompt's token ids */
+    int n_ids;
+    /* streaming */
+    ds_strbuf out;
+    size_t out_pos;
+    bool started, done, broken;
+} ds_job;
+
+static void job_free(ds_job *j) {
+    if (j->gen_ready) {
+        ds_gen_abort(&j->g); /* no-op when finished */
+        ds_gen_free(&j->g);
+    }
+    ds_oai_request_free(&j->rq);
+    free(j->echo_text);
+    free(j->ids);
+    ds_strbuf_free(&j->out);
+    free(j);
+}
+
+static void make_id(ds_server *s, ds_oai_kind kind, char *id, size_t cap) {
+    unsigned long long n = atomic_fetch_add(&s->next_id, 1);
+    unsigned long long h = (n + s->id_salt) * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 29;
+    snprintf(id, cap, "%s-%016llx%08llx", kind == DS_OAI_CHAT ? "chatcmpl" : "cmpl", h, n & 0xffffffffull);
+}
+
+static bool model_known(const ds_server *s, const char *model) {
+    if (!model) return true;
+    for (int i = 0; i < s->o.n_served_names; i++)
+        if (!strcmp(model, s->o.served_names[i])) return true;
+    return false;
+}
+
+static void param_from_message(const char *msg, char *param, size_t cap) {
+    size_t n = strcspn(msg, " [:(");
+    if (n >= cap) n = cap - 1;
+    memcpy(param, msg, n);
+    param[n] = 0;
+}
+
+static void context_error(ds_oai_error *e, const ds_job *j, int max_len, int n_prompt,
+                          long long n_out) {
+    bool chat = j->rq.kind == DS_OAI_CHAT;
+    ds_oai_error_set(e, 400, "invalid_request_error", "context_length_exceeded",
+                     chat ? "messages" : "prompt",
+                     "This model's maximum context length is %d tokens. However, you requested "
+                     "%lld tokens (%d in the %s, %lld in the completion). Please reduce the "
+                     "length of the %s or completion.",
+                     max_len, (long long)n_prompt + n_out, n_prompt, chat ? "messages" : "prompt",
+                     n_out, chat ? "messages" : "prompt");
+}
+
+/* Prompt ids for the request (owned by the caller); false with *e on a bad prompt. */
+static bool prompt_ids(ds_job *j, int32_t **ids, size_t *n, bool *reasoning_open, ds_oai_error *e) {
+    ds_server *s = j->srv;
+    ds_error err = {0};
+    *reasoning_open = false;
+    const ds_oai_request *rq = &j->rq;
+    if (rq->kind == DS_OAI_CHAT) {
+        ds_strbuf text;
+        ds_strbuf_init(&text);
+        ds_status st = s->chat->render(s->chat, rq->messages, rq->n_messages, &rq->chat, &text,
+                                       reasoning_open, &err);
+        if (st == DS_OK)
+            st = ds_tokenizer_encode(s->tok, text.data ? text.data : "", text.len, true, ids, n, &err);
+        ds_strbuf_free(&text);
+        if (st != DS_OK) {
+            char param[64];
+            param_from_message(err.msg, param, sizeof param);
+            ds_oai_error_set(e, st == DS_ERR_INVALID_ARG ? 400 : 500,
+                             st == DS_ERR_INVALID_ARG ? "invalid_request_error" : "server_error",
+                             NULL, st == DS_ERR_INVALID_ARG ? param : NULL, "%s", err.msg);
+            return false;
+        }
+    } else if (rq->prompt_text) {
+        if (ds_tokenizer_encode(s->tok, rq->prompt_text, strlen(rq->prompt_text), true, ids, n,
+                                &err) != DS_OK) {
+            ds_oai_error_set(e, 500, "server_error", NULL, NULL, "tokenizer: %s", err.msg);
+            return false;
+        }
+        if (rq->echo) j->echo_text = ds_xstrdup(rq->prompt_text);
+    } else {
+        for (int i = 0; i < rq->n_prompt_ids; i++)
+            if (rq->prompt_ids[i] >= s->o.vocab) {
+                ds_oai_error_set(e, 400, "invalid_request_error", NULL, "prompt",
+                                 "prompt[%d] = %d is outside the vocabulary [0, %d)", i,
+                                 rq->prompt_ids[i], s->o.vocab);
+                return false;
+            }
+        *ids = malloc((size_t)rq->n_prompt_ids * sizeof(int32_t));
+        if (!*ids) {
+            ds_oai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+            return false;
+        }
+        memcpy(*ids, rq->prompt_ids, (size_t)rq->n_prompt_ids * sizeof(int32_t));
+        *n = (size_t)rq->n_prompt_ids;
+        if (rq->echo) {
+            char *t = NULL;
+            size_t len = 0;
+            if (ds_tokenizer_decode(s->tok, *ids, *n, false, &t, &len, &err) == DS_OK)
+                j->echo_text = t;
+        }
+    }
+    if (*n == 0) {
+        ds_oai_error_set(e, 400, "invalid_request_error", NULL,
+                         rq->kind == DS_OAI_CHAT ? "messages" : "prompt",
+                         "the prompt encodes to no tokens");
+        return false;
+    }
+    return true;
+}
+
+/* Everything up to a submitted request; false with *e set. */
+static bool submit(ds_job *j, double t_arrival, ds_oai_error *e) {
+    ds_server *s = j->srv;
+    ds_oai_request *rq = &j->rq;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    bool reasoning_open = false;
+    bool ok_ids = prompt_ids(j, &ids, &n, &reasoning_open, e);
+    j->ids = ids; /* freed with the job */
+    j->n_ids = (int)n;
+    if (!ok_ids) return false;
+    const int max_len = s->o.max_model_len;
+    if (!rq->max_tokens_given && rq->kind == DS_OAI_CHAT) {
+        long long room = (long long)max_len - (long long)n;
+        if (room < 1) {
+            context_error(e, j, max_len, (int)n, 1);
+            return false;
+        }
+        rq->sp.max_tokens = (int)room;
+    }
+    if ((long long)n + rq->sp.max_tokens > max_len) {
+        context_error(e, j, max_len, (int)n, rq->sp.max_tokens);
+        return false;
+    }
+    if (rq->sp.min_tokens > rq->sp.max_tokens) {
+        ds_oai_error_set(e, 400, "invalid_request_error", NULL, "min_tokens",
+                         "min_tokens (%d) must be <= max_tokens (%d)", rq->sp.min_tokens,
+                         rq->sp.max_tokens);
+        return false;
+    }
+
+    ds_request_desc d = {.prompt = ids, .n_prompt = (int)n, .params = rq->sp};
+    ds_request *req = NULL;
+    ds_error err = {0};
+    ds_status st = ds_engine_submit(s->eng, &d, &req, &err);
+    if (st == DS_ERR_BUSY) {
+        ds_oai_error_set(e, 503, "service_unavailable_error", "queue_full", NULL,
+                         "the server is busy: %s; retry later", err.msg);
+        return false;
+    }
+    if (st == DS_ERR_INVALID_ARG) {
+        if (strstr(err.msg, "maximum context length") || strstr(err.msg, "KV pool")) {
+            ds_oai_error_set(e, 400, "invalid_request_error", "context_length_exceeded",
+                             rq->kind == DS_OAI_CHAT ? "messages" : "prompt", "%s", err.msg);
+        } else {
+            char param[64];
+            param_from_message(err.msg, param, sizeof param);
+            ds_oai_error_set(e, 400, "invalid_request_error", NULL, param, "%s", err.msg);
+        }
+        return false;
+    }
+    if (st != DS_OK) {
+        ds_oai_error_set(e, 500, "server_error", NULL, NULL, "engine: %s", err.msg);
+        return false;
+    }
+
+    ds_gen_opts go = {
+        .tok = s->tok,
+        .sp = &rq->sp,
+        .skip_special = rq->skip_special_tokens,
+        .want_tokens = rq->logprobs >= 0 || rq->return_token_ids,
+        .split_reasoning = reasoning_open,
+        .reasoning_end = s->chat->reasoning_end,
+        .metrics = &s->metrics,
+        .t_arrival = t_arrival,
+    };
+    bool ok = ds_gen_init(&j->g, req, &go);
+    j->gen_ready = true; /* owns req from here, even after a failed init */
+    if (!ok) {
+        ds_oai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        return false;
+    }
+    j->g.n_prompt = (int)n;
+    return true;
+}
+
+static ds_oai_result result_of(const ds_job *j, const char *text, const char *reasoning,
+                               const ds_gen_token *toks, int n_toks) {
+    const ds_gen *g = &j->g;
+    return (ds_oai_result){
+        .text = text,
+        .reasoning = reasoning,
+        .toks = toks,
+        .n_toks = n_toks,
+        .finish_reason = g->finish_reason,
+        .stop_str = g->stop_index >= 0 ? j->rq.sp.stop[g->stop_index] : NULL,
+        .stop_token = g->stop_token,
+        .n_prompt = g->n_prompt,
+        .n_gen = g->n_generated,
+    };
+}
+
+/* ---- non-streaming ------------------------------------------------------------------------- */
+
+static enum MHD_Result respond_whole(ds_job *j) {
+    ds_server *s = j->srv;
+    ds_gen *g = &j->g;
+    ds_strbuf text, reasoning;
+    ds_strbuf_init(&text);
+    ds_strbuf_init(&reasoning);
+    if (j->echo_text) ds_strbuf_puts(&text, j->echo_text);
+    ds_gen_token *toks = NULL;
+    int n_toks = 0, cap = 0;
+    bool gone = false, oom = false;
+    while (!g->finished) {
+        if (!ds_gen_step(g, WAIT_SLICE_MS)) {
+            if (atomic_load(&s->stopping) || ds_http_client_gone(j->conn)) {
+                ds_gen_abort(g);
+                gone = true;
+            }
+            continue;
+        }
+        ds_strbuf_append(&text, g->content.data ? g->content.data : "", g->content.len);
+        ds_strbuf_append(&reasoning, g->reasoning.data ? g->reasoning.data : "", g->reasoning.len);
+        if (g->n_toks) {
+            if (n_toks + g->n_toks > cap) {
+                int nc = cap ? cap : 64;
+                while (nc < n_toks + g->n_toks) nc *= 2;
+                ds_gen_token *t = realloc(toks, (size_t)nc * sizeof *t);
+                if (!t) {
+                    oom = true;
+                    ds_gen_abort(g);
+                    break;
+                }
+                toks = t;
+                cap = nc;
+            }
+            memcpy(toks + n_toks, g->toks, (size_t)g->n_toks * sizeof *toks);
+            n_toks += g->n_toks;
+        }
+        ds_gen_clear_step(g);
+    }
+    enum MHD_Result ret;
+    if (gone) {
+        ret = MHD_NO; /* the client is gone: close the connection */
+    } else if (oom || g->failed || !ds_strbuf_ok(&text) || !ds_strbuf_ok(&reasoning) ||
+               !strcmp(g->finish_reason, "abort")) {
+        ds_oai_error e;
+        ds_oai_error_set(&e, 500, "server_error", NULL, NULL,
+                         "the request was aborted by the engine (or ran out of memory)");
+        ret = ds_http_error(s, j->conn, &e);
+    } else {
+        /* chat: reasoning_content is null unless the model produced some */
+        const char *rs = j->rq.kind == DS_OAI_CHAT && reasoning.len ? reasoning.data : NULL;
+        ds_oai_result r = result_of(j, text.data ? text.data : "", rs, toks, n_toks);
+        char *body = ds_oai_response_json(&j->ctx, &r);
+        ret = ds_http_respond(s, j->conn, 200, "application/json", body, body ? strlen(body) : 0,
+                              NULL);
+    }
+    free(toks);
+    ds_strbuf_free(&text);
+    ds_strbuf_free(&reasoning);
+    job_free(j);
+    return ret;
+}
+
+/* ---- streaming ----------------------------------------------------------------------------- */
+
+/* Appends the next SSE events to j->out (may block up to one wait slice). */
+static void produce(ds_job *j) {
+    ds_gen *g = &j->g;
+    const ds_oai_resp_ctx *c = &j->ctx;
+    if (!j->started) {
+        j->started = true;
+        if (c->kind == DS_OAI_CHAT)
+            ds_oai_chunk(&j->out, c, true, NULL, NULL, NULL, 0, NULL, g->n_prompt, 0);
+        else if (j->echo_text)
+            ds_oai_chunk(&j->out, c, false, NULL, j->echo_text, NULL, 0, NULL, g->n_prompt, 0);
+        if (j->out.len) return;
+    }
+    if (!ds_gen_step(g, WAIT_SLICE_MS)) {
+        if (atomic_load(&j->srv->stopping) || ds_http_client_gone(j->conn)) {
+            ds_gen_abort(g);
+            j->broken = true;
+        }
+        return;
+    }
+    const ds_gen_token *toks = g->toks;
+    int n_toks = g->n_toks;
+    if (g->reasoning.len) {
+        ds_oai_chunk(&j->out, c, false, g->reasoning.data, NULL, toks, n_toks, NULL, g->n_prompt,
+                     g->n_generated);
+        n_toks = 0; /* the logprobs went with the first chunk of this step */
+    }
+    if (g->content.len || n_toks > 0)
+        ds_oai_chunk(&j->out, c, false, NULL, g->content.data ? g->content.data : "", toks, n_toks,
+                     NULL, g->n_prompt, g->n_generated);
+    if (g->finished) {
+        if (g->failed || !strcmp(g->finish_reason, "abort")) {
+            ds_oai_error e;
+            ds_oai_error_set(&e, 500, "server_error", NULL, NULL,
+                             "the request was aborted by the engine (or ran out of memory)");
+            ds_oai_error_event(&j->out, &e);
+        } else {
+            ds_oai_result r = result_of(j, NULL, NULL, NULL, 0);
+            ds_oai_chunk(&j->out, c, false, NULL, NULL, NULL, 0, &r, g->n_prompt, g->n_generated);
+            if (c->include_usage) ds_oai_usage_chunk(&j->out, c, g->n_prompt, g->n_generated);
+        }
+        ds_strbuf_puts(&j->out, "data: [DONE]\n\n");
+        j->done = true;
+    }
+    ds_gen_clear_step(g);
+}
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    ds_job *j = cls;
+    while (j->out_pos == j->out.len) {
+        if (j->broken || !ds_strbuf_ok(&j->out)) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (j->done) return MHD_CONTENT_READER_END_OF_STREAM;
+        ds_strbuf_clear(&j->out);
+        j->out_pos = 0;
+        produce(j);
+    }
+    if (!ds_strbuf_ok(&j->out)) return MHD_CONTENT_READER_END_WITH_ERROR;
+    size_t n = j->out.len - j->out_pos;
+    if (n > max) n = max;
+    memcpy(buf, j->out.data + j->out_pos, n);
+    j->out_pos += n;
+    return (ssize_t)n;
+}
+
+static void stream_free(void *cls) { job_free(cls); }
+
+static enum MHD_Result respond_stream(ds_job *j) {
+    ds_server *s = j->srv;
+    struct MHD_Connection *c = j->conn;
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384,
+                                                               stream_reader, j, stream_free);
+    if (!r) {
+        job_free(j);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    MHD_add_response_header(r, "X-Accel-Buffering", "no");
+    enum MHD_Result ret = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r); /* the job is freed with the response (stream_free) */
+    ds_metrics_count_http(&s->metrics, 200);
+    return ret;
+}
+
+enum MHD_Result ds_handle_generate(ds_conn *cs, struct MHD_Connection *c) {
+    ds_server *s = cs->srv;
+    ds_job *j = calloc(1, sizeof *j);
+    if (!j) return MHD_NO;
+    j->srv = s;
+    j->conn = c;
+    ds_strbuf_init(&j->out);
+    ds_oai_kind kind = cs->route == DS_ROUTE_CHAT ? DS_OAI_CHAT : DS_OAI_COMPLETIONS;
+    ds_oai_error e;
+    if (!ds_oai_parse(kind, cs->body.data ? cs->body.data : "", cs->body.len, &j->rq, &e)) {
+        job_free(j);
+        return ds_http_error(s, c, &e);
+    }
+    if (!model_known(s, j->rq.model)) {
+        ds_oai_error_set(&e, 404, "not_found_error", "model_not_found", "model",
+                         "The model `%.200s` does not exist.", j->rq.model);
+        job_free(j);
+        return ds_http_error(s, c, &e);
+    }
+    if (!submit(j, cs->t_arrival, &e)) {
+        job_free(j);
+        return ds_http_error(s, c, &e);
+    }
+    j->ctx = (ds_oai_resp_ctx){
+        .kind = kind,
+        .created = (long long)time(NULL),
+        .model = j->rq.model ? j->rq.model : s->o.served_names[0],
+        .tok = s->tok,
+        .logprobs = j->rq.logprobs,
+        .include_usage = j->rq.include_usage || j->rq.continuous_usage,
+        .continuous_usage = j->rq.continuous_usage,
+        .return_token_ids = j->rq.return_token_ids,
+        .prompt_ids = j->ids,
+        .n_prompt_ids = j->n_ids,
+    };
+    make_id(s, kind, j->ctx.id, sizeof j->ctx.id);
+    return j->rq.stream ? respond_stream(j) : respond_whole(j);
+}

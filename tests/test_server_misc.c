@@ -1,0 +1,250 @@
+/* test_server_misc.c — the server's small parts against independent references:
+ *  - reasoning split: hand-worked expectations, and the same result for every chunking;
+ *  - json_py: Python's json.dumps spellings (strings copied from CPython 3 output);
+ *  - metrics: Prometheus histogram lines (cumulative buckets, le bounds, sum, count);
+ *  - bench statistics: numpy.percentile's linear interpolation (values from numpy docs /
+ *    worked by hand), and the SSE reader under every split of a stream. */
+#include "testlib.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "bench/bench_serve.h"
+#include "server/json_py.h"
+#include "server/metrics.h"
+#include "server/reasoning.h"
+
+/* ---- reasoning ----------------------------------------------------------------------------- */
+
+typedef struct split_case {
+    const char *out;       /* model output text */
+    bool open;             /* prompt left the model inside <think> */
+    const char *reasoning; /* expected */
+    const char *content;
+} split_case;
+
+static const split_case SPLITS[] = {
+    {"I think so.\n</think>\n\nYes.", true, "I think so.", "Yes."},
+    {"\n\nplan\n\n</think>\n\n\nA\n\nB\n", true, "plan", "A\n\nB\n"},
+    {"a\nb</think>c</think>d", true, "a\nb", "c</think>d"},
+    {"no tag at all\n\n", true, "no tag at all", ""},
+    {"</think>direct", true, "", "direct"},
+    {"ends with partial </thi", true, "ends with partial </thi", ""},
+    {"x </ think> y</think>z", true, "x </ think> y", "z"},
+    {"plain <think>content</think>", false, "", "plain <think>content</think>"},
+    {"\n\nleading newlines kept in content", false, "", "\n\nleading newlines kept in content"},
+};
+
+static void run_split(const split_case *c, const size_t *cuts, int n_cuts, ds_strbuf *r,
+                      ds_strbuf *t) {
+    ds_reasoning_split s;
+    ds_reasoning_init(&s, "</think>", c->open);
+    size_t prev = 0, n = strlen(c->out);
+    for (int i = 0; i <= n_cuts; i++) {
+        size_t end = i < n_cuts ? cuts[i] : n;
+        ds_reasoning_feed(&s, c->out + prev, end - prev, r, t);
+        prev = end;
+    }
+    ds_reasoning_flush(&s, r, t);
+    ds_reasoning_free(&s);
+}
+
+static void test_reasoning_split(void **state) {
+    (void)state;
+    test_rng rng = {12345};
+    for (size_t k = 0; k < sizeof SPLITS / sizeof SPLITS[0]; k++) {
+        const split_case *c = &SPLITS[k];
+        size_t n = strlen(c->out);
+        /* whole, every single cut, every byte separately, and random cuts */
+        for (int mode = 0; mode < 40; mode++) {
+            size_t cuts[256];
+            int nc = 0;
+            if (mode == 1) {
+                for (size_t i = 1; i < n && nc < 256; i++) cuts[nc++] = i;
+            } else if (mode >= 2 && mode < 2 + (int)n && mode - 1 < (int)n) {
+                cuts[nc++] = (size_t)(mode - 1);
+            } else if (mode >= 2) {
+                for (size_t i = 1; i < n && nc < 256; i++)
+                    if (test_rng_uniform(&rng) > 0.5f) cuts[nc++] = i;
+            }
+            ds_strbuf r, t;
+            ds_strbuf_init(&r);
+            ds_strbuf_init(&t);
+            run_split(c, cuts, nc, &r, &t);
+            const char *gr = r.data ? r.data : "", *gt = t.data ? t.data : "";
+            if (strcmp(gr, c->reasoning) || strcmp(gt, c->content))
+                fail_msg("case %zu mode %d: reasoning '%s' content '%s' (want '%s' / '%s')", k,
+                         mode, gr, gt, c->reasoning, c->content);
+            ds_strbuf_free(&r);
+            ds_strbuf_free(&t);
+        }
+    }
+}
+
+/* ---- json_py ------------------------------------------------------------------------------- */
+
+static void test_json_py(void **state) {
+    (void)state;
+    /* left: JSON input; right: python3 -c 'import json;print(json.dumps(json.loads(IN),
+     * ensure_ascii=False))' (integral floats excepted: cJSON keeps no int/float distinction) */
+    static const char *const cases[][2] = {
+        {"{\"a\":1,\"b\":[true,false,null],\"c\":\"x\"}", "{\"a\": 1, \"b\": [true, false, null], \"c\": \"x\"}"},
+        {"[0.1, 0.5, 1e-05, 2.5e-07, 1e+20, 123.456, -0.001, 1e16]",
+         "[0.1, 0.5, 1e-05, 2.5e-07, 1e+20, 123.456, -0.001, 1e+16]"},
+        {"[3.141592653589793, 1.7976931348623157e308, 5e-324, 0.0001, 100.5]",
+         "[3.141592653589793, 1.7976931348623157e+308, 5e-324, 0.0001, 100.5]"},
+        {"[1234567890123456.7, 0.30000000000000004]", "[1234567890123456.8, 0.30000000000000004]"},
+        {"\"q\\\"uote\\\\ \\n\\t\\r\\b\\f \\u0001 \\u007f Zürich 東京 \\ud83d\\ude00\"",
+         "\"q\\\"uote\\\\ \\n\\t\\r\\b\\f \\u0001 \x7f Zürich 東京 \xF0\x9F\x98\x80\""},
+        {"{}", "{}"},
+        {"[]", "[]"},
+        {"{\"z\":{\"y\":[]},\"a\":-7}", "{\"z\": {\"y\": []}, \"a\": -7}"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cJSON *v = cJSON_Parse(cases[i][0]);
+        assert_non_null(v);
+        ds_strbuf b;
+        ds_strbuf_init(&b);
+        ds_json_py_dump(&b, v);
+        if (strcmp(b.data, cases[i][1]) != 0) fail_msg("got %s\nwant %s", b.data, cases[i][1]);
+        ds_strbuf_free(&b);
+        cJSON_Delete(v);
+    }
+}
+
+/* ---- metrics ------------------------------------------------------------------------------- */
+
+static void test_metrics_render(void **state) {
+    (void)state;
+    ds_metrics m;
+    ds_metrics_init(&m);
+    ds_metrics_observe_ttft(&m, 0.003);  /* bucket le=0.005 */
+    ds_metrics_observe_ttft(&m, 0.005);  /* le is inclusive */
+    ds_metrics_observe_ttft(&m, 5000.0); /* only +Inf */
+    ds_metrics_observe_request(&m, DS_METRICS_FINISH_LENGTH, 2.0, 0.5, 10, 4);
+    ds_metrics_count_http(&m, 200);
+    ds_metrics_count_http(&m, 503);
+    ds_metrics_count_http(&m, 200);
+    ds_engine_stats st = {.running = 2, .waiting = 3, .kv_blocks_total = 8, .kv_blocks_used = 2,
+                          .slots_total = 4, .slots_used = 2, .prompt_tokens = 11,
+                          .generation_tokens = 22};
+    ds_strbuf out;
+    ds_strbuf_init(&out);
+    ds_metrics_render(&m, &st, "my \"model\"", &out);
+    const char *t = out.data;
+    const char *want[] = {
+        "# TYPE deltaserve:num_requests_running gauge\n",
+        "deltaserve:num_requests_running{model_name=\"my \\\"model\\\"\"} 2\n",
+        "deltaserve:num_requests_waiting{model_name=\"my \\\"model\\\"\"} 3\n",
+        "deltaserve:kv_cache_usage_perc{model_name=\"my \\\"model\\\"\"} 0.25\n",
+        "deltaserve:state_slots_used{model_name=\"my \\\"model\\\"\"} 2\n",
+        "deltaserve:prompt_tokens_total{model_name=\"my \\\"model\\\"\"} 11\n",
+        "deltaserve:generation_tokens_total{model_name=\"my \\\"model\\\"\"} 22\n",
+        "# TYPE deltaserve:time_to_first_token_seconds histogram\n",
+        "deltaserve:time_to_first_token_seconds_bucket{model_name=\"my \\\"model\\\"\",le=\"0.001\"} 0\n",
+        "deltaserve:time_to_first_token_seconds_bucket{model_name=\"my \\\"model\\\"\",le=\"0.005\"} 2\n",
+        "deltaserve:time_to_first_token_seconds_bucket{model_name=\"my \\\"model\\\"\",le=\"2560\"} 2\n",
+        "deltaserve:time_to_first_token_seconds_bucket{model_name=\"my \\\"model\\\"\",le=\"+Inf\"} 3\n",
+        "deltaserve:time_to_first_token_seconds_count{model_name=\"my \\\"model\\\"\"} 3\n",
+        "deltaserve:request_success_total{model_name=\"my \\\"model\\\"\",finished_reason=\"length\"} 1\n",
+        "deltaserve:request_success_total{model_name=\"my \\\"model\\\"\",finished_reason=\"stop\"} 0\n",
+        "deltaserve:http_requests_total{model_name=\"my \\\"model\\\"\",code=\"200\"} 2\n",
+        "deltaserve:http_requests_total{model_name=\"my \\\"model\\\"\",code=\"503\"} 1\n",
+        /* TPOT = (2.0 - 0.5) / (4 - 1) = 0.5 */
+        "deltaserve:request_time_per_output_token_seconds_sum{model_name=\"my \\\"model\\\"\"} 0.5\n",
+        "deltaserve:e2e_request_latency_seconds_sum{model_name=\"my \\\"model\\\"\"} 2\n",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!strstr(t, want[i])) fail_msg("missing line: %s", want[i]);
+    /* every sample line: name{labels} value */
+    for (const char *line = t; *line;) {
+        const char *nl = strchr(line, '\n');
+        assert_non_null(nl);
+        if (*line != '#') {
+            assert_true(!strncmp(line, "deltaserve:", 11));
+            const char *sp = nl;
+            while (sp > line && sp[-1] != ' ') sp--;
+            char *end;
+            strtod(sp, &end);
+            assert_ptr_equal(end, nl);
+        }
+        line = nl + 1;
+    }
+    ds_strbuf_free(&out);
+    ds_metrics_free(&m);
+}
+
+/* ---- bench statistics and SSE ------------------------------------------------------------- */
+
+static void test_percentile(void **state) {
+    (void)state;
+    /* numpy.percentile([1, 2, 3, 4], 99) = 3.97; [15, 20, 35, 40, 50]: 40th = 29, 50th = 35 */
+    double a[] = {1, 2, 3, 4};
+    assert_true(fabs(ds_bench_percentile(a, 4, 99) - 3.97) < 1e-12);
+    assert_true(fabs(ds_bench_percentile(a, 4, 50) - 2.5) < 1e-12);
+    assert_true(fabs(ds_bench_percentile(a, 4, 0) - 1) < 1e-12);
+    assert_true(fabs(ds_bench_percentile(a, 4, 100) - 4) < 1e-12);
+    double b[] = {15, 20, 35, 40, 50};
+    assert_true(fabs(ds_bench_percentile(b, 5, 40) - 29) < 1e-12);
+    assert_true(fabs(ds_bench_percentile(b, 5, 50) - 35) < 1e-12);
+    double one[] = {7};
+    assert_true(ds_bench_percentile(one, 1, 99) == 7);
+    double v[] = {4, 1, 3, 2};
+    ds_bench_stat s = ds_bench_stats(v, 4);
+    assert_true(fabs(s.mean - 2.5) < 1e-12);
+    assert_true(fabs(s.median - 2.5) < 1e-12);
+    assert_true(fabs(s.p99 - 3.97) < 1e-12);
+    assert_true(fabs(s.std - sqrt(1.25)) < 1e-12); /* numpy std, ddof = 0 */
+    ds_bench_stat z = ds_bench_stats(NULL, 0);
+    assert_true(z.mean == 0 && z.p99 == 0);
+}
+
+typedef struct sse_acc {
+    char buf[1024];
+    size_t len;
+    int n;
+} sse_acc;
+
+static void on_data(void *ctx, const char *d, size_t n) {
+    sse_acc *a = ctx;
+    assert_true(a->len + n + 1 < sizeof a->buf);
+    memcpy(a->buf + a->len, d, n);
+    a->len += n;
+    a->buf[a->len++] = '|';
+    a->n++;
+}
+
+static void test_sse_reader(void **state) {
+    (void)state;
+    const char *stream = "data: {\"a\":1}\n\n: keep-alive comment\n\ndata:{\"b\":2}\r\n\r\n"
+                         "event: x\ndata: [DONE]\n\n";
+    const char *want = "{\"a\":1}|{\"b\":2}|[DONE]|";
+    size_t n = strlen(stream);
+    for (size_t cut1 = 0; cut1 <= n; cut1++)
+        for (size_t cut2 = cut1; cut2 <= n; cut2 += 7) {
+            sse_acc a = {0};
+            ds_sse_reader r;
+            ds_sse_init(&r, on_data, &a);
+            ds_sse_feed(&r, stream, cut1);
+            ds_sse_feed(&r, stream + cut1, cut2 - cut1);
+            ds_sse_feed(&r, stream + cut2, n - cut2);
+            ds_sse_free(&r);
+            a.buf[a.len] = 0;
+            if (strcmp(a.buf, want) != 0) fail_msg("cuts %zu/%zu: %s", cut1, cut2, a.buf);
+        }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_reasoning_split),
+        cmocka_unit_test(test_json_py),
+        cmocka_unit_test(test_metrics_render),
+        cmocka_unit_test(test_percentile),
+        cmocka_unit_test(test_sse_reader),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
