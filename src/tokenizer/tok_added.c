@@ -13,7 +13,8 @@ static ds_status trie_new_node(tok_trie *t, uint8_t byte, int32_t *out, ds_error
     if (t->n == t->cap) {
         size_t cap = t->cap ? t->cap * 2 : 64;
         tok_trie_node *nodes = realloc(t->nodes, sizeof *nodes * cap);
-        if (!nodes) return ds_error_set(err, DS_ERR_NOMEM, "tokenizer: out of memory (added tokens)");
+        if (!nodes)
+            return ds_error_set(err, DS_ERR_NOMEM, "tokenizer: out of memory (added tokens)");
         t->nodes = nodes;
         t->cap = cap;
     }

@@ -56,7 +56,9 @@ static void try_push(const ds_tokenizer *tok, tok_scratch *sc, size_t *nh, int32
     const tok_sym *l = &sc->syms[left_pos];
     if (l->next < 0) return;
     const tok_pair_slot *m = tok_pairmap_get(&tok->merges, l->id, sc->syms[l->next].id);
-    if (m) heap_push(sc->heap, nh, (tok_merge){.rank = m->rank, .pos = (uint32_t)left_pos, .merged = m->merged});
+    if (m)
+        heap_push(sc->heap, nh,
+                  (tok_merge){.rank = m->rank, .pos = (uint32_t)left_pos, .merged = m->merged});
 }
 
 ds_status tok_bpe_word(const ds_tokenizer *tok, tok_scratch *sc, const unsigned char *s, size_t n,

@@ -54,7 +54,8 @@ ds_status ds_tokenizer_decode(const ds_tokenizer *tok, const int32_t *ids, size_
         st = tok_buf_append(&bytes, tok->strs.p + tok->bytes_off[id], tok->bytes_len[id], err);
     }
     if (st == DS_OK)
-        st = tok_utf8_lossy_append(&out, (const unsigned char *)bytes.p, bytes.len, true, NULL, err);
+        st =
+            tok_utf8_lossy_append(&out, (const unsigned char *)bytes.p, bytes.len, true, NULL, err);
     tok_buf_free(&bytes);
     if (st != DS_OK) {
         tok_buf_free(&out);

@@ -24,8 +24,8 @@ static void scratch_free(tok_scratch *sc) {
 
 /* BPE of one piece through the per-call cache. Only worth it for pieces longer than a byte
  * and short enough to repeat. */
-static ds_status bpe_cached(const ds_tokenizer *tok, tok_scratch *sc, const unsigned char *w, size_t n,
-                            ds_error *err) {
+static ds_status bpe_cached(const ds_tokenizer *tok, tok_scratch *sc, const unsigned char *w,
+                            size_t n, ds_error *err) {
     if (!sc->use_cache || n < 2 || n > TOK_CACHE_MAX_WORD) return tok_bpe_word(tok, sc, w, n, err);
     if (!sc->cache) {
         sc->cache = calloc(TOK_CACHE_SLOTS, sizeof *sc->cache);
@@ -59,8 +59,11 @@ static ds_status bpe_cached(const ds_tokenizer *tok, tok_scratch *sc, const unsi
     size_t key_off = sc->cache_keys.len;
     if (tok_buf_append(&sc->cache_keys, w, n, NULL) != DS_OK) return DS_OK;
     memcpy(sc->cache_ids + sc->n_cache_ids, sc->ids + first, sizeof(int32_t) * got);
-    sc->cache[j] = (tok_cache_slot){.hash = h, .key_off = (uint32_t)key_off, .key_len = (uint32_t)n,
-                                    .ids_off = (uint32_t)sc->n_cache_ids, .ids_n = (uint32_t)got};
+    sc->cache[j] = (tok_cache_slot){.hash = h,
+                                    .key_off = (uint32_t)key_off,
+                                    .key_len = (uint32_t)n,
+                                    .ids_off = (uint32_t)sc->n_cache_ids,
+                                    .ids_n = (uint32_t)got};
     sc->n_cache_ids += got;
     sc->cache_count++;
     return DS_OK;
@@ -100,7 +103,8 @@ static ds_status encode_impl(const ds_tokenizer *tok, const char *text, size_t l
 
     /* HF only ever sees valid strings: invalid input is repaired the way a lossy decode would. */
     if (!utf8_valid((const unsigned char *)text, len)) {
-        if ((st = tok_utf8_lossy_append(&clean, (const unsigned char *)text, len, true, NULL, err)) != DS_OK)
+        if ((st = tok_utf8_lossy_append(&clean, (const unsigned char *)text, len, true, NULL,
+                                        err)) != DS_OK)
             goto done;
         text = clean.p;
         len = clean.len;
@@ -110,7 +114,8 @@ static ds_status encode_impl(const ds_tokenizer *tok, const char *text, size_t l
         st = ds_error_set(err, DS_ERR_NOMEM, "tokenizer: out of memory (regex match data)");
         goto done;
     }
-    if ((st = tok_find_added(tok, &tok->trie_raw, text, len, parse_special, &raw, err)) != DS_OK) goto done;
+    if ((st = tok_find_added(tok, &tok->trie_raw, text, len, parse_special, &raw, err)) != DS_OK)
+        goto done;
     for (size_t i = 0; i < raw.n; i++) {
         const tok_span *sp = &raw.v[i];
         if (sp->added >= 0) {
@@ -119,9 +124,11 @@ static ds_status encode_impl(const ds_tokenizer *tok, const char *text, size_t l
         }
         const char *ns;
         size_t nn;
-        if ((st = tok_normalize(&tok->norm, text + sp->start, sp->end - sp->start, &nbuf, &ns, &nn, err)) != DS_OK)
+        if ((st = tok_normalize(&tok->norm, text + sp->start, sp->end - sp->start, &nbuf, &ns, &nn,
+                                err)) != DS_OK)
             goto done;
-        if ((st = tok_find_added(tok, &tok->trie_norm, ns, nn, parse_special, &norm, err)) != DS_OK) goto done;
+        if ((st = tok_find_added(tok, &tok->trie_norm, ns, nn, parse_special, &norm, err)) != DS_OK)
+            goto done;
         for (size_t j = 0; j < norm.n; j++) {
             const tok_span *q = &norm.v[j];
             if (q->added >= 0)

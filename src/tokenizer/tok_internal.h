@@ -166,8 +166,8 @@ struct ds_tokenizer {
     uint8_t *is_special;
     tok_buf strs; /* arena of every string above, NUL after each */
 
-    tok_strmap vocab;    /* model vocab: spelling → id */
-    tok_strmap added_by; /* added tokens: content → id */
+    tok_strmap vocab;     /* model vocab: spelling → id */
+    tok_strmap added_by;  /* added tokens: content → id */
     int32_t byte_id[256]; /* id of each single-byte symbol; -1 when the vocab lacks it */
     tok_pairmap merges;
     bool ignore_merges;
@@ -175,8 +175,8 @@ struct ds_tokenizer {
 
     tok_added *added; /* [n_added] */
     size_t n_added;
-    tok_trie trie_raw;  /* added tokens with normalized == false, matched on raw text */
-    tok_trie trie_norm; /* normalized == true, matched (normalized) on normalized text */
+    tok_trie trie_raw;    /* added tokens with normalized == false, matched on raw text */
+    tok_trie trie_norm;   /* normalized == true, matched (normalized) on normalized text */
     uint32_t max_ovector; /* largest capture-pair count over all regexes */
 
     tok_normalizer norm;
@@ -211,7 +211,7 @@ typedef struct tok_merge {
 
 typedef struct tok_scratch {
     pcre2_match_data *md;
-    tok_buf piece_text;        /* text the pieces point into */
+    tok_buf piece_text; /* text the pieces point into */
     tok_piece *pieces, *pieces2;
     size_t n_pieces, cap_pieces, n_pieces2, cap_pieces2;
     tok_sym *syms;

@@ -22,7 +22,8 @@ ds_status tok_json_bool(const ds_tokenizer *tok, const cJSON *obj, const char *k
         return DS_OK;
     }
     if (!cJSON_IsBool(v))
-        return ds_error_set(err, DS_ERR_FORMAT, "%s: %s.%s must be true or false", tok->name, where, key);
+        return ds_error_set(err, DS_ERR_FORMAT, "%s: %s.%s must be true or false", tok->name, where,
+                            key);
     *out = cJSON_IsTrue(v);
     return DS_OK;
 }
@@ -31,8 +32,8 @@ ds_status tok_json_id(const ds_tokenizer *tok, const cJSON *v, int32_t *out, con
                       ds_error *err) {
     if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0) || v->valuedouble >= TOK_MAX_IDS ||
         v->valuedouble != floor(v->valuedouble))
-        return ds_error_set(err, DS_ERR_FORMAT, "%s: %s must be an integer id in [0, %d)", tok->name,
-                            where, TOK_MAX_IDS);
+        return ds_error_set(err, DS_ERR_FORMAT, "%s: %s must be an integer id in [0, %d)",
+                            tok->name, where, TOK_MAX_IDS);
     *out = (int32_t)v->valuedouble;
     return DS_OK;
 }
@@ -42,8 +43,8 @@ const char *tok_json_type(const ds_tokenizer *tok, const cJSON *obj, const char 
                           ds_error *err) {
     const cJSON *t = cJSON_IsObject(obj) ? cJSON_GetObjectItemCaseSensitive(obj, "type") : NULL;
     if (!cJSON_IsString(t)) {
-        ds_error_set(err, DS_ERR_FORMAT, "%s: %s must be an object with a string \"type\"", tok->name,
-                     where);
+        ds_error_set(err, DS_ERR_FORMAT, "%s: %s must be an object with a string \"type\"",
+                     tok->name, where);
         return NULL;
     }
     return t->valuestring;
@@ -51,7 +52,8 @@ const char *tok_json_type(const ds_tokenizer *tok, const cJSON *obj, const char 
 
 /* ---- per-id tables -------------------------------------------------------------------------- */
 
-static ds_status arena_add(ds_tokenizer *tok, const char *s, size_t n, uint32_t *off, ds_error *err) {
+static ds_status arena_add(ds_tokenizer *tok, const char *s, size_t n, uint32_t *off,
+                           ds_error *err) {
     if (tok->strs.len + n + 1 > UINT32_MAX)
         return ds_error_set(err, DS_ERR_FORMAT, "%s: vocabulary strings exceed 4 GiB", tok->name);
     *off = (uint32_t)tok->strs.len;
@@ -107,22 +109,29 @@ static ds_status check_model_options(ds_tokenizer *tok, const cJSON *model, ds_e
     if (type && !cJSON_IsString(type))
         return ds_error_set(err, DS_ERR_FORMAT, "%s: model.type must be a string", tok->name);
     if (type && strcmp(type->valuestring, "BPE") != 0)
-        return ds_error_set(err, DS_ERR_UNSUPPORTED, "%s: model.type '%s' is not supported (only BPE)",
-                            tok->name, type->valuestring);
+        return ds_error_set(err, DS_ERR_UNSUPPORTED,
+                            "%s: model.type '%s' is not supported (only BPE)", tok->name,
+                            type->valuestring);
     const cJSON *dropout = cJSON_GetObjectItemCaseSensitive(model, "dropout");
-    if (dropout && !cJSON_IsNull(dropout) && !(cJSON_IsNumber(dropout) && dropout->valuedouble == 0))
-        return ds_error_set(err, DS_ERR_UNSUPPORTED, "%s: model.dropout must be null or 0", tok->name);
+    if (dropout && !cJSON_IsNull(dropout) &&
+        !(cJSON_IsNumber(dropout) && dropout->valuedouble == 0))
+        return ds_error_set(err, DS_ERR_UNSUPPORTED, "%s: model.dropout must be null or 0",
+                            tok->name);
     static const char *const affixes[] = {"continuing_subword_prefix", "end_of_word_suffix"};
     for (size_t i = 0; i < 2; i++) {
         const cJSON *a = cJSON_GetObjectItemCaseSensitive(model, affixes[i]);
         if (a && !cJSON_IsNull(a) && !(cJSON_IsString(a) && a->valuestring[0] == 0))
-            return ds_error_set(err, DS_ERR_UNSUPPORTED, "%s: model.%s is not supported (must be null or \"\")",
-                                tok->name, affixes[i]);
+            return ds_error_set(err, DS_ERR_UNSUPPORTED,
+                                "%s: model.%s is not supported (must be null or \"\")", tok->name,
+                                affixes[i]);
     }
     bool b;
     ds_status st;
-    if ((st = tok_json_bool(tok, model, "byte_fallback", false, &b, "model", err)) != DS_OK) return st;
-    if (b) return ds_error_set(err, DS_ERR_UNSUPPORTED, "%s: model.byte_fallback is not supported", tok->name);
+    if ((st = tok_json_bool(tok, model, "byte_fallback", false, &b, "model", err)) != DS_OK)
+        return st;
+    if (b)
+        return ds_error_set(err, DS_ERR_UNSUPPORTED, "%s: model.byte_fallback is not supported",
+                            tok->name);
     if ((st = tok_json_bool(tok, model, "fuse_unk", false, &b, "model", err)) != DS_OK) return st;
     return tok_json_bool(tok, model, "ignore_merges", false, &tok->ignore_merges, "model", err);
 }
@@ -140,16 +149,17 @@ static ds_status merge_parts(ds_tokenizer *tok, const cJSON *m, size_t idx, tok_
         *split = (size_t)(sp - s);
         return tok_buf_append(tmp, s, strlen(s), err); /* "a b": parts at [0,split), (split,end) */
     }
-    if (cJSON_IsArray(m) && cJSON_GetArraySize(m) == 2 && cJSON_IsString(cJSON_GetArrayItem(m, 0)) &&
-        cJSON_IsString(cJSON_GetArrayItem(m, 1))) {
-        const char *a = cJSON_GetArrayItem(m, 0)->valuestring, *b = cJSON_GetArrayItem(m, 1)->valuestring;
+    if (cJSON_IsArray(m) && cJSON_GetArraySize(m) == 2 &&
+        cJSON_IsString(cJSON_GetArrayItem(m, 0)) && cJSON_IsString(cJSON_GetArrayItem(m, 1))) {
+        const char *a = cJSON_GetArrayItem(m, 0)->valuestring,
+                   *b = cJSON_GetArrayItem(m, 1)->valuestring;
         *split = strlen(a);
         if ((st = tok_buf_append(tmp, a, *split, err)) != DS_OK) return st;
         if ((st = tok_buf_append(tmp, " ", 1, err)) != DS_OK) return st;
         return tok_buf_append(tmp, b, strlen(b), err);
     }
-    return ds_error_set(err, DS_ERR_FORMAT, "%s: model.merges[%zu] must be \"a b\" or [\"a\", \"b\"]",
-                        tok->name, idx);
+    return ds_error_set(err, DS_ERR_FORMAT,
+                        "%s: model.merges[%zu] must be \"a b\" or [\"a\", \"b\"]", tok->name, idx);
 }
 
 static ds_status load_merges(ds_tokenizer *tok, const cJSON *merges, ds_error *err) {
@@ -172,8 +182,12 @@ static ds_status load_merges(ds_tokenizer *tok, const cJSON *merges, ds_error *e
         int32_t ab = tok_strmap_get(&tok->vocab, tok->strs.p, s, tmp.len - 1);
         if (a < 0 || b < 0 || ab < 0) {
             tmp.p[tmp.len - 1] = 0;
-            st = ds_error_set(err, DS_ERR_FORMAT, "%s: model.merges[%zu]: %s of '%.60s' is not in model.vocab",
-                              tok->name, idx, a < 0 ? "the left part" : b < 0 ? "the right part" : "the merged token",
+            st = ds_error_set(err, DS_ERR_FORMAT,
+                              "%s: model.merges[%zu]: %s of '%.60s' is not in model.vocab",
+                              tok->name, idx,
+                              a < 0   ? "the left part"
+                              : b < 0 ? "the right part"
+                                      : "the merged token",
                               tmp.p);
             break;
         }
@@ -202,17 +216,21 @@ static ds_status parse_added(ds_tokenizer *tok, const cJSON *arr, int32_t *max_i
             return ds_error_set(err, DS_ERR_FORMAT, "%s: %s must be an object", tok->name, where);
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(a, "content");
         if (!cJSON_IsString(content) || content->valuestring[0] == 0)
-            return ds_error_set(err, DS_ERR_FORMAT, "%s: %s.content must be a non-empty string", tok->name, where);
+            return ds_error_set(err, DS_ERR_FORMAT, "%s: %s.content must be a non-empty string",
+                                tok->name, where);
         tok_added *t = &tok->added[tok->n_added];
         char idwhere[64];
         snprintf(idwhere, sizeof idwhere, "%s.id", where);
-        if ((st = tok_json_id(tok, cJSON_GetObjectItemCaseSensitive(a, "id"), &t->id, idwhere, err)) != DS_OK)
+        if ((st = tok_json_id(tok, cJSON_GetObjectItemCaseSensitive(a, "id"), &t->id, idwhere,
+                              err)) != DS_OK)
             return st;
         if ((st = tok_json_bool(tok, a, "special", false, &t->special, where, err)) != DS_OK ||
             (st = tok_json_bool(tok, a, "lstrip", false, &t->lstrip, where, err)) != DS_OK ||
             (st = tok_json_bool(tok, a, "rstrip", false, &t->rstrip, where, err)) != DS_OK ||
-            (st = tok_json_bool(tok, a, "single_word", false, &t->single_word, where, err)) != DS_OK ||
-            (st = tok_json_bool(tok, a, "normalized", !t->special, &t->normalized, where, err)) != DS_OK)
+            (st = tok_json_bool(tok, a, "single_word", false, &t->single_word, where, err)) !=
+                DS_OK ||
+            (st = tok_json_bool(tok, a, "normalized", !t->special, &t->normalized, where, err)) !=
+                DS_OK)
             return st;
         if (t->id > *max_id) *max_id = t->id;
         tok->n_added++;
@@ -231,23 +249,32 @@ static ds_status index_added(ds_tokenizer *tok, const cJSON *arr, ds_error *err)
         const tok_added *t = &tok->added[i];
         const char *c = cJSON_GetObjectItemCaseSensitive(a, "content")->valuestring;
         size_t n = strlen(c);
-        if ((st = set_token(tok, t->id, c, n, err)) != DS_OK) break;
-        tok->is_special[t->id] = t->special;
-        if ((st = tok_strmap_put(&tok->added_by, tok->strs.p, tok->str_off[t->id], (uint32_t)n, t->id, err)) != DS_OK)
-            break;
+        /* A normalized token is matched in normalized text by its normalized spelling, and HF
+         * also decodes it from that spelling (e.g. NFKC turns "cafe\u0301" into "caf\u00e9",
+         * whose byte-level decoding is "caf\xe9"). */
+        const char *sp = c;
+        size_t spn = n;
         if (t->normalized) {
-            /* HF matches normalized tokens in normalized text, by their normalized spelling. */
-            const char *nc;
-            size_t nn;
-            if ((st = tok_normalize(&tok->norm, c, n, &nbuf, &nc, &nn, err)) != DS_OK) break;
-            if (nn == 0) {
-                i++;
-                continue;
+            if ((st = tok_normalize(&tok->norm, c, n, &nbuf, &sp, &spn, err)) != DS_OK) break;
+            if (spn == 0) { /* normalizes to nothing: can never match; keep the raw spelling */
+                sp = c;
+                spn = n;
             }
-            st = tok_trie_add(&tok->trie_norm, nc, nn, (int32_t)i, err);
-        } else {
-            st = tok_trie_add(&tok->trie_raw, c, n, (int32_t)i, err);
         }
+        if ((st = set_token(tok, t->id, sp, spn, err)) != DS_OK) break;
+        tok->is_special[t->id] = t->special;
+        if ((st = tok_strmap_put(&tok->added_by, tok->strs.p, tok->str_off[t->id], (uint32_t)spn,
+                                 t->id, err)) != DS_OK)
+            break;
+        if (sp != c) { /* look-ups by the spelling in the file work too */
+            uint32_t off;
+            if ((st = arena_add(tok, c, n, &off, err)) != DS_OK ||
+                (st = tok_strmap_put(&tok->added_by, tok->strs.p, off, (uint32_t)n, t->id, err)) !=
+                    DS_OK)
+                break;
+        }
+        st = tok_trie_add(t->normalized ? &tok->trie_norm : &tok->trie_raw, sp, spn, (int32_t)i,
+                          err);
         if (st != DS_OK) break;
         i++;
     }
@@ -265,16 +292,18 @@ static ds_status load_root(ds_tokenizer *tok, const cJSON *root, ds_error *err) 
     for (size_t i = 0; i < 2; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, unsupported[i]);
         if (v && !cJSON_IsNull(v))
-            return ds_error_set(err, DS_ERR_UNSUPPORTED, "%s: %s must be null (not supported)", tok->name,
-                                unsupported[i]);
+            return ds_error_set(err, DS_ERR_UNSUPPORTED, "%s: %s must be null (not supported)",
+                                tok->name, unsupported[i]);
     }
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
     if (!model) return ds_error_set(err, DS_ERR_FORMAT, "%s: missing field 'model'", tok->name);
-    if (!cJSON_IsObject(model)) return ds_error_set(err, DS_ERR_FORMAT, "%s: model must be an object", tok->name);
+    if (!cJSON_IsObject(model))
+        return ds_error_set(err, DS_ERR_FORMAT, "%s: model must be an object", tok->name);
     if ((st = check_model_options(tok, model, err)) != DS_OK) return st;
     const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
     if (!cJSON_IsObject(vocab))
-        return ds_error_set(err, DS_ERR_FORMAT, "%s: model.vocab must be an object of token: id", tok->name);
+        return ds_error_set(err, DS_ERR_FORMAT, "%s: model.vocab must be an object of token: id",
+                            tok->name);
 
     /* Pass 1: ids and their range. */
     int32_t max_id = -1;
@@ -299,7 +328,8 @@ static ds_status load_root(ds_tokenizer *tok, const cJSON *root, ds_error *err) 
     tok->bytes_len = calloc(tok->n_ids, sizeof(uint32_t));
     tok->is_special = calloc(tok->n_ids, 1);
     if (!tok->str_off || !tok->str_len || !tok->bytes_off || !tok->bytes_len || !tok->is_special)
-        return ds_error_set(err, DS_ERR_NOMEM, "%s: out of memory (%zu ids)", tok->name, tok->n_ids);
+        return ds_error_set(err, DS_ERR_NOMEM, "%s: out of memory (%zu ids)", tok->name,
+                            tok->n_ids);
     for (size_t i = 0; i < tok->n_ids; i++) tok->str_off[i] = TOK_NONE;
     if ((st = tok_buf_reserve(&tok->strs, n_vocab * 16, err)) != DS_OK) return st;
     if ((st = tok_strmap_init(&tok->vocab, n_vocab, err)) != DS_OK) return st;
@@ -310,7 +340,8 @@ static ds_status load_root(ds_tokenizer *tok, const cJSON *root, ds_error *err) 
         int32_t id = (int32_t)e->valuedouble;
         size_t n = strlen(e->string);
         if ((st = set_token(tok, id, e->string, n, err)) != DS_OK) return st;
-        if ((st = tok_strmap_put(&tok->vocab, tok->strs.p, tok->str_off[id], (uint32_t)n, id, err)) != DS_OK)
+        if ((st = tok_strmap_put(&tok->vocab, tok->strs.p, tok->str_off[id], (uint32_t)n, id,
+                                 err)) != DS_OK)
             return st;
     }
     for (int b = 0; b < 256; b++) {
@@ -321,21 +352,29 @@ static ds_status load_root(ds_tokenizer *tok, const cJSON *root, ds_error *err) 
     tok->unk_id = -1;
     const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
     if (unk && !cJSON_IsNull(unk)) {
-        if (!cJSON_IsString(unk)) return ds_error_set(err, DS_ERR_FORMAT, "%s: model.unk_token must be a string", tok->name);
-        tok->unk_id = tok_strmap_get(&tok->vocab, tok->strs.p, unk->valuestring, strlen(unk->valuestring));
+        if (!cJSON_IsString(unk))
+            return ds_error_set(err, DS_ERR_FORMAT, "%s: model.unk_token must be a string",
+                                tok->name);
+        tok->unk_id =
+            tok_strmap_get(&tok->vocab, tok->strs.p, unk->valuestring, strlen(unk->valuestring));
         if (tok->unk_id < 0)
-            return ds_error_set(err, DS_ERR_FORMAT, "%s: model.unk_token '%.60s' is not in model.vocab", tok->name,
+            return ds_error_set(err, DS_ERR_FORMAT,
+                                "%s: model.unk_token '%.60s' is not in model.vocab", tok->name,
                                 unk->valuestring);
     }
     const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
-    if (!merges) return ds_error_set(err, DS_ERR_FORMAT, "%s: missing field 'model.merges'", tok->name);
+    if (!merges)
+        return ds_error_set(err, DS_ERR_FORMAT, "%s: missing field 'model.merges'", tok->name);
     if ((st = load_merges(tok, merges, err)) != DS_OK) return st;
 
-    if ((st = tok_parse_normalizer(tok, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), err)) != DS_OK)
+    if ((st = tok_parse_normalizer(tok, cJSON_GetObjectItemCaseSensitive(root, "normalizer"),
+                                   err)) != DS_OK)
         return st;
-    if ((st = tok_parse_pretokenizer(tok, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), err)) != DS_OK)
+    if ((st = tok_parse_pretokenizer(tok, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"),
+                                     err)) != DS_OK)
         return st;
-    if ((st = tok_parse_decoder(tok, cJSON_GetObjectItemCaseSensitive(root, "decoder"), err)) != DS_OK)
+    if ((st = tok_parse_decoder(tok, cJSON_GetObjectItemCaseSensitive(root, "decoder"), err)) !=
+        DS_OK)
         return st;
     return index_added(tok, added, err);
 }
@@ -361,9 +400,10 @@ void ds_tokenizer_free(ds_tokenizer *tok) {
     free(tok);
 }
 
-ds_status ds_tokenizer_load_json(const char *json, size_t len, const char *name,
-                                 ds_tokenizer **out, ds_error *err) {
-    if (!out || (!json && len)) return ds_error_set(err, DS_ERR_INVALID_ARG, "ds_tokenizer_load_json: NULL argument");
+ds_status ds_tokenizer_load_json(const char *json, size_t len, const char *name, ds_tokenizer **out,
+                                 ds_error *err) {
+    if (!out || (!json && len))
+        return ds_error_set(err, DS_ERR_INVALID_ARG, "ds_tokenizer_load_json: NULL argument");
     *out = NULL;
     ds_tokenizer *tok = calloc(1, sizeof *tok);
     if (!tok) return ds_error_set(err, DS_ERR_NOMEM, "tokenizer: out of memory");
@@ -380,7 +420,8 @@ ds_status ds_tokenizer_load_json(const char *json, size_t len, const char *name,
     if (!root) {
         const char *at = cJSON_GetErrorPtr();
         size_t off = at && at >= json && at <= json + len ? (size_t)(at - json) : len;
-        st = ds_error_set(err, DS_ERR_FORMAT, "%s: not valid JSON (error near byte %zu of %zu)", tok->name, off, len);
+        st = ds_error_set(err, DS_ERR_FORMAT, "%s: not valid JSON (error near byte %zu of %zu)",
+                          tok->name, off, len);
     } else {
         st = load_root(tok, root, err);
         cJSON_Delete(root);
@@ -431,7 +472,8 @@ ds_status tok_read_file(const char *path, char **data, size_t *len, ds_error *er
 }
 
 ds_status ds_tokenizer_load(const char *path, ds_tokenizer **out, ds_error *err) {
-    if (!path || !out) return ds_error_set(err, DS_ERR_INVALID_ARG, "ds_tokenizer_load: NULL argument");
+    if (!path || !out)
+        return ds_error_set(err, DS_ERR_INVALID_ARG, "ds_tokenizer_load: NULL argument");
     *out = NULL;
     struct stat sb;
     if (stat(path, &sb) != 0) return ds_error_set(err, DS_ERR_IO, "%s: %s", path, strerror(errno));
@@ -449,8 +491,10 @@ ds_status ds_tokenizer_load(const char *path, ds_tokenizer **out, ds_error *err)
         snprintf(file, plen + 32, "%s", path);
         snprintf(dir, plen + 32, "%s", path);
         char *slash = strrchr(dir, '/');
-        if (slash) *slash = 0;
-        else snprintf(dir, plen + 32, ".");
+        if (slash)
+            *slash = 0;
+        else
+            snprintf(dir, plen + 32, ".");
     }
     char *data = NULL;
     size_t len = 0;

@@ -22,9 +22,11 @@ static ds_status add_normalizer(ds_tokenizer *tok, const cJSON *n, const char *w
     if (strcmp(type, "Sequence") == 0) {
         const cJSON *list = cJSON_GetObjectItemCaseSensitive(n, "normalizers");
         if (!cJSON_IsArray(list))
-            return ds_error_set(err, DS_ERR_FORMAT, "%s: %s.normalizers must be an array", tok->name, where);
+            return ds_error_set(err, DS_ERR_FORMAT, "%s: %s.normalizers must be an array",
+                                tok->name, where);
         if (depth > 4)
-            return ds_error_set(err, DS_ERR_UNSUPPORTED, "%s: %s: Sequence nested too deeply", tok->name, where);
+            return ds_error_set(err, DS_ERR_UNSUPPORTED, "%s: %s: Sequence nested too deeply",
+                                tok->name, where);
         int i = 0;
         const cJSON *c;
         cJSON_ArrayForEach(c, list) {
@@ -43,11 +45,13 @@ static ds_status add_normalizer(ds_tokenizer *tok, const cJSON *n, const char *w
     } else if (strcmp(type, "NFKD") == 0) {
         opts = UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
     } else {
-        return ds_error_set(err, DS_ERR_UNSUPPORTED, "%s: %s.type '%.40s' is not supported (NFC, NFD, NFKC, NFKD, Sequence)",
+        return ds_error_set(err, DS_ERR_UNSUPPORTED,
+                            "%s: %s.type '%.40s' is not supported (NFC, NFD, NFKC, NFKD, Sequence)",
                             tok->name, where, type);
     }
     if (tok->norm.n_ops == TOK_MAX_NORM)
-        return ds_error_set(err, DS_ERR_UNSUPPORTED, "%s: %s: more than %d normalizers", tok->name, where, TOK_MAX_NORM);
+        return ds_error_set(err, DS_ERR_UNSUPPORTED, "%s: %s: more than %d normalizers", tok->name,
+                            where, TOK_MAX_NORM);
     tok->norm.ops[tok->norm.n_ops++] = opts;
     return DS_OK;
 }
@@ -67,23 +71,27 @@ static ds_status note_regex(ds_tokenizer *tok, const pcre2_code *re) {
 
 static ds_status parse_split(ds_tokenizer *tok, const cJSON *p, const char *where, ds_error *err) {
     if (tok->pre.n_splits == TOK_MAX_SPLITS)
-        return ds_error_set(err, DS_ERR_UNSUPPORTED, "%s: %s: more than %d Split steps", tok->name, where, TOK_MAX_SPLITS);
+        return ds_error_set(err, DS_ERR_UNSUPPORTED, "%s: %s: more than %d Split steps", tok->name,
+                            where, TOK_MAX_SPLITS);
     tok_split *sp = &tok->pre.splits[tok->pre.n_splits];
     const cJSON *pat = cJSON_GetObjectItemCaseSensitive(p, "pattern");
     const cJSON *re = cJSON_IsObject(pat) ? cJSON_GetObjectItemCaseSensitive(pat, "Regex") : NULL;
     const cJSON *lit = cJSON_IsObject(pat) ? cJSON_GetObjectItemCaseSensitive(pat, "String") : NULL;
     if (!cJSON_IsString(re) && !cJSON_IsString(lit))
-        return ds_error_set(err, DS_ERR_FORMAT, "%s: %s.pattern must be {\"Regex\": string} or {\"String\": string}",
+        return ds_error_set(err, DS_ERR_FORMAT,
+                            "%s: %s.pattern must be {\"Regex\": string} or {\"String\": string}",
                             tok->name, where);
     const cJSON *beh = cJSON_GetObjectItemCaseSensitive(p, "behavior");
     if (!cJSON_IsString(beh))
-        return ds_error_set(err, DS_ERR_FORMAT, "%s: %s.behavior must be a string", tok->name, where);
+        return ds_error_set(err, DS_ERR_FORMAT, "%s: %s.behavior must be a string", tok->name,
+                            where);
     if (strcmp(beh->valuestring, "Isolated") == 0) {
         sp->behavior = TOK_SPLIT_ISOLATED;
     } else if (strcmp(beh->valuestring, "Removed") == 0) {
         sp->behavior = TOK_SPLIT_REMOVED;
     } else {
-        return ds_error_set(err, DS_ERR_UNSUPPORTED, "%s: %s.behavior '%.40s' is not supported (Isolated, Removed)",
+        return ds_error_set(err, DS_ERR_UNSUPPORTED,
+                            "%s: %s.behavior '%.40s' is not supported (Isolated, Removed)",
                             tok->name, where, beh->valuestring);
     }
     ds_status st = tok_json_bool(tok, p, "invert", false, &sp->invert, where, err);
@@ -91,7 +99,8 @@ static ds_status parse_split(ds_tokenizer *tok, const cJSON *p, const char *wher
     const char *s = cJSON_IsString(re) ? re->valuestring : lit->valuestring;
     char rwhere[160];
     snprintf(rwhere, sizeof rwhere, "%s: %s.pattern", tok->name, where);
-    if ((st = tok_regex_compile(s, strlen(s), !cJSON_IsString(re), rwhere, &sp->re, err)) != DS_OK) return st;
+    if ((st = tok_regex_compile(s, strlen(s), !cJSON_IsString(re), rwhere, &sp->re, err)) != DS_OK)
+        return st;
     tok->pre.n_splits++;
     return note_regex(tok, sp->re);
 }
@@ -104,9 +113,11 @@ static ds_status add_pretok(ds_tokenizer *tok, const cJSON *p, const char *where
     if (strcmp(type, "Sequence") == 0) {
         const cJSON *list = cJSON_GetObjectItemCaseSensitive(p, "pretokenizers");
         if (!cJSON_IsArray(list))
-            return ds_error_set(err, DS_ERR_FORMAT, "%s: %s.pretokenizers must be an array", tok->name, where);
+            return ds_error_set(err, DS_ERR_FORMAT, "%s: %s.pretokenizers must be an array",
+                                tok->name, where);
         if (depth > 4)
-            return ds_error_set(err, DS_ERR_UNSUPPORTED, "%s: %s: Sequence nested too deeply", tok->name, where);
+            return ds_error_set(err, DS_ERR_UNSUPPORTED, "%s: %s: Sequence nested too deeply",
+                                tok->name, where);
         int i = 0;
         const cJSON *c;
         cJSON_ArrayForEach(c, list) {
@@ -118,50 +129,59 @@ static ds_status add_pretok(ds_tokenizer *tok, const cJSON *p, const char *where
         return DS_OK;
     }
     if (*bytelevel_seen)
-        return ds_error_set(err, DS_ERR_UNSUPPORTED, "%s: %s: steps after ByteLevel are not supported", tok->name, where);
+        return ds_error_set(err, DS_ERR_UNSUPPORTED,
+                            "%s: %s: steps after ByteLevel are not supported", tok->name, where);
     if (strcmp(type, "Split") == 0) return parse_split(tok, p, where, err);
     if (strcmp(type, "ByteLevel") == 0) {
         bool use_regex;
         ds_status st;
         /* HF's defaults when the fields are absent: both true. */
-        if ((st = tok_json_bool(tok, p, "add_prefix_space", true, &tok->pre.add_prefix_space, where, err)) != DS_OK ||
+        if ((st = tok_json_bool(tok, p, "add_prefix_space", true, &tok->pre.add_prefix_space, where,
+                                err)) != DS_OK ||
             (st = tok_json_bool(tok, p, "use_regex", true, &use_regex, where, err)) != DS_OK)
             return st;
         *bytelevel_seen = true;
         if (!use_regex) return DS_OK;
-        if ((st = tok_regex_compile(k_gpt2_pattern, strlen(k_gpt2_pattern), false, "ByteLevel regex",
-                                    &tok->pre.bl_re, err)) != DS_OK)
+        if ((st = tok_regex_compile(k_gpt2_pattern, strlen(k_gpt2_pattern), false,
+                                    "ByteLevel regex", &tok->pre.bl_re, err)) != DS_OK)
             return st;
         return note_regex(tok, tok->pre.bl_re);
     }
-    return ds_error_set(err, DS_ERR_UNSUPPORTED, "%s: %s.type '%.40s' is not supported (Split, ByteLevel, Sequence)",
+    return ds_error_set(err, DS_ERR_UNSUPPORTED,
+                        "%s: %s.type '%.40s' is not supported (Split, ByteLevel, Sequence)",
                         tok->name, where, type);
 }
 
 ds_status tok_parse_pretokenizer(ds_tokenizer *tok, const void *json, ds_error *err) {
     const cJSON *p = json;
     if (!p || cJSON_IsNull(p))
-        return ds_error_set(err, DS_ERR_UNSUPPORTED, "%s: pre_tokenizer is null: only byte-level BPE (a ByteLevel "
-                            "pre-tokenizer) is supported", tok->name);
+        return ds_error_set(err, DS_ERR_UNSUPPORTED,
+                            "%s: pre_tokenizer is null: only byte-level BPE (a ByteLevel "
+                            "pre-tokenizer) is supported",
+                            tok->name);
     bool bytelevel = false;
     ds_status st = add_pretok(tok, p, "pre_tokenizer", 0, &bytelevel, err);
     if (st != DS_OK) return st;
     if (!bytelevel)
-        return ds_error_set(err, DS_ERR_UNSUPPORTED, "%s: pre_tokenizer has no ByteLevel step: only byte-level BPE is "
-                            "supported", tok->name);
+        return ds_error_set(err, DS_ERR_UNSUPPORTED,
+                            "%s: pre_tokenizer has no ByteLevel step: only byte-level BPE is "
+                            "supported",
+                            tok->name);
     return DS_OK;
 }
 
 /* ---- decoder ---------------------------------------------------------------------------------- */
 
-static ds_status check_decoder(ds_tokenizer *tok, const cJSON *d, const char *where, int depth, ds_error *err) {
+static ds_status check_decoder(ds_tokenizer *tok, const cJSON *d, const char *where, int depth,
+                               ds_error *err) {
     const char *type = tok_json_type(tok, d, where, err);
     if (!type) return DS_ERR_FORMAT;
     if (strcmp(type, "ByteLevel") == 0) return DS_OK;
     if (strcmp(type, "Sequence") == 0 && depth < 4) {
         const cJSON *list = cJSON_GetObjectItemCaseSensitive(d, "decoders");
         if (!cJSON_IsArray(list))
-            return ds_error_set(err, DS_ERR_FORMAT, "%s: %s.decoders must be an array", tok->name, where);
+            return ds_error_set(err, DS_ERR_FORMAT, "%s: %s.decoders must be an array", tok->name,
+                                where);
         int i = 0;
         const cJSON *c;
         cJSON_ArrayForEach(c, list) {
@@ -172,14 +192,15 @@ static ds_status check_decoder(ds_tokenizer *tok, const cJSON *d, const char *wh
         }
         return DS_OK;
     }
-    return ds_error_set(err, DS_ERR_UNSUPPORTED, "%s: %s.type '%.40s' is not supported (ByteLevel)", tok->name,
-                        where, type);
+    return ds_error_set(err, DS_ERR_UNSUPPORTED, "%s: %s.type '%.40s' is not supported (ByteLevel)",
+                        tok->name, where, type);
 }
 
 ds_status tok_parse_decoder(ds_tokenizer *tok, const void *json, ds_error *err) {
     const cJSON *d = json;
     if (!d || cJSON_IsNull(d))
-        return ds_error_set(err, DS_ERR_UNSUPPORTED, "%s: decoder is null: only the ByteLevel decoder is supported",
+        return ds_error_set(err, DS_ERR_UNSUPPORTED,
+                            "%s: decoder is null: only the ByteLevel decoder is supported",
                             tok->name);
     return check_decoder(tok, d, "decoder", 0, err);
 }
@@ -187,13 +208,14 @@ ds_status tok_parse_decoder(ds_tokenizer *tok, const void *json, ds_error *err) 
 /* ---- tokenizer_config.json -------------------------------------------------------------------- */
 
 /* bos_token etc.: a string, {"content": string, ...}, or null. */
-static ds_status config_token(ds_tokenizer *tok, const cJSON *root, const char *key, const char *path,
-                              int32_t *out, ds_error *err) {
+static ds_status config_token(ds_tokenizer *tok, const cJSON *root, const char *key,
+                              const char *path, int32_t *out, ds_error *err) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
     if (!v || cJSON_IsNull(v)) return DS_OK;
     if (cJSON_IsObject(v)) v = cJSON_GetObjectItemCaseSensitive(v, "content");
     if (!cJSON_IsString(v))
-        return ds_error_set(err, DS_ERR_FORMAT, "%s: %s must be a string, {\"content\": string} or null", path, key);
+        return ds_error_set(err, DS_ERR_FORMAT,
+                            "%s: %s must be a string, {\"content\": string} or null", path, key);
     *out = ds_tokenizer_token_to_id(tok, v->valuestring);
     return DS_OK;
 }
@@ -215,7 +237,8 @@ ds_status tok_parse_config(ds_tokenizer *tok, const char *path, ds_error *err) {
         const cJSON *tpl = cJSON_GetObjectItemCaseSensitive(root, "chat_template");
         if (cJSON_IsString(tpl)) {
             tok->chat_template = strdup(tpl->valuestring);
-            if (!tok->chat_template) st = ds_error_set(err, DS_ERR_NOMEM, "%s: out of memory", path);
+            if (!tok->chat_template)
+                st = ds_error_set(err, DS_ERR_NOMEM, "%s: out of memory", path);
         }
     }
     cJSON_Delete(root);

@@ -10,7 +10,8 @@ ds_status tok_buf_reserve(tok_buf *b, size_t extra, ds_error *err) {
     if (b->cap - b->len > extra) return DS_OK; /* keeps one spare byte for a NUL */
     size_t cap = b->cap ? b->cap : 64;
     while (cap - b->len <= extra) {
-        if (cap > SIZE_MAX / 2) return ds_error_set(err, DS_ERR_NOMEM, "tokenizer: buffer too large");
+        if (cap > SIZE_MAX / 2)
+            return ds_error_set(err, DS_ERR_NOMEM, "tokenizer: buffer too large");
         cap *= 2;
     }
     char *p = realloc(b->p, cap);

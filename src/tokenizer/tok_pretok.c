@@ -105,13 +105,11 @@ static ds_status split_pieces(tok_scratch *sc, const pcre2_code *re, tok_split_b
             }
             bool keep_gap = behavior == TOK_SPLIT_ISOLATED || !invert;
             bool keep_match = behavior == TOK_SPLIT_ISOLATED || invert;
-            if (keep_gap &&
-                (st = pieces_push(&sc->pieces2, &sc->n_pieces2, &sc->cap_pieces2, base + last,
-                                  ms - last, err)) != DS_OK)
+            if (keep_gap && (st = pieces_push(&sc->pieces2, &sc->n_pieces2, &sc->cap_pieces2,
+                                              base + last, ms - last, err)) != DS_OK)
                 return st;
-            if (keep_match &&
-                (st = pieces_push(&sc->pieces2, &sc->n_pieces2, &sc->cap_pieces2, base + ms,
-                                  me - ms, err)) != DS_OK)
+            if (keep_match && (st = pieces_push(&sc->pieces2, &sc->n_pieces2, &sc->cap_pieces2,
+                                                base + ms, me - ms, err)) != DS_OK)
                 return st;
             last = pos = me;
         }
@@ -150,7 +148,8 @@ ds_status tok_pretokenize(const ds_tokenizer *tok, tok_scratch *sc, const char *
             tok_piece *pc = &sc->pieces[p];
             if (sc->piece_text.p[pc->off] == ' ') continue;
             size_t off = sc->piece_text.len;
-            if ((st = tok_buf_reserve(&sc->piece_text, (size_t)pc->len + 1, err)) != DS_OK) return st;
+            if ((st = tok_buf_reserve(&sc->piece_text, (size_t)pc->len + 1, err)) != DS_OK)
+                return st;
             if (off + pc->len + 1 > UINT32_MAX)
                 return ds_error_set(err, DS_ERR_INVALID_ARG, "tokenizer: input too long");
             sc->piece_text.p[off] = ' ';

@@ -31,8 +31,8 @@ typedef struct ds_tokenizer ds_tokenizer;
  * read when present (bos/eos/pad token strings, chat_template). *out owned by the caller. */
 ds_status ds_tokenizer_load(const char *path, ds_tokenizer **out, ds_error *err);
 /* Same from an in-memory tokenizer.json (no tokenizer_config.json). name is used in messages. */
-ds_status ds_tokenizer_load_json(const char *json, size_t len, const char *name,
-                                 ds_tokenizer **out, ds_error *err);
+ds_status ds_tokenizer_load_json(const char *json, size_t len, const char *name, ds_tokenizer **out,
+                                 ds_error *err);
 void ds_tokenizer_free(ds_tokenizer *tok);
 
 /* Encodes len bytes of text. parse_special: match added tokens marked special inline (HF's
