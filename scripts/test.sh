@@ -9,6 +9,9 @@ bash scripts/setup.sh
 echo "== tests (release build)"
 ctest --test-dir build --output-on-failure -j2
 
+echo "== end-to-end server tests (official OpenAI Node client)"
+(cd tests/e2e && DS_BIN="$PWD/../../build/deltaserve" node --test --test-concurrency=1)
+
 echo "== tests (ASan + UBSan build)"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DDS_SANITIZE=ON -DDS_CUDA=OFF >/dev/null
 cmake --build build-asan -j"$(nproc)"
@@ -17,7 +20,7 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 
 if command -v clang >/dev/null; then
   echo "== fuzz (libFuzzer, ${DS_FUZZ_SECONDS:-30}s per target)"
-  CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DDS_FUZZ=ON -DDS_CUDA=OFF \
+  CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DDS_FUZZ=ON -DDS_SANITIZE=ON -DDS_CUDA=OFF \
     -DDS_NATIVE=OFF >/dev/null
   cmake --build build-fuzz -j"$(nproc)" --target $(cd fuzz && ls fuzz_*.c | sed 's/\.c$//')
   for src in fuzz/fuzz_*.c; do

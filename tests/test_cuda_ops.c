@@ -672,6 +672,13 @@ static void test_mixers(void **state) {
             snprintf(label, sizeof label, "%s decode at 1500", SHAPES[si].name);
             mixer_step(m, &c, tb, &r, label);
         }
+        /* a full step of DS_CUDA_MAX_TOKENS tokens of one sequence (slot 3) */
+        {
+            int s3[1] = {3}, p3[1] = {0}, n3[1] = {2048};
+            batch_make(tb, 1, s3, p3, n3, m->cfg.vocab, &r);
+            snprintf(label, sizeof label, "%s prefill 2048", SHAPES[si].name);
+            mixer_step(m, &c, tb, &r, label);
+        }
         free(tb);
         caches_free(&c);
         model_free(m);
@@ -712,19 +719,40 @@ static void run_fixture(const char *name) {
         const size_t n = (size_t)tb->b.n_out * (size_t)cfg.vocab;
         float *ref = act_download(g_cpu, mc.s.logits.data, DS_DTYPE_F32, n);
         float *got = act_download(g_cuda, mg.s.logits.data, DS_DTYPE_F32, n);
-        const double e = test_rel_l2(got, ref, n);
-        int agree = 0;
-        for (int i = 0; i < tb->b.n_out; i++) {
-            int a = 0, b = 0;
+        /* per-row errors: bf16 activations move these tiny random models a lot, and a bf16
+         * router input can flip a near-tied top-k choice, changing a token's logits wholesale;
+         * the precise checks are the per-op tests above, this one is a smoke test */
+        const int R = tb->b.n_out;
+        double *re = malloc(sizeof(double) * (size_t)R);
+        int agree = 0, bad = 0;
+        for (int i = 0; i < R; i++) {
+            const float *a = ref + (size_t)i * cfg.vocab, *b = got + (size_t)i * cfg.vocab;
+            re[i] = test_rel_l2(b, a, (size_t)cfg.vocab);
+            int ia = 0, ib = 0;
             for (int v = 1; v < cfg.vocab; v++) {
-                if (ref[(size_t)i * cfg.vocab + v] > ref[(size_t)i * cfg.vocab + a]) a = v;
-                if (got[(size_t)i * cfg.vocab + v] > got[(size_t)i * cfg.vocab + b]) b = v;
+                if (a[v] > a[ia]) ia = v;
+                if (b[v] > b[ib]) ib = v;
             }
-            agree += a == b;
+            agree += ia == ib;
+            bad += !(re[i] <= 0.1);
         }
-        printf("  model %-12s step %d (%2d tokens) logits rel L2 %.2e, argmax agree %d/%d\n", name,
-               step, tb->b.n_tokens, e, agree, tb->b.n_out);
-        if (!(e <= 3e-2) || nan_count(got, n)) fail_msg("%s step %d: rel L2 %.3e", name, step, e);
+        for (int i = 1; i < R; i++) /* insertion sort for the median */
+            for (int j = i; j > 0 && re[j] < re[j - 1]; j--) {
+                const double t = re[j];
+                re[j] = re[j - 1];
+                re[j - 1] = t;
+            }
+        const double e = test_rel_l2(got, ref, n);
+        printf("  model %-14s step %d (%2d tokens) logits rel L2 %.2e, per row median %.2e max "
+               "%.2e, rows > 0.1: %d, argmax agree %d/%d\n",
+               name, step, tb->b.n_tokens, e, re[R / 2], re[R - 1], bad, agree, R);
+        /* Bounds from tools/gpu/bf16emu.c: the CPU backend with only its op outputs rounded to
+         * bf16 already moves these tiny random models by a per-row median 1.8e-2 (MoE) /
+         * 2.4e-2 (dense), max 0.35 / 0.095, argmax agreement 48/53 and 50/53 at step 0. */
+        if (nan_count(got, n) || !(re[R / 2] <= 5e-2) || bad * 5 > R || agree * 10 < R * 8)
+            fail_msg("%s step %d: median %.3e max %.3e bad %d agree %d/%d", name, step, re[R / 2],
+                     re[R - 1], bad, agree, R);
+        free(re);
         free(ref);
         free(got);
         past[0] += news[0];
@@ -741,9 +769,9 @@ static void run_fixture(const char *name) {
 
 static void test_model_fixtures(void **state) {
     (void)state;
+    run_fixture("tiny-dense");
     run_fixture("tiny-moe");
     run_fixture("tiny-moe-fused");
-    run_fixture("tiny-dense");
 }
 
 /* ---- measurements (DS_CUDA_BENCH=1) ------------------------------------------------------------ */
@@ -847,12 +875,15 @@ static void op_call(void *p) {
 
 static void test_bench(void **state) {
     (void)state;
-    if (!getenv("DS_CUDA_BENCH")) {
+    const char *mode = getenv("DS_CUDA_BENCH");
+    if (!mode) {
         printf("  (set DS_CUDA_BENCH=1 for the measurements)\n");
         return;
     }
+    const int quick = !strcmp(mode, "quick"); /* decode ops only, one iteration (sanitizers) */
+    const int it = quick ? 1 : 50;
     /* device-to-device copy: bytes read + written */
-    {
+    if (!quick) {
         copy_arg c = {.bytes = (size_t)2 << 30};
         c.a = g_cuda->ops->alloc(g_cuda, c.bytes);
         c.b = g_cuda->ops->alloc(g_cuda, c.bytes);
@@ -863,15 +894,17 @@ static void test_bench(void **state) {
         g_cuda->ops->free(g_cuda, c.b);
     }
     const int saved_rows = cuda_ctx()->gemv_rows;
-    for (int rows = 1; rows <= 4; rows *= 2) {
+    for (int rows = 1; rows <= 4 && !quick; rows *= 2) {
         cuda_ctx()->gemv_rows = rows;
         for (int R = 1; R <= 8; R++) bench_gemv(8192, 2048, R, 16, 200, 0);
     }
     cuda_ctx()->gemv_rows = saved_rows;
-    bench_gemv(2048, 4096, 1, 16, 200, 0);   /* o_proj: narrow N → split-K */
-    bench_gemv(12352, 2048, 1, 16, 200, 0);  /* GDN in_proj of 35B-A3B */
-    bench_gemv(248320, 2048, 1, 2, 20, 1);   /* lm_head, F32 logits */
-    bench_gemv(248320, 2048, 8, 2, 20, 1);
+    if (!quick) {
+        bench_gemv(2048, 4096, 1, 16, 200, 0);  /* o_proj: narrow N → split-K */
+        bench_gemv(12352, 2048, 1, 16, 200, 0); /* GDN in_proj of 35B-A3B */
+        bench_gemv(248320, 2048, 1, 2, 20, 1);  /* lm_head, F32 logits */
+        bench_gemv(248320, 2048, 8, 2, 20, 1);
+    }
 
     /* decode ops at Qwen3.5-35B-A3B shapes (one layer each), S = 1 */
     {
@@ -893,11 +926,14 @@ static void test_bench(void **state) {
         pair in = {act_upload(g_cuda, pv, (size_t)2048 * Wmax), NULL, 2048, Wa};
         pair out = {act_poisoned(g_cuda, DS_DTYPE_BF16, (size_t)2048 * 8192), NULL, 2048, 4096};
         op_arg a = {m, &c, &in, &out, 1};
-        printf("  attention prefill 2048 tokens: %.3f ms\n", time_ms(op_call, &a, 3));
+        printf("  (timing attention prefill)\n");
+        fflush(stdout);
+        printf("  attention prefill 2048 tokens: %.3f ms\n", time_ms(op_call, &a, quick ? 1 : 3));
+        fflush(stdout);
         in.cols = Wg;
         out.cols = 4096;
         a.which = 0;
-        printf("  gdn prefill 2048 tokens (recurrent): %.3f ms\n", time_ms(op_call, &a, 3));
+        printf("  gdn prefill 2048 tokens (recurrent): %.3f ms\n", time_ms(op_call, &a, quick ? 1 : 3));
         for (int ctx = 2048; ctx <= 2048; ctx *= 2) {
             past[0] = ctx;
             news[0] = 1;
@@ -906,17 +942,17 @@ static void test_bench(void **state) {
             in.rows = out.rows = 1;
             in.cols = Wa;
             a.which = 1;
-            printf("  attention decode S=1 at context %d: %.2f us\n", ctx + 1, time_ms(op_call, &a, 50) * 1e3);
+            printf("  attention decode S=1 at context %d: %.2f us\n", ctx + 1, time_ms(op_call, &a, it) * 1e3);
             in.cols = Wg;
             a.which = 0;
-            printf("  gdn decode S=1 (32 heads, fp32 state 2 MiB r+w): %.2f us\n", time_ms(op_call, &a, 50) * 1e3);
+            printf("  gdn decode S=1 (32 heads, fp32 state 2 MiB r+w): %.2f us\n", time_ms(op_call, &a, it) * 1e3);
         }
         for (int T = 1; T <= 8; T *= 8) {
             in.rows = out.rows = T;
             in.cols = out.cols = 2048;
             a.which = 2;
             const double bytes = (double)T * 8 * 3 * 512 * 2048 * 2 + (64 + 1025.0) * 2048 * 2 + 2048 * 512 * 2;
-            const float ms = time_ms(op_call, &a, 50);
+            const float ms = time_ms(op_call, &a, it);
             printf("  moe decode T=%d (E=64, top-8, I=512): %.2f us (~%.0f GB/s if experts distinct)\n",
                    T, ms * 1e3, bytes / (ms * 1e-3) / 1e9);
         }
@@ -934,6 +970,7 @@ static void test_bench(void **state) { (void)state; }
 #endif
 
 int main(void) {
+    setvbuf(stdout, NULL, _IOLBF, 0); /* keep stdout and stderr lines in order in logs */
     ds_error err = {0};
     if (ds_backend_cuda_create(0, &g_cuda, &err) != DS_OK) {
         printf("test_cuda_ops: skipped (%s)\n", err.msg);

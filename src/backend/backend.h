@@ -36,6 +36,14 @@ typedef struct ds_batch {
     int max_blocks;              /* row length of block_table */
     int n_out;                   /* rows that need logits */
     const int32_t *out_rows;     /* [n_out] token indices (into [0, T)) that need logits */
+    /* Speculative verification (optional; NULL = every sequence updates its seq_slot state in
+     * place). [T] state slot per token, or -1. A sequence with at least one entry >= 0 keeps its
+     * seq_slot GDN state untouched (only read) and gets its conv history and fp32 recurrent
+     * state after token t written to slot state_out_slots[t] for every t whose entry is >= 0, so
+     * the caller can continue from the state after the last accepted token without a copy or a
+     * recomputation. Entries must differ from the sequence's seq_slot and from each other. A
+     * sequence whose entries are all -1 updates seq_slot in place. Attention layers ignore it. */
+    const int32_t *state_out_slots;
 } ds_batch;
 
 /* Sizes of the per-sequence caches: KV blocks for attention layers, one GDN state slot
@@ -127,6 +135,9 @@ typedef struct ds_backend_ops {
     uint64_t (*take_launch_count)(ds_backend *be);
     /* Human-readable device name ("NVIDIA H200", "cpu: 16 threads"). */
     const char *(*device_name)(ds_backend *be);
+    /* out[R, A + B] = [a | b] row by row; a [R, A], b [R, B], all activation dtype. The MTP
+     * head's fc input [RMSNorm(embed(t+1)) ; RMSNorm(h_t)]; the MTP needs it (NULL: no MTP). */
+    void (*concat)(ds_backend *be, const ds_tensor *a, const ds_tensor *b, ds_tensor *out);
 } ds_backend_ops;
 
 struct ds_backend {

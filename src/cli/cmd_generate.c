@@ -1,8 +1,10 @@
 /* deltaserve generate — stream a continuation of a prompt:
  *   deltaserve generate -m DIR (-p TEXT | --tokens 1,2,3) [-n N] [sampling options]
- *                       [--print-ids] [--device D] [--threads N]
+ *                       [--num-speculative-tokens K] [--print-ids] [--device D] [--threads N]
  * Text streams to stdout as it is generated (never half a UTF-8 character); with --print-ids
- * stdout gets the generated ids instead, one line, comma-separated. Timing goes to stderr. */
+ * stdout gets the generated ids instead, one line, comma-separated. Timing goes to stderr, and
+ * with --num-speculative-tokens (MTP speculative decoding, runtime/spec.h) the acceptance rate
+ * and mean accepted length. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +13,7 @@
 #include "cli/args.h"
 #include "cli/cli_cmds.h"
 #include "cli/engine.h"
+#include "runtime/spec.h"
 #include "sampling/sampler.h"
 #include "sampling/stop.h"
 #include "tokenizer/tokenizer.h"
@@ -26,8 +29,11 @@ static void usage(FILE *f) {
             "  --repetition-penalty R --presence-penalty P --frequency-penalty P\n"
             "  --seed S                 same seed, same output\n"
             "  --min-tokens N --ignore-eos --stop STR (repeatable)\n"
+            "  --num-speculative-tokens K  MTP speculative decoding, K draft tokens a step\n"
+            "                           (1..%d; needs a checkpoint with an MTP head)\n"
             "  --print-ids              print the generated ids (one line) instead of text\n"
-            "  --device cpu|cuda|auto   --threads N\n");
+            "  --device cpu|cuda|auto   --threads N\n",
+            DS_SPEC_MAX_K);
 }
 
 static double now_s(void) {
@@ -40,6 +46,7 @@ typedef struct gen_args {
     ds_cli_engine_opts eng;
     const char *prompt, *tokens;
     bool print_ids;
+    int n_spec; /* --num-speculative-tokens (0 = off) */
     ds_sampling_params sp;
     const char *stops[GEN_MAX_STOPS];
 } gen_args;
@@ -72,6 +79,9 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         } else if ((v = ds_arg_value(argc, argv, &i, "-n", cmd, &bad))) {
             if (!ds_arg_int(cmd, "-n", v, 1, 1 << 24, &n)) return 2;
             a->sp.max_tokens = (int)n;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--num-speculative-tokens", cmd, &bad))) {
+            if (!ds_arg_int(cmd, "--num-speculative-tokens", v, 0, DS_SPEC_MAX_K, &n)) return 2;
+            a->n_spec = (int)n;
         } else if ((v = ds_arg_value(argc, argv, &i, "--temperature", cmd, &bad))) {
             if (!ds_arg_float(cmd, "--temperature", v, 0, 1e6, &d)) return 2;
             a->sp.temperature = (float)d;
@@ -136,6 +146,125 @@ static void emit(const char *text, size_t len) {
     }
 }
 
+/* Output side of one run: ids, detokeniser, stop strings. */
+typedef struct gen_out {
+    const gen_args *a;
+    ds_tokenizer *tok;
+    ds_sampler *sampler;
+    ds_stop_matcher *stop;
+    ds_detok *detok;
+    int32_t *ids; /* [max_tokens] */
+    int n;
+    const char *why;
+} gen_out;
+
+/* Records one generated token (already accepted by the sampler) and streams its text. Returns
+ * 1 when generation ends with it, 0 to go on, -1 on error (message printed). */
+static int out_token(gen_out *o, int token) {
+    ds_error err = {0};
+    o->ids[o->n++] = token;
+    int stop_token = -1;
+    ds_finish_reason fr = ds_sampler_finish_reason(o->sampler, token, o->n, &stop_token);
+    bool stop_hit = false;
+    /* The text of a finishing EOS / stop id is not output (vLLM), unless asked for. */
+    bool feed_text = fr != DS_FINISH_STOP || o->sampler->params.include_stop_str_in_output;
+    if (o->tok && !o->a->print_ids && feed_text) {
+        const char *text;
+        size_t len;
+        ds_stop_result sr;
+        if (ds_detok_push(o->detok, token, &text, &len, &err) != DS_OK ||
+            ds_stop_matcher_feed(o->stop, text, len, &sr, &err) != DS_OK) {
+            fprintf(stderr, "deltaserve generate: %s\n", err.msg);
+            return -1;
+        }
+        emit(sr.text, sr.len);
+        stop_hit = sr.stop_index >= 0;
+    }
+    if (stop_hit || fr != DS_FINISH_NONE) {
+        o->why = stop_hit ? "stop string" : ds_finish_reason_name(fr);
+        return 1;
+    }
+    return 0;
+}
+
+/* Plain decoding: one token per forward. Returns 0 or 1 (error printed). */
+static int run_plain(ds_cli_engine *e, gen_out *o, const int32_t *prompt, size_t n_prompt,
+                     float *logits, double *t_prefill) {
+    ds_error err = {0};
+    double t0 = now_s();
+    if (ds_session_feed(&e->sess, 0, prompt, (int)n_prompt, false, logits, &err) != DS_OK) {
+        fprintf(stderr, "deltaserve generate: %s\n", err.msg);
+        return 1;
+    }
+    *t_prefill = now_s() - t0;
+    for (;;) {
+        ds_sample_result res;
+        if (ds_sampler_sample(o->sampler, logits, o->n, &res, &err) != DS_OK ||
+            ds_sampler_accept(o->sampler, res.token, &err) != DS_OK) {
+            fprintf(stderr, "deltaserve generate: %s\n", err.msg);
+            return 1;
+        }
+        int r = out_token(o, res.token);
+        if (r < 0) return 1;
+        if (r > 0) return 0;
+        if (ds_session_feed(&e->sess, 0, &o->ids[o->n - 1], 1, false, logits, &err) != DS_OK) {
+            fprintf(stderr, "deltaserve generate: %s\n", err.msg);
+            return 1;
+        }
+    }
+}
+
+/* MTP speculative decoding: up to k + 1 tokens per target forward. Returns 0 or 1. */
+static int run_spec(ds_cli_engine *e, gen_out *o, const int32_t *prompt, size_t n_prompt,
+                    double *t_prefill, ds_spec_stats *stats) {
+    ds_error err = {0};
+    const int k = o->a->n_spec;
+    /* The CLI engine's session has one GDN slot per sequence: replace it with a speculative one
+     * (k + 2 state slots, KV lookahead). */
+    ds_session_free(&e->sess);
+    e->sess_ready = false;
+    if (ds_session_init_spec(&e->sess, &e->model, 1, (int)n_prompt + o->a->sp.max_tokens, k,
+                             &err) != DS_OK) {
+        fprintf(stderr, "deltaserve generate: %s\n", err.msg);
+        return 1;
+    }
+    e->sess_ready = true;
+    ds_spec_gen g;
+    if (ds_spec_gen_init(&g, &e->sess, 0, k, o->sampler, &err) != DS_OK) {
+        fprintf(stderr, "deltaserve generate: --num-speculative-tokens: %s\n", err.msg);
+        ds_spec_gen_free(&g);
+        return 1;
+    }
+    int32_t toks[DS_SPEC_MAX_K + 1];
+    ds_sample_result res[DS_SPEC_MAX_K + 1];
+    int n = 0, rc = 1;
+    double t0 = now_s();
+    if (ds_spec_gen_prefill(&g, prompt, (int)n_prompt, toks, res, &n, &err) != DS_OK) {
+        fprintf(stderr, "deltaserve generate: %s\n", err.msg);
+        goto done;
+    }
+    *t_prefill = now_s() - t0;
+    for (;;) {
+        for (int i = 0; i < n; i++) {
+            int r = out_token(o, toks[i]);
+            if (r < 0) goto done;
+            if (r > 0) {
+                rc = 0;
+                goto done;
+            }
+        }
+        DS_ASSERT(!g.finished);
+        if (ds_spec_gen_step(&g, toks, res, &n, &err) != DS_OK) {
+            fprintf(stderr, "deltaserve generate: %s\n", err.msg);
+            goto done;
+        }
+    }
+done:
+    *stats = g.stats;
+    ds_spec_gen_free(&g);
+    return rc;
+}
+
 int ds_cmd_generate(int argc, char **argv) {
     gen_args a = {0};
     int rc = parse_args(argc, argv, &a);
@@ -171,7 +300,7 @@ int ds_cmd_generate(int argc, char **argv) {
     ds_cli_engine e;
     a.eng.max_len = (int)n_prompt + a.sp.max_tokens;
     a.eng.max_tokens = 256;
-    a.eng.max_out = 1;
+    a.eng.max_out = a.n_spec + 1; /* a verification asks for logits of k + 1 rows */
     if (!ds_cli_engine_open(&e, &a.eng, "generate")) {
         free(prompt);
         ds_tokenizer_free(tok);
@@ -211,50 +340,14 @@ int ds_cmd_generate(int argc, char **argv) {
         goto done;
     }
 
-    double t0 = now_s();
-    if (ds_session_feed(&e.sess, 0, prompt, (int)n_prompt, false, logits, &err) != DS_OK) {
-        fprintf(stderr, "deltaserve generate: %s\n", err.msg);
+    gen_out o = {.a = &a, .tok = tok, .sampler = &sampler, .stop = &stop, .detok = &detok,
+                 .ids = out_ids, .why = "length"};
+    ds_spec_stats stats = {0};
+    double t_prefill = 0, t0 = now_s();
+    if (a.n_spec > 0 ? run_spec(&e, &o, prompt, n_prompt, &t_prefill, &stats)
+                     : run_plain(&e, &o, prompt, n_prompt, logits, &t_prefill))
         goto done;
-    }
-    double t_prefill = now_s() - t0;
-    int n_out = 0;
-    const char *why = "length";
-    double t_decode0 = now_s();
-    for (;;) {
-        ds_sample_result res;
-        if (ds_sampler_sample(&sampler, logits, n_out, &res, &err) != DS_OK ||
-            ds_sampler_accept(&sampler, res.token, &err) != DS_OK) {
-            fprintf(stderr, "deltaserve generate: %s\n", err.msg);
-            goto done;
-        }
-        out_ids[n_out++] = res.token;
-        int stop_token = -1;
-        ds_finish_reason fr = ds_sampler_finish_reason(&sampler, res.token, n_out, &stop_token);
-        bool stop_hit = false;
-        /* The text of a finishing EOS / stop id is not output (vLLM), unless asked for. */
-        bool feed_text = fr != DS_FINISH_STOP || sampler.params.include_stop_str_in_output;
-        if (tok && !a.print_ids && feed_text) {
-            const char *text;
-            size_t len;
-            ds_stop_result sr;
-            if (ds_detok_push(&detok, res.token, &text, &len, &err) != DS_OK ||
-                ds_stop_matcher_feed(&stop, text, len, &sr, &err) != DS_OK) {
-                fprintf(stderr, "deltaserve generate: %s\n", err.msg);
-                goto done;
-            }
-            emit(sr.text, sr.len);
-            stop_hit = sr.stop_index >= 0;
-        }
-        if (stop_hit || fr != DS_FINISH_NONE) {
-            why = stop_hit ? "stop string" : ds_finish_reason_name(fr);
-            break;
-        }
-        if (ds_session_feed(&e.sess, 0, &out_ids[n_out - 1], 1, false, logits, &err) != DS_OK) {
-            fprintf(stderr, "deltaserve generate: %s\n", err.msg);
-            goto done;
-        }
-    }
-    double t_decode = now_s() - t_decode0;
+    double t_decode = now_s() - t0 - t_prefill;
     if (tok && !a.print_ids) {
         const char *text;
         size_t len;
@@ -267,15 +360,24 @@ int ds_cmd_generate(int argc, char **argv) {
         printf("\n");
     }
     if (a.print_ids) {
-        for (int i = 0; i < n_out; i++) printf(i ? ",%d" : "%d", out_ids[i]);
+        for (int i = 0; i < o.n; i++) printf(i ? ",%d" : "%d", out_ids[i]);
         printf("\n");
     }
     fflush(stdout); /* keep stdout's last line ahead of the stderr summary on a terminal */
     fprintf(stderr,
             "[%s] prompt %zu tokens in %.1f ms (%.1f tok/s); generated %d tokens in %.1f ms "
             "(%.2f tok/s); finish: %s\n",
-            e.be->ops->name, n_prompt, t_prefill * 1e3, (double)n_prompt / t_prefill, n_out,
-            t_decode * 1e3, n_out > 1 ? (double)(n_out - 1) / t_decode : 0.0, why);
+            e.be->ops->name, n_prompt, t_prefill * 1e3, (double)n_prompt / t_prefill, o.n,
+            t_decode * 1e3, o.n > 1 ? (double)(o.n - 1) / t_decode : 0.0, o.why);
+    if (a.n_spec > 0) {
+        fprintf(stderr, "acceptance rate: %.2f, mean accepted length: %.2f (k=%d, %llu steps, "
+                "%llu of %llu draft tokens accepted; per position:",
+                ds_spec_acceptance_rate(&stats), ds_spec_mean_accepted_len(&stats), a.n_spec,
+                (unsigned long long)stats.n_drafts, (unsigned long long)stats.n_accepted_tokens,
+                (unsigned long long)stats.n_draft_tokens);
+        for (int i = 0; i < a.n_spec; i++) fprintf(stderr, " %.2f", ds_spec_pos_rate(&stats, i));
+        fprintf(stderr, ")\n");
+    }
     rc = 0;
 done:
     if (stop_ok) ds_stop_matcher_free(&stop);

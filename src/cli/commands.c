@@ -10,5 +10,6 @@ const ds_cli_command ds_cli_commands[] = {
     {"serve", ds_cmd_serve},
     {"bench-serve", ds_cmd_bench_serve},
     {"bench", ds_cmd_bench},
+    {"render-chat", ds_cmd_render_chat},
     {0, 0},
 };

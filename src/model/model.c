@@ -52,7 +52,8 @@ static ds_status model_alloc_scratch(ds_model *m, ds_error *err) {
         (st = alloc_act(m, &s->core, max_tokens, core_w, act, err)) ||
         (st = alloc_act(m, &s->delta, max_tokens, cfg->hidden, act, err)) ||
         (st = alloc_act(m, &s->out_h, max_out, cfg->hidden, act, err)) ||
-        (st = alloc_act(m, &s->logits, max_out, cfg->vocab, DS_DTYPE_F32, err))) {
+        (st = alloc_act(m, &s->logits, max_out, cfg->vocab, DS_DTYPE_F32, err)) ||
+        (st = ds_mtp_scratch_alloc(m, err))) {
         ds_model_free(m);
         return st;
     }
@@ -97,6 +98,7 @@ ds_status ds_model_init_dummy(ds_model *m, ds_backend *be, const ds_config *cfg,
 
 void ds_model_free(ds_model *m) {
     if (!m->be) return;
+    ds_mtp_scratch_free(m);
     ds_tensor *bufs[] = {&m->s.resid, &m->s.normed, &m->s.proj,  &m->s.core,
                          &m->s.delta, &m->s.out_h,  &m->s.logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)

@@ -18,6 +18,15 @@ typedef struct ds_model_scratch {
     ds_tensor logits; /* F32 [R, V] */
 } ds_model_scratch;
 
+/* The MTP head's own activations (allocated when the weights carry an MTP head). */
+typedef struct ds_mtp_scratch {
+    ds_tensor e_n;   /* [T, H]  RMSNorm_emb(embed(token t+1)) */
+    ds_tensor h_n;   /* [T, H]  RMSNorm_hid(h_t) */
+    ds_tensor cat;   /* [T, 2H] [e_n | h_n], the fc input */
+    ds_tensor out_h; /* [R, H]  mtp.norm output of the rows that asked for logits: the hidden
+                        input of the next draft step */
+} ds_mtp_scratch;
+
 typedef struct ds_model {
     ds_config cfg;
     ds_backend *be;
@@ -26,6 +35,7 @@ typedef struct ds_model {
     int max_out;        /* logit rows per step */
     ds_model_scratch s;
     ds_model_weights *dummy_host; /* host dummy weights this model owns (else NULL) */
+    ds_mtp_scratch mtp;           /* zeroed when the model has no MTP head */
 } ds_model;
 
 /* Binds host weights to a backend (prepare_weights) and allocates scratch for steps of up to
@@ -42,6 +52,28 @@ void ds_model_free(ds_model *m);
 /* One forward step over the batch. On return m->s.logits holds F32 [b->n_out, V] logits (backend
  * memory) for the rows b->out_rows, and m->s.out_h their final-normed hidden states. */
 ds_status ds_model_forward(ds_model *m, ds_cache *cache, const ds_batch *b, ds_error *err);
+
+/* ---- MTP head (mtp.c) --------------------------------------------------------------------- *
+ *
+ * One step of the multi-token-prediction head over a batch laid out like a target batch: row t
+ * of the batch is position positions[t] of its sequence, tokens[t] is the token at the NEXT
+ * position (t+1), hidden [T, H] (backend memory, activation dtype) is h_t: the target model's
+ * final-normed hidden state at that position, or for a further draft step the MTP's own
+ * post-norm output.
+ *   x = fc([RMSNorm_emb(embed(tokens)) ; RMSNorm_hid(hidden)])
+ *   x += attn(RMSNorm_in(x))   (gated full attention, its own paged KV: cache layer n_layers,
+ *                               RoPE at positions, block tables of the batch)
+ *   x += FFN(RMSNorm_post(x));  out = mtp.norm(x)
+ * On return m->s.logits holds F32 [b->n_out, V] (shared lm_head) and m->mtp.out_h [b->n_out, H]
+ * the post-norm rows b->out_rows. GDN state is not touched (seq_slot is ignored). hidden may
+ * be m->s.normed (the target's output of the previous forward) or m->mtp.out_h.
+ * DS_ERR_UNSUPPORTED when the model has no MTP head or the backend lacks `concat`. */
+bool ds_model_has_mtp(const ds_model *m);
+ds_status ds_mtp_forward(ds_model *m, ds_cache *cache, const ds_batch *b, const ds_tensor *hidden,
+                         ds_error *err);
+/* Scratch of the MTP head; called by ds_model_init / ds_model_free. */
+ds_status ds_mtp_scratch_alloc(ds_model *m, ds_error *err);
+void ds_mtp_scratch_free(ds_model *m);
 
 /* Cache sized for this model (n_slots sequences, max_len tokens each). */
 ds_status ds_model_cache_create(ds_model *m, int n_slots, int max_len, int block_size,

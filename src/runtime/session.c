@@ -6,16 +6,37 @@
 #define DS_SESSION_BLOCK_SIZE 16
 
 ds_status ds_session_init(ds_session *s, ds_model *m, int n_slots, int max_len, ds_error *err) {
+    return ds_session_init_spec(s, m, n_slots, max_len, 0, err);
+}
+
+ds_status ds_session_init_spec(ds_session *s, ds_model *m, int n_slots, int max_len, int n_spec,
+                               ds_error *err) {
     *s = (ds_session){.model = m, .n_slots = n_slots, .max_len = max_len,
                       .block_size = DS_SESSION_BLOCK_SIZE};
-    if (n_slots <= 0 || max_len <= 0)
+    if (n_slots <= 0 || max_len <= 0 || n_spec < 0)
         return ds_error_set(err, DS_ERR_INVALID_ARG, "session needs positive slots and length");
-    s->blocks_per_seq = (max_len + s->block_size - 1) / s->block_size;
-    ds_status st = ds_model_cache_create(m, n_slots, max_len, s->block_size, &s->cache, err);
-    if (st != DS_OK) return st;
+    if ((int64_t)max_len + 2 * (int64_t)n_spec > INT32_MAX / 2)
+        return ds_error_set(err, DS_ERR_INVALID_ARG, "session length %d is too large", max_len);
+    s->n_spec = n_spec;
+    s->gdn_per_slot = n_spec > 0 ? n_spec + 2 : 1;
+    s->blocks_per_seq = (max_len + 2 * n_spec + s->block_size - 1) / s->block_size;
+    if ((int64_t)n_slots * s->gdn_per_slot > INT32_MAX ||
+        (int64_t)n_slots * s->blocks_per_seq > INT32_MAX)
+        return ds_error_set(err, DS_ERR_INVALID_ARG, "session of %d slots is too large", n_slots);
+    ds_cache_desc desc = {.n_slots = n_slots * s->gdn_per_slot,
+                          .n_blocks = n_slots * s->blocks_per_seq,
+                          .block_size = s->block_size};
+    ds_status st = m->be->ops->cache_create(m->be, &m->cfg, &desc, &s->cache, err);
+    if (st != DS_OK) {
+        s->cache = NULL;
+        return st;
+    }
     s->block_table = ds_xcalloc((size_t)n_slots * (size_t)s->blocks_per_seq, sizeof(int32_t));
     for (int i = 0; i < n_slots * s->blocks_per_seq; i++) s->block_table[i] = i;
     s->n_past = ds_xcalloc((size_t)n_slots, sizeof(int32_t));
+    s->gdn_cur = ds_xcalloc((size_t)n_slots, sizeof(int32_t));
+    for (int i = 0; i < n_slots; i++) s->gdn_cur[i] = i * s->gdn_per_slot;
+    s->seq_gdn = ds_xcalloc((size_t)m->max_tokens, sizeof(int32_t));
     s->positions = ds_xcalloc((size_t)m->max_tokens, sizeof(int32_t));
     s->seq_start = ds_xcalloc((size_t)m->max_tokens + 1, sizeof(int32_t));
     s->seq_n_past = ds_xcalloc((size_t)m->max_tokens, sizeof(int32_t));
@@ -34,13 +55,27 @@ void ds_session_free(ds_session *s) {
     free(s->seq_n_past);
     free(s->step_blocks);
     free(s->out_rows);
+    free(s->gdn_cur);
+    free(s->seq_gdn);
     *s = (ds_session){0};
 }
 
 void ds_session_reset(ds_session *s, int slot) {
     DS_ASSERT(slot >= 0 && slot < s->n_slots);
     s->n_past[slot] = 0;
-    s->model->be->ops->cache_reset_slot(s->model->be, s->cache, slot);
+    /* Only the current GDN slot needs clearing: a verification writes a spare completely
+     * before it becomes current. */
+    s->model->be->ops->cache_reset_slot(s->model->be, s->cache, s->gdn_cur[slot]);
+}
+
+int ds_session_spare_slots(const ds_session *s, int slot, int32_t *out) {
+    DS_ASSERT(slot >= 0 && slot < s->n_slots);
+    int n = 0;
+    for (int j = 0; j < s->gdn_per_slot; j++) {
+        int32_t g = slot * s->gdn_per_slot + j;
+        if (g != s->gdn_cur[slot]) out[n++] = g;
+    }
+    return n;
 }
 
 ds_status ds_session_feed(ds_session *s, int slot, const int32_t *tokens, int n, bool all_logits,
@@ -71,7 +106,7 @@ ds_status ds_session_feed(ds_session *s, int slot, const int32_t *tokens, int n,
         }
         for (int i = 0; i < T; i++) s->positions[i] = s->n_past[slot] + i;
         int32_t seq_start[2] = {0, T};
-        int32_t seq_slot = slot, seq_n_past = s->n_past[slot];
+        int32_t seq_slot = s->gdn_cur[slot], seq_n_past = s->n_past[slot];
         ds_batch b = {
             .n_tokens = T,
             .n_seqs = 1,
@@ -115,6 +150,7 @@ ds_status ds_session_decode(ds_session *s, const int32_t *slots, const int32_t *
         s->seq_start[i] = i;
         s->seq_n_past[i] = s->n_past[slot];
         s->out_rows[i] = i;
+        s->seq_gdn[i] = s->gdn_cur[slot];
         memcpy(s->step_blocks + (size_t)i * B, s->block_table + (size_t)slot * B,
                B * sizeof(int32_t));
     }
@@ -125,7 +161,7 @@ ds_status ds_session_decode(ds_session *s, const int32_t *slots, const int32_t *
         .tokens = tokens,
         .positions = s->positions,
         .seq_start = s->seq_start,
-        .seq_slot = slots,
+        .seq_slot = s->seq_gdn,
         .seq_n_past = s->seq_n_past,
         .block_table = s->step_blocks,
         .max_blocks = s->blocks_per_seq,

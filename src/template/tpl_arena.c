@@ -15,7 +15,7 @@ struct tpl_chunk {
 };
 
 _Noreturn void tpl_throw(tpl_base *b, ds_status st, int line, const char *fmt, ...) {
-    char msg[DS_ERROR_MSG_MAX];
+    char msg[DS_ERROR_MSG_MAX - 64]; /* room for the "chat template line N: " prefix */
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);

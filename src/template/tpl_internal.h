@@ -335,6 +335,9 @@ bool tpl_run_test(tpl_ctx *c, const char *name, size_t n, tpl_value *operand,
 tpl_value *tpl_builtin_member(tpl_ctx *c, tpl_value *obj, const char *name, size_t n);
 /* Declares range, namespace, raise_exception, strftime_now, dict, true/false/none. */
 void tpl_declare_globals(tpl_ctx *c, tpl_env *g);
+/* Stable sort of v[0..n) (optionally by an attribute path); throws on incomparable items. */
+void tpl_sort_values(tpl_ctx *c, tpl_value **v, size_t n, bool reverse, bool case_sensitive,
+                     tpl_value *attribute);
 /* getAttributeValue of the reference: "a.b.0" paths through objects and arrays. */
 tpl_value *tpl_attr_path(tpl_ctx *c, tpl_value *item, const char *path, size_t n);
 

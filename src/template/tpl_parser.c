@@ -21,9 +21,9 @@ typedef struct nvec {
     size_t n, cap;
 } nvec;
 
-_Noreturn static void perr(parser *P, const char *fmt, const char *arg) {
+_Noreturn static void perr(parser *P, const char *msg) {
     const tpl_token *t = &P->t[P->cur < P->n ? P->cur : P->n - 1];
-    tpl_throw(P->a->base, DS_ERR_FORMAT, t->line, fmt, arg ? arg : "");
+    tpl_throw(P->a->base, DS_ERR_FORMAT, t->line, "%s", msg);
 }
 
 static const tpl_token *tok(parser *P) { return &P->t[P->cur]; }
@@ -262,7 +262,7 @@ static unsigned body_uses(const tpl_nlist *params, const tpl_nlist *body) {
 
 static tpl_node *parse_macro(parser *P, int line) {
     tpl_node *name = parse_primary(P);
-    if (name->kind != TN_IDENT) perr(P, "expected a name after macro%s", NULL);
+    if (name->kind != TN_IDENT) perr(P, "expected a name after macro");
     tpl_node *x = mk(P, TN_MACRO, line);
     x->s = name->s;
     x->n = name->n;
@@ -281,8 +281,8 @@ static tpl_node *parse_for(parser *P, int line) {
     tpl_node *x = mk(P, TN_FOR, line);
     x->a = parse_sequence(P, true);
     if (x->a->kind != TN_IDENT && x->a->kind != TN_TUPLE)
-        perr(P, "expected a name or a tuple of names as the loop variable%s", NULL);
-    if (!is_ident(P, "in")) perr(P, "expected 'in' after the loop variable%s", NULL);
+        perr(P, "expected a name or a tuple of names as the loop variable");
+    if (!is_ident(P, "in")) perr(P, "expected 'in' after the loop variable");
     advance(P);
     tpl_node *it = parse_expression(P);
     if (it->kind == TN_SELECT) { /* for x in xs if cond */
@@ -312,7 +312,7 @@ static tpl_node *parse_statement(parser *P) {
     int line = tok(P)->line;
     expect(P, TK_OPEN_STMT, "'{%'");
     const tpl_token *t = tok(P);
-    if (t->type != TK_IDENT) perr(P, "expected a statement name after {%%%s", NULL);
+    if (t->type != TK_IDENT) perr(P, "expected a statement name after {%");
     char name[32];
     size_t k = t->n < sizeof name - 1 ? t->n : sizeof name - 1;
     memcpy(name, t->s, k);
@@ -335,7 +335,7 @@ static tpl_node *parse_statement(parser *P) {
         nvec params = {0}, body = {0};
         if (is(P, TK_LPAREN)) parse_args(P, true, &params);
         tpl_node *callee = parse_primary(P);
-        if (callee->kind != TN_IDENT) perr(P, "expected a macro name after call%s", NULL);
+        if (callee->kind != TN_IDENT) perr(P, "expected a macro name after call");
         tpl_node *call = mk(P, TN_CALL, line);
         nvec args = {0};
         parse_args(P, false, &args);
@@ -357,7 +357,7 @@ static tpl_node *parse_statement(parser *P) {
         x = mk(P, TN_FILTERBLOCK, line);
         tpl_node *f = parse_primary(P);
         if (f->kind == TN_IDENT && is(P, TK_LPAREN)) f = parse_call(P, f);
-        if (f->kind != TN_IDENT && f->kind != TN_CALL) perr(P, "expected a filter name%s", NULL);
+        if (f->kind != TN_IDENT && f->kind != TN_CALL) perr(P, "expected a filter name");
         expect(P, TK_CLOSE_STMT, "'%}'");
         nvec body = {0};
         static const char *const ends[] = {"endfilter", NULL};
@@ -367,7 +367,7 @@ static tpl_node *parse_statement(parser *P) {
         x->body = nlist(body);
         x = fin(P, x);
     } else {
-        perr(P, "unknown statement '%s'", name);
+        tpl_throw(P->a->base, DS_ERR_FORMAT, line, "unknown statement '%s'", name);
     }
     return x;
 }
@@ -553,7 +553,7 @@ static tpl_node *parse_test(parser *P) {
         if (neg) advance(P);
         const tpl_token *name = tok(P);
         /* `in` and the comparison names arrive as identifiers too */
-        if (name->type != TK_IDENT) perr(P, "expected a test name after 'is'%s", NULL);
+        if (name->type != TK_IDENT) perr(P, "expected a test name after 'is'");
         advance(P);
         tpl_node *x = mk(P, TN_TEST, line);
         x->s = name->s;
@@ -578,7 +578,7 @@ static tpl_node *parse_filter(parser *P) {
         int line = tok(P)->line;
         advance(P);
         tpl_node *f = parse_primary(P);
-        if (f->kind != TN_IDENT) perr(P, "expected a filter name after '|'%s", NULL);
+        if (f->kind != TN_IDENT) perr(P, "expected a filter name after '|'");
         if (is(P, TK_LPAREN)) f = parse_call(P, f);
         tpl_node *x = mk(P, TN_FILTER, line);
         x->a = operand;
@@ -620,24 +620,24 @@ static void parse_args(parser *P, bool params, nvec *out) {
     expect(P, TK_LPAREN, "'('");
     bool saw_kw = false, saw_spread = false;
     while (!is(P, TK_RPAREN)) {
-        if (is(P, TK_EOF)) perr(P, "missing ')'%s", NULL);
+        if (is(P, TK_EOF)) perr(P, "missing ')'");
         const tpl_token *t = tok(P);
         bool kwspread = t->type == TK_POW;
         bool spread = t->type == TK_MUL && t->n == 1 && t->s[0] == '*';
         if (params && (kwspread || spread))
-            perr(P, "argument unpacking is not allowed in parameter declarations%s", NULL);
+            perr(P, "argument unpacking is not allowed in parameter declarations");
         if (kwspread) {
             advance(P);
             tpl_node *x = mk(P, TN_KWSPREAD, t->line);
             x->a = parse_expression(P);
             nvec_push(P, out, fin(P, x));
             if (is(P, TK_COMMA)) advance(P);
-            if (!is(P, TK_RPAREN)) perr(P, "'**' must be applied to the final argument%s", NULL);
+            if (!is(P, TK_RPAREN)) perr(P, "'**' must be applied to the final argument");
             break;
         }
         tpl_node *arg;
         if (spread) {
-            if (saw_spread) perr(P, "only one '*' argument unpacking is allowed%s", NULL);
+            if (saw_spread) perr(P, "only one '*' argument unpacking is allowed");
             saw_spread = true;
             advance(P);
             arg = mk(P, TN_SPREAD, t->line);
@@ -648,8 +648,7 @@ static void parse_args(parser *P, bool params, nvec *out) {
             if (is(P, TK_EQUALS)) {
                 advance(P);
                 if (arg->kind != TN_IDENT)
-                    perr(P, params ? "expected a parameter name%s" : "expected a keyword name%s",
-                         NULL);
+                    perr(P, params ? "expected a parameter name" : "expected a keyword name");
                 tpl_node *kw = mk(P, TN_KWARG, arg->line);
                 kw->s = arg->s;
                 kw->n = arg->n;
@@ -658,19 +657,18 @@ static void parse_args(parser *P, bool params, nvec *out) {
             }
             if (params) {
                 if (arg->kind != TN_IDENT && arg->kind != TN_KWARG)
-                    perr(P, "expected a parameter name%s", NULL);
+                    perr(P, "expected a parameter name");
                 for (size_t i = 0; i < out->n; i++)
                     if (out->v[i]->n == arg->n && !memcmp(out->v[i]->s, arg->s, arg->n))
-                        perr(P, "duplicate parameter name%s", NULL);
+                        perr(P, "duplicate parameter name");
             }
             if (arg->kind == TN_KWARG)
                 saw_kw = true;
             else if (saw_kw)
-                perr(P, params ? "non-default parameter follows a default one%s"
-                               : "positional argument follows keyword argument%s",
-                     NULL);
+                perr(P, params ? "non-default parameter follows a default one"
+                               : "positional argument follows keyword argument");
             else if (saw_spread)
-                perr(P, "positional argument follows '*' unpacking%s", NULL);
+                perr(P, "positional argument follows '*' unpacking");
         }
         nvec_push(P, out, arg);
         if (is(P, TK_COMMA)) advance(P);
@@ -685,8 +683,8 @@ static tpl_node *parse_subscript(parser *P) {
     bool is_slice = false;
     int line = tok(P)->line;
     while (!is(P, TK_RBRACKET)) {
-        if (is(P, TK_EOF)) perr(P, "missing ']'%s", NULL);
-        if (n == 3) perr(P, "a slice takes at most 3 parts%s", NULL);
+        if (is(P, TK_EOF)) perr(P, "missing ']'");
+        if (n == 3) perr(P, "a slice takes at most 3 parts");
         if (is(P, TK_COLON)) {
             parts[n++] = NULL;
             advance(P);
@@ -699,7 +697,7 @@ static tpl_node *parse_subscript(parser *P) {
             }
         }
     }
-    if (n == 0) perr(P, "expected an index inside []%s", NULL);
+    if (n == 0) perr(P, "expected an index inside []");
     if (!is_slice) return parts[0];
     tpl_node *x = mk(P, TN_SLICE, line);
     x->a = parts[0];
@@ -720,7 +718,7 @@ static tpl_node *parse_member(parser *P, tpl_node *obj) {
         } else {
             prop = parse_primary(P);
             if (prop->kind != TN_IDENT && prop->kind != TN_INT)
-                perr(P, "expected a name or an integer after '.'%s", NULL);
+                perr(P, "expected a name or an integer after '.'");
         }
         tpl_node *x = mk(P, TN_MEMBER, line);
         x->a = obj;
@@ -772,7 +770,7 @@ static tpl_node *parse_primary(parser *P) {
     case TK_LBRACKET: {
         nvec items = {0};
         while (!is(P, TK_RBRACKET)) {
-            if (is(P, TK_EOF)) perr(P, "missing ']'%s", NULL);
+            if (is(P, TK_EOF)) perr(P, "missing ']'");
             nvec_push(P, &items, parse_expression(P));
             if (is(P, TK_COMMA)) advance(P);
         }
@@ -784,7 +782,7 @@ static tpl_node *parse_primary(parser *P) {
     case TK_LBRACE: {
         nvec keys = {0}, vals = {0};
         while (!is(P, TK_RBRACE)) {
-            if (is(P, TK_EOF)) perr(P, "missing '}'%s", NULL);
+            if (is(P, TK_EOF)) perr(P, "missing '}'");
             nvec_push(P, &keys, parse_expression(P));
             expect(P, TK_COLON, "':'");
             nvec_push(P, &vals, parse_expression(P));

@@ -165,6 +165,7 @@ static const ds_backend_ops cpu_ops = {
     .moe = ds_cpu_op_moe,
     .logits = ds_cpu_op_logits,
     .argmax = ds_cpu_op_argmax,
+    .concat = ds_cpu_op_concat,
 };
 
 ds_status ds_backend_cpu_create(int n_threads, ds_backend **out, ds_error *err) {

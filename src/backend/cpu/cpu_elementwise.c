@@ -164,6 +164,21 @@ void ds_cpu_op_gather_rows(ds_backend *be, const ds_tensor *x, ds_tensor *out) {
     }
 }
 
+/* ---- concat ---------------------------------------------------------------------------------- */
+
+void ds_cpu_op_concat(ds_backend *be, const ds_tensor *a, const ds_tensor *b, ds_tensor *out) {
+    (void)be;
+    DS_ASSERT(a->dtype == DS_DTYPE_F32 && b->dtype == DS_DTYPE_F32 && out->dtype == DS_DTYPE_F32);
+    const int64_t A = last_dim(a), B = last_dim(b), R = n_rows(a);
+    DS_ASSERT(n_rows(b) == R && last_dim(out) == A + B && n_rows(out) >= R);
+    const float *pa = a->data, *pb = b->data;
+    float *po = out->data;
+    for (int64_t r = 0; r < R; r++) {
+        memcpy(po + r * (A + B), pa + r * A, (size_t)A * sizeof(float));
+        memcpy(po + r * (A + B) + A, pb + r * B, (size_t)B * sizeof(float));
+    }
+}
+
 /* ---- argmax ---------------------------------------------------------------------------------- */
 
 void ds_cpu_op_argmax(ds_backend *be, const ds_tensor *logits, int32_t *ids) {

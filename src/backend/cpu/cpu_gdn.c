@@ -6,7 +6,12 @@
  *   S ← α·S;  δ = β·(v − Sᵀk);  S ← S + k·δᵀ;  o = Sᵀq       (α = exp(g), g ≤ 0)
  * Phase 1 (parallel over channels): conv over the slot's history + the step's inputs, SiLU,
  * history update. Phase 2 (parallel over tokens): L2-norm q/k, scale q, β and g. Phase 3
- * (parallel over sequence × value head): recurrence or chunked rule, then gated RMSNorm. */
+ * (parallel over sequence × value head): recurrence or chunked rule, then gated RMSNorm.
+ *
+ * Speculative verification (ds_batch.state_out_slots): a sequence with snapshot slots reads its
+ * seq_slot state, never writes it, and leaves the conv history and recurrent state after each
+ * token t in slot state_out_slots[t]. It always runs the token-by-token recurrence (a state per
+ * token is what the recurrence has anyway), so its outputs equal a one-token-per-step decode. */
 #include <math.h>
 
 #include "backend/cpu/cpu_internal.h"
@@ -30,6 +35,15 @@ typedef struct gdn_job {
     ds_cpu_gdn_mode mode;
 } gdn_job;
 
+/* True when sequence s of the batch writes per-token state snapshots instead of updating its
+ * seq_slot in place. */
+static bool seq_snapshots(const ds_batch *b, int s) {
+    if (!b->state_out_slots) return false;
+    for (int t = b->seq_start[s]; t < b->seq_start[s + 1]; t++)
+        if (b->state_out_slots[t] >= 0) return true;
+    return false;
+}
+
 /* ---- phase 1: depthwise causal conv + SiLU ----------------------------------------------- */
 
 static void gdn_conv_task(void *ctx, int64_t begin, int64_t end, int tid) {
@@ -41,6 +55,7 @@ static void gdn_conv_task(void *ctx, int64_t begin, int64_t end, int tid) {
         int slot = b->seq_slot[s];
         int t0 = b->seq_start[s], n = b->seq_start[s + 1] - t0;
         if (n == 0) continue;
+        const bool snap = seq_snapshots(b, s);
         float *hist_all = j->c->conv[j->pool] + (size_t)slot * (size_t)j->conv_dim * (size_t)H;
         for (int64_t ch = begin; ch < end; ch++) {
             float *hist = hist_all + ch * H; /* [K-1], oldest first */
@@ -56,6 +71,22 @@ static void gdn_conv_task(void *ctx, int64_t begin, int64_t end, int tid) {
                     acc += w[i] * xv;
                 }
                 j->xc[(size_t)(t0 + t) * (size_t)j->conv_dim + (size_t)ch] = ds_cpu_silu(acc);
+            }
+            if (snap) {
+                /* history after token t = xpad[t+1 .. t+H], into that token's snapshot slot */
+                for (int t = 0; t < n; t++) {
+                    int o = b->state_out_slots[t0 + t];
+                    if (o < 0) continue;
+                    float *dst = j->c->conv[j->pool] +
+                                 ((size_t)o * (size_t)j->conv_dim + (size_t)ch) * (size_t)H;
+                    for (int i = 0; i < H; i++) {
+                        int idx = t + 1 + i;
+                        dst[i] = idx < H ? hist[idx]
+                                         : j->proj[(size_t)(t0 + idx - H) * (size_t)j->width +
+                                                   (size_t)ch];
+                    }
+                }
+                continue;
             }
             /* new history = last K-1 entries of xpad (xpad has H + n entries) */
             for (int i = 0; i < H; i++) {
@@ -227,7 +258,10 @@ static void gdn_head_task(void *ctx, int64_t begin, int64_t end, int tid) {
     gdn_job *j = ctx;
     const ds_batch *b = j->b;
     int Hv = j->Hv, dk = j->dk, dv = j->dv, group = j->Hv / j->Hk;
-    float *scratch = ds_cpu_scratch(j->cpu, tid, DS_CPU_SCRATCH_OP, chunk_scratch_floats(dk, dv));
+    const size_t state_floats = (size_t)dk * (size_t)dv;
+    float *scratch = ds_cpu_scratch(j->cpu, tid, DS_CPU_SCRATCH_OP,
+                                    chunk_scratch_floats(dk, dv) + state_floats);
+    float *S_work = scratch + chunk_scratch_floats(dk, dv); /* [dk, dv] snapshot mode */
     for (int64_t item = begin; item < end; item++) {
         int s = (int)(item / Hv), h = (int)(item % Hv), kh = h / group;
         int t0 = b->seq_start[s], n = b->seq_start[s + 1] - t0;
@@ -252,10 +286,31 @@ static void gdn_head_task(void *ctx, int64_t begin, int64_t end, int tid) {
         };
         bool chunked = j->mode == DS_CPU_GDN_CHUNKED ||
                        (j->mode == DS_CPU_GDN_AUTO && n >= DS_CPU_GDN_CHUNK_MIN);
-        if (chunked)
+        if (seq_snapshots(b, s)) {
+            /* seq_slot is only read: run on a copy, leave the state after each token where the
+             * batch asks for it */
+            memcpy(S_work, S, state_floats * sizeof(float));
+            for (int t = 0; t < n; t++) {
+                head_io one = io;
+                one.n = 1;
+                one.q = io.q + (size_t)t * io.ld_x;
+                one.k = io.k + (size_t)t * io.ld_x;
+                one.v = io.v + (size_t)t * io.ld_x;
+                one.beta = io.beta + (size_t)t * io.ld_g;
+                one.g = io.g + (size_t)t * io.ld_g;
+                one.o = io.o + (size_t)t * io.ld_o;
+                delta_rule_recurrent(&one, S_work, scratch);
+                int o = b->state_out_slots[t0 + t];
+                if (o >= 0)
+                    memcpy(j->c->state[j->pool] +
+                               ((size_t)o * (size_t)Hv + (size_t)h) * state_floats,
+                           S_work, state_floats * sizeof(float));
+            }
+        } else if (chunked) {
             delta_rule_chunked(&io, S, scratch);
-        else
+        } else {
             delta_rule_recurrent(&io, S, scratch);
+        }
 
         /* gated RMSNorm over dv: (o·rsqrt(mean(o²)+eps))·w·SiLU(z) */
         for (int t = 0; t < n; t++) {
@@ -307,9 +362,16 @@ void ds_cpu_op_gdn(ds_backend *be, ds_cache *c, int layer, const ds_config *cfg,
     DS_ASSERT(w->dt_bias.dtype == DS_DTYPE_F32 && ds_tensor_numel(&w->dt_bias) == j.Hv);
     DS_ASSERT(w->norm.dtype == DS_DTYPE_F32 && ds_tensor_numel(&w->norm) == j.dv);
     DS_ASSERT(b->seq_start[0] == 0 && b->seq_start[b->n_seqs] == T);
-    for (int s = 0; s < b->n_seqs; s++)
+    for (int s = 0; s < b->n_seqs; s++) {
         DS_ASSERT(b->seq_slot[s] >= 0 && b->seq_slot[s] < c->desc.n_slots &&
                   b->seq_start[s + 1] >= b->seq_start[s]);
+        for (int t = b->seq_start[s]; b->state_out_slots && t < b->seq_start[s + 1]; t++) {
+            int o = b->state_out_slots[t];
+            DS_ASSERT(o < c->desc.n_slots && o != b->seq_slot[s]);
+            for (int u = b->seq_start[s]; o >= 0 && u < t; u++)
+                DS_ASSERT(b->state_out_slots[u] != o);
+        }
+    }
     if (T == 0) return;
 
     j.xc = ds_cpu_work(cpu, DS_CPU_WORK_A, (size_t)T * (size_t)j.conv_dim);

@@ -86,6 +86,7 @@ void ds_cpu_op_silu_mul(ds_backend *be, const ds_tensor *gate_up, ds_tensor *out
 void ds_cpu_op_gather_rows(ds_backend *be, const ds_tensor *x, ds_tensor *out);
 void ds_cpu_op_logits(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head, ds_tensor *out);
 void ds_cpu_op_argmax(ds_backend *be, const ds_tensor *logits, int32_t *ids);
+void ds_cpu_op_concat(ds_backend *be, const ds_tensor *a, const ds_tensor *b, ds_tensor *out);
 
 ds_status ds_cpu_cache_create(ds_backend *be, const ds_config *cfg, const ds_cache_desc *desc,
                               ds_cache **out, ds_error *err);
