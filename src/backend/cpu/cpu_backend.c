@@ -165,6 +165,8 @@ static const ds_backend_ops cpu_ops = {
     .moe = ds_cpu_op_moe,
     .logits = ds_cpu_op_logits,
     .argmax = ds_cpu_op_argmax,
+    .copy_bandwidth_gbps = ds_cpu_copy_bandwidth_gbps,
+    .device_name = ds_cpu_device_name,
     .concat = ds_cpu_op_concat,
 };
 

@@ -118,4 +118,8 @@ struct ds_cache {
     float **state; /* [n_gdn] each [n_slots, Hv, dk, dv] */
 };
 
+/* cpu_info.c */
+const char *ds_cpu_device_name(ds_backend *be);
+double ds_cpu_copy_bandwidth_gbps(ds_backend *be);
+
 #endif
