@@ -14,7 +14,7 @@ ldd .carry/gpu/test_cuda_ops | grep -i "not found" && exit 1
 DS_CUDA_BENCH=1 timeout 400 .carry/gpu/test_cuda_ops 2>&1 | tee "$OUT/test_cuda_ops.log"
 rc=$?
 if [ -n "${1:-}" ]; then
-    DS_CUDA_BENCH=quick DS_CUDA_TESTS=$1 timeout 150 compute-sanitizer --tool memcheck \
+    DS_CUDA_BENCH=quick DS_CUDA_TESTS=$1 timeout 90 compute-sanitizer --tool memcheck \
         --print-limit 20 .carry/gpu/test_cuda_ops 2>&1 | tail -40 | tee "$OUT/memcheck.log"
 fi
 exit $rc
