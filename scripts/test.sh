@@ -6,6 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 
+echo "== chat-template reference outputs are current (@huggingface/jinja)"
+node tests/jinja/make_expected.mjs --check
+
 echo "== tests (release build)"
 ctest --test-dir build --output-on-failure -j2
 

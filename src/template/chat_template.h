@@ -40,9 +40,9 @@ const char *ds_chat_template_source(const ds_chat_template *t);
 /* Limits of one render; zero fields take the defaults below. */
 typedef struct ds_chat_limits {
     size_t max_output;  /* bytes of any string the template builds (default 64 MiB) */
-    size_t max_memory;  /* bytes of working memory (default 512 MiB) */
+    size_t max_memory;  /* bytes of working memory (default 256 MiB) */
     int max_depth;      /* nesting of macro / call / filter-block invocations (default 64) */
-    unsigned long max_steps; /* evaluated expressions (default 50M) */
+    unsigned long max_steps; /* evaluated expressions (default 10M) */
 } ds_chat_limits;
 
 typedef struct ds_chat_render_opts {
@@ -56,6 +56,12 @@ typedef struct ds_chat_render_opts {
     bool continue_final_message;
     const char *bos_token;       /* NULL: undefined in the template */
     const char *eos_token;
+    /* Spell numbers as Python does (what transformers renders): json.dumps / repr of floats
+     * ("1e-05", "1e+20", "2.5"; NaN / Infinity) instead of the reference renderer's JavaScript
+     * ("0.00001", "100000000000000000000"). Integral JSON numbers below 1e16 stay integers either
+     * way (cJSON does not keep "2.0" apart from "2"). The server should set it; the byte-for-byte
+     * comparison with @huggingface/jinja runs with it off. */
+    bool python_numbers;
     ds_chat_limits limits;
 } ds_chat_render_opts;
 

@@ -46,7 +46,14 @@ void tpl_arena_free(tpl_arena *a) {
     a->used = 0;
 }
 
-void *tpl_alloc(tpl_arena *a, size_t n) {
+static void *alloc(tpl_arena *a, size_t n, bool zero);
+
+void *tpl_alloc(tpl_arena *a, size_t n) { return alloc(a, n, true); }
+
+/* Bytes that are written before being read (string buffers): not zeroed. */
+static void *tpl_alloc_bytes(tpl_arena *a, size_t n) { return alloc(a, n, false); }
+
+static void *alloc(tpl_arena *a, size_t n, bool zero) {
     n = (n + 15) & ~(size_t)15;
     if (n == 0) n = 16;
     tpl_chunk *c = a->head;
@@ -73,12 +80,12 @@ void *tpl_alloc(tpl_arena *a, size_t n) {
     }
     void *p = c->data + c->used;
     c->used += n;
-    memset(p, 0, n);
+    if (zero) memset(p, 0, n);
     return p;
 }
 
 char *tpl_strndup(tpl_arena *a, const char *s, size_t n) {
-    char *p = tpl_alloc(a, n + 1);
+    char *p = tpl_alloc_bytes(a, n + 1);
     if (n) memcpy(p, s, n);
     p[n] = 0;
     return p;
@@ -98,7 +105,7 @@ static void buf_reserve(tpl_buf *b, size_t extra) {
     if (b->n + extra + 1 <= b->cap) return;
     size_t cap = b->cap ? b->cap * 2 : 64;
     while (cap < b->n + extra + 1) cap *= 2;
-    char *p = tpl_alloc(b->a, cap);
+    char *p = tpl_alloc_bytes(b->a, cap);
     if (b->n) memcpy(p, b->p, b->n);
     b->p = p;
     b->cap = cap;

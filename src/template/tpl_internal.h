@@ -81,6 +81,9 @@ size_t tpl_utf16_len(const char *s, size_t n);
 
 /* JavaScript Number.prototype.toString; buf ≥ 32 bytes. */
 size_t tpl_num_js(double v, char *buf);
+/* Python's repr of a float (json.dumps spelling: 1e-05, 1e+20, 2.0, Infinity); integral
+ * non-float values below 1e16 are written as integers. buf ≥ 32 bytes. */
+size_t tpl_num_py(double v, bool is_float, char *buf);
 /* parseInt(s, 10) / parseFloat(s): NaN when nothing parses. */
 double tpl_parse_int(const char *s, size_t n);
 double tpl_parse_float(const char *s, size_t n);
@@ -130,8 +133,12 @@ typedef struct tpl_nlist {
     size_t n;
 } tpl_nlist;
 
-/* Special names a macro / call-block body reads (Jinja passes them only when used). */
-enum { TPL_USES_CALLER = 1, TPL_USES_KWARGS = 2, TPL_USES_VARARGS = 4 };
+/* Special names a macro / call-block body reads (Jinja passes them only when used); for a FOR
+ * node, TPL_USES_LOOP says whether its subtree reads `loop` at all (else no loop object is
+ * built per iteration). */
+enum { TPL_USES_CALLER = 1, TPL_USES_KWARGS = 2, TPL_USES_VARARGS = 4, TPL_USES_LOOP = 8 };
+
+struct tpl_value;
 
 /* Field use by kind:
  *   TEXT, STR   s/n text                      INT, FLOAT  num
@@ -164,6 +171,7 @@ struct tpl_node {
     double num;
     tpl_node *a, *b, *c;
     tpl_nlist body, alt, params;
+    struct tpl_value *lit; /* INT, FLOAT, STR: the constant, built once (read-only) */
 };
 
 #define TPL_MAX_AST_DEPTH 200
@@ -256,6 +264,11 @@ struct tpl_ctx {
     int line;   /* line of the node being evaluated, for messages */
     int depth;  /* macro / call / filter-block nesting */
     unsigned long steps;
+    bool py_numbers; /* Python's number spellings (ds_chat_render_opts.python_numbers) */
+    /* The innermost loop iteration being rendered: {% break %} / {% continue %} jump there
+     * from wherever they are reached (a macro called from the loop, a set or filter block),
+     * the way the reference's exceptions propagate. */
+    jmp_buf *loop_jb;
 };
 
 _Noreturn void tpl_fail(tpl_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -300,6 +313,7 @@ typedef struct tpl_json_opts {
     bool ensure_ascii, sort_keys;
     const char *item_sep, *key_sep; /* NULL: defaults (", " / ": ", or "," with indent) */
     bool undefined_as_null;   /* tojson: null; printing: undefined */
+    bool py_numbers;          /* json.dumps spellings of numbers */
 } tpl_json_opts;
 
 void tpl_json_write(tpl_ctx *c, tpl_buf *out, const tpl_value *v, const tpl_json_opts *o);
@@ -315,8 +329,8 @@ tpl_value *tpl_eval(tpl_ctx *c, const tpl_node *n, tpl_env *env);
 /* Evaluates call arguments: positional (with *spread) then keyword (with **spread). */
 void tpl_eval_args(tpl_ctx *c, const tpl_nlist *args, tpl_env *env, tpl_args *out);
 tpl_value *tpl_call(tpl_ctx *c, tpl_value *fn, const tpl_args *args, tpl_env *call_site);
-/* Renders statements into out. Returns 0, or TN_BREAK / TN_CONTINUE when one escapes. */
-int tpl_render_block(tpl_ctx *c, const tpl_nlist *body, tpl_env *env, tpl_buf *out);
+/* Renders statements into out. */
+void tpl_render_block(tpl_ctx *c, const tpl_nlist *body, tpl_env *env, tpl_buf *out);
 /* Renders a body into a fresh string value (macros, set blocks, filter blocks). */
 tpl_value *tpl_render_to_value(tpl_ctx *c, const tpl_nlist *body, tpl_env *env);
 /* a.b / a[b] lookup (property already evaluated). */

@@ -87,7 +87,10 @@ static void json_value(tpl_ctx *c, tpl_buf *out, const tpl_value *v, const tpl_j
     case TV_INT:
     case TV_FLOAT: {
         char b[40];
-        tpl_buf_put(out, b, ds_json_number_format(v->u.num, b));
+        if (o->py_numbers || c->py_numbers)
+            tpl_buf_put(out, b, tpl_num_py(v->u.num, v->type == TV_FLOAT, b));
+        else
+            tpl_buf_put(out, b, ds_json_number_format(v->u.num, b));
         return;
     }
     case TV_STRING: tpl_json_string(out, v->u.str.s, v->u.str.n, o->ensure_ascii); return;

@@ -69,6 +69,51 @@ size_t tpl_num_js(double v, char *buf) {
     return o;
 }
 
+size_t tpl_num_py(double v, bool is_float, char *buf) {
+    if (isnan(v)) return (size_t)sprintf(buf, "NaN");
+    if (isinf(v)) return (size_t)sprintf(buf, v < 0 ? "-Infinity" : "Infinity");
+    /* an integral value this large came from a JSON float (integers lose precision anyway) */
+    if (!is_float && fabs(v) < 1e16) return tpl_num_js(v, buf);
+    if (v == 0) return (size_t)sprintf(buf, signbit(v) ? "-0.0" : "0.0");
+    size_t o = 0;
+    if (v < 0) {
+        buf[o++] = '-';
+        v = -v;
+    }
+    char d[24];
+    int n;
+    int k = shortest_digits(v, d, &n);
+    if (n <= -4 || n > 16) { /* repr: d.ddde-05 / de+16 */
+        buf[o++] = d[0];
+        if (k > 1) {
+            buf[o++] = '.';
+            memcpy(buf + o, d + 1, (size_t)(k - 1));
+            o += (size_t)(k - 1);
+        }
+        o += (size_t)sprintf(buf + o, "e%c%02d", n - 1 >= 0 ? '+' : '-', abs(n - 1));
+    } else if (n <= 0) {
+        buf[o++] = '0';
+        buf[o++] = '.';
+        for (int i = 0; i < -n; i++) buf[o++] = '0';
+        memcpy(buf + o, d, (size_t)k);
+        o += (size_t)k;
+    } else if (k <= n) {
+        memcpy(buf + o, d, (size_t)k);
+        o += (size_t)k;
+        for (int i = 0; i < n - k; i++) buf[o++] = '0';
+        buf[o++] = '.';
+        buf[o++] = '0';
+    } else {
+        memcpy(buf + o, d, (size_t)n);
+        o += (size_t)n;
+        buf[o++] = '.';
+        memcpy(buf + o, d + n, (size_t)(k - n));
+        o += (size_t)(k - n);
+    }
+    buf[o] = 0;
+    return o;
+}
+
 size_t ds_json_number_format(double v, char buf[32]) {
     if (!isfinite(v)) return (size_t)sprintf(buf, "null"); /* as JSON.stringify */
     return tpl_num_js(v, buf);

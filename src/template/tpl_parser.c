@@ -277,6 +277,19 @@ static tpl_node *parse_macro(parser *P, int line) {
     return fin(P, x);
 }
 
+static bool reads_name(const tpl_node *x, const char *name, size_t n) {
+    if (!x) return false;
+    if (x->kind == TN_IDENT) return x->n == n && !memcmp(x->s, name, n);
+    if (reads_name(x->a, name, n) || reads_name(x->b, name, n) || reads_name(x->c, name, n)) return true;
+    for (size_t i = 0; i < x->body.n; i++)
+        if (reads_name(x->body.v[i], name, n)) return true;
+    for (size_t i = 0; i < x->alt.n; i++)
+        if (reads_name(x->alt.v[i], name, n)) return true;
+    for (size_t i = 0; i < x->params.n; i++)
+        if (reads_name(x->params.v[i], name, n)) return true;
+    return false;
+}
+
 static tpl_node *parse_for(parser *P, int line) {
     tpl_node *x = mk(P, TN_FOR, line);
     x->a = parse_sequence(P, true);
@@ -305,7 +318,11 @@ static tpl_node *parse_for(parser *P, int line) {
     }
     x->body = nlist(body);
     x->alt = nlist(alt);
-    return fin(P, x);
+    x = fin(P, x);
+    if (reads_name(x->c, "loop", 4)) x->uses |= TPL_USES_LOOP;
+    for (size_t i = 0; i < x->body.n; i++)
+        if (reads_name(x->body.v[i], "loop", 4)) x->uses |= TPL_USES_LOOP;
+    return x;
 }
 
 static tpl_node *parse_statement(parser *P) {
@@ -738,13 +755,20 @@ static tpl_node *parse_primary(parser *P) {
         bool is_float = memchr(t->s, '.', t->n) != NULL;
         x = mk(P, is_float ? TN_FLOAT : TN_INT, t->line);
         x->num = strtod(tpl_strndup(P->a, t->s, t->n), NULL);
+        x->lit = tpl_alloc(P->a, sizeof(tpl_value));
+        x->lit->type = is_float ? TV_FLOAT : TV_INT;
+        x->lit->u.num = x->num;
         return x;
     }
     case TK_STR: {
         x = mk(P, TN_STR, t->line);
+        x->lit = tpl_alloc(P->a, sizeof(tpl_value));
+        x->lit->type = TV_STRING;
         if (!is(P, TK_STR)) {
             x->s = t->s;
             x->n = t->n;
+            x->lit->u.str.s = x->s;
+            x->lit->u.str.n = x->n;
             return x;
         }
         tpl_buf b;
@@ -756,6 +780,8 @@ static tpl_node *parse_primary(parser *P) {
         }
         x->s = b.p ? b.p : "";
         x->n = b.n;
+        x->lit->u.str.s = x->s;
+        x->lit->u.str.n = x->n;
         return x;
     }
     case TK_IDENT:

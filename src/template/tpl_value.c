@@ -67,6 +67,7 @@ tpl_value *tv_array(tpl_ctx *c, size_t cap) {
 }
 
 void tv_push(tpl_ctx *c, tpl_value *arr, tpl_value *x) {
+    tpl_step(c); /* bulk builders (range, split, items, ...) count per element */
     if (arr->u.arr.n == arr->u.arr.cap) {
         size_t cap = arr->u.arr.cap ? arr->u.arr.cap * 2 : 4;
         tpl_value **p = tpl_alloc(&c->arena, cap * sizeof *p);
@@ -187,10 +188,21 @@ static void write_float(tpl_buf *out, double x) {
 void tv_write(tpl_ctx *c, tpl_buf *out, const tpl_value *v) {
     switch (v->type) {
     case TV_UNDEFINED: tpl_buf_puts(out, "undefined"); return;
-    case TV_NULL: tpl_buf_puts(out, "null"); return;
+    case TV_NULL: /* the reference's NullValue holds undefined, and String() says so */
+        tpl_buf_puts(out, "undefined");
+        return;
     case TV_BOOL: tpl_buf_puts(out, v->u.b ? "true" : "false"); return;
-    case TV_INT: write_num(out, v->u.num); return;
-    case TV_FLOAT: write_float(out, v->u.num); return;
+    case TV_INT:
+    case TV_FLOAT:
+        if (c->py_numbers) {
+            char b[40];
+            tpl_buf_put(out, b, tpl_num_py(v->u.num, v->type == TV_FLOAT, b));
+        } else if (v->type == TV_INT) {
+            write_num(out, v->u.num);
+        } else {
+            write_float(out, v->u.num);
+        }
+        return;
     case TV_STRING: tpl_buf_put(out, v->u.str.s, v->u.str.n); return;
     case TV_ARRAY:
     case TV_OBJECT:
@@ -205,7 +217,10 @@ void tv_write(tpl_ctx *c, tpl_buf *out, const tpl_value *v) {
 
 void tv_write_raw(tpl_ctx *c, tpl_buf *out, const tpl_value *v) {
     switch (v->type) {
-    case TV_FLOAT: write_num(out, v->u.num); return;
+    case TV_FLOAT:
+        if (c->py_numbers) break; /* str(float) is repr(float) in Python */
+        write_num(out, v->u.num);
+        return;
     case TV_ARRAY:
         for (size_t i = 0; i < v->u.arr.n; i++) {
             if (i) tpl_buf_putc(out, ',');
@@ -215,8 +230,9 @@ void tv_write_raw(tpl_ctx *c, tpl_buf *out, const tpl_value *v) {
     case TV_OBJECT:
     case TV_NAMESPACE: tpl_buf_puts(out, "[object Map]"); return;
     case TV_FUNCTION: tpl_buf_puts(out, "function"); return;
-    default: tv_write(c, out, v); return;
+    default: break;
     }
+    tv_write(c, out, v);
 }
 
 static bool is_primitive(const tpl_value *v) {
