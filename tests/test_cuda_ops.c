@@ -538,6 +538,100 @@ static void test_argmax(void **state) {
     free(lv);
 }
 
+/* fused lm_head + argmax: ids equal the argmax of the CUDA logits exactly (same dot products),
+ * ties → lowest row, the last row can win; chunks of 8 rows for R > 8 */
+static void test_argmax_logits(void **state) {
+    (void)state;
+    assert_non_null(g_cuda->ops->argmax_logits);
+    test_rng r = {34};
+    tmodel *w = calloc(1, sizeof *w);
+    const int64_t N = 50000, K = 2048;
+    const int64_t rows[1] = {N};
+    ds_linear head = lin(w, &r, 1, rows, K);
+    uint16_t *W = head.parts[0].data;
+    /* rows 100 and 30000 are the same vector u, row N-1 is v: x = u must pick 100, x = v N-1 */
+    for (int64_t k = 0; k < K; k++) {
+        W[30000 * K + k] = W[100 * K + k];
+        W[(N - 1) * K + k] = W[200 * K + k] ^ 0x8000; /* v = −(row 200) */
+    }
+    ds_linear hg = linear_to_cuda(&head);
+    const int Rs[] = {1, 3, 8, 11};
+    for (size_t ri = 0; ri < sizeof Rs / sizeof Rs[0]; ri++) {
+        const int R = Rs[ri];
+        float *xv = rand_vals(&r, (size_t)R * K, 1.0f);
+        for (int64_t k = 0; k < K; k++) {
+            xv[k] = ds_bf16_to_f32(W[100 * K + k]) * 8.0f;
+            if (R > 1) xv[K + k] = ds_bf16_to_f32(W[(N - 1) * K + k]) * 8.0f;
+        }
+        pair x = pair_in(xv, R, K), lo = pair_out(R, N, DS_DTYPE_F32);
+        ds_tensor xg = tcuda(&x, DS_DTYPE_BF16), lgt = tcuda(&lo, DS_DTYPE_F32);
+        ds_tensor xc = tcpu(&x), lc = tcpu(&lo);
+        g_cuda->ops->logits(g_cuda, &xg, &hg, &lgt);
+        g_cpu->ops->logits(g_cpu, &xc, &head, &lc);
+        int32_t ids[16];
+        for (int i = 0; i < 16; i++) ids[i] = -1;
+        g_cuda->ops->argmax_logits(g_cuda, &xg, &hg, ids);
+        ds_error err = {0};
+        if (g_cuda->ops->synchronize(g_cuda, &err) != DS_OK) fail_msg("%s", err.msg);
+        float *lgpu = act_download(g_cuda, lo.cuda, DS_DTYPE_F32, (size_t)R * N);
+        float *lcpu = act_download(g_cpu, lo.cpu, DS_DTYPE_F32, (size_t)R * N);
+        int cpu_agree = 0, cpu_checked = 0;
+        for (int i = 0; i < R; i++) {
+            const float *row = lgpu + (size_t)i * N, *crow = lcpu + (size_t)i * N;
+            int best = 0, cbest = 0;
+            for (int64_t v = 1; v < N; v++) {
+                if (row[v] > row[best]) best = (int)v;
+                if (crow[v] > crow[cbest]) cbest = (int)v;
+            }
+            float second = -INFINITY;
+            for (int64_t v = 0; v < N; v++)
+                if (v != cbest && crow[v] > second) second = crow[v];
+            if (ids[i] != best) fail_msg("R=%d row %d: fused %d, argmax of logits %d", R, i, ids[i], best);
+            if (crow[cbest] - second > 1e-3f * fabsf(crow[cbest])) {
+                cpu_checked++;
+                cpu_agree += ids[i] == cbest;
+            }
+        }
+        printf("  argmax_logits R=%-2d [%lld -> %lld]: ids = argmax(CUDA logits) %d/%d, = CPU "
+               "argmax %d/%d (clear margins); tie row 0 -> %d, last row -> %d\n", R, (long long)K,
+               (long long)N, R, R, cpu_agree, cpu_checked, ids[0], R > 1 ? ids[1] : -1);
+        assert_int_equal(ids[0], 100);
+        if (R > 1) assert_int_equal(ids[1], (int)(N - 1));
+        assert_int_equal(cpu_agree, cpu_checked);
+        free(lgpu);
+        free(lcpu);
+        pair_free(&x);
+        pair_free(&lo);
+        free(xv);
+    }
+    linear_cuda_free(&hg);
+    for (int i = 0; i < w->n_keep; i++) free(w->keep[i]);
+    free(w);
+}
+
+/* concat: exact copies, 16-byte path (widths % 8 == 0) and element path */
+static void test_concat(void **state) {
+    (void)state;
+    assert_non_null(g_cuda->ops->concat);
+    test_rng r = {35};
+    const int64_t widths[2][2] = {{1024, 1024}, {12, 20}};
+    for (int v = 0; v < 2; v++) {
+        const int64_t A = widths[v][0], B = widths[v][1], R = 5;
+        float *av = rand_vals(&r, (size_t)(R * A), 1.0f), *bv = rand_vals(&r, (size_t)(R * B), 1.0f);
+        pair a = pair_in(av, R, A), b = pair_in(bv, R, B), o = pair_out(R, A + B, DS_DTYPE_BF16);
+        ds_tensor ac = tcpu(&a), ag = tcuda(&a, DS_DTYPE_BF16), bc = tcpu(&b),
+                  bg = tcuda(&b, DS_DTYPE_BF16), oc = tcpu(&o), og = tcuda(&o, DS_DTYPE_BF16);
+        g_cpu->ops->concat(g_cpu, &ac, &bc, &oc);
+        g_cuda->ops->concat(g_cuda, &ag, &bg, &og);
+        compare(v ? "concat [5, 12 | 20]" : "concat [5, 1024 | 1024]", &o, DS_DTYPE_BF16, 0.0);
+        pair_free(&a);
+        pair_free(&b);
+        pair_free(&o);
+        free(av);
+        free(bv);
+    }
+}
+
 /* ---- MoE ------------------------------------------------------------------------------------- */
 
 static void test_moe(void **state) {
@@ -678,6 +772,62 @@ static void test_mixers(void **state) {
             batch_make(tb, 1, s3, p3, n3, m->cfg.vocab, &r);
             snprintf(label, sizeof label, "%s prefill 2048", SHAPES[si].name);
             mixer_step(m, &c, tb, &r, label);
+        }
+        free(tb);
+        caches_free(&c);
+        model_free(m);
+        free(m);
+    }
+}
+
+/* GDN with state snapshots (speculative verification, ds_batch.state_out_slots): outputs, the
+ * snapshot slots (continued from), and the untouched own slot, CUDA vs CPU. */
+static void gdn_only(tmodel *m, caches *c, const tbatch *tb, test_rng *r, const char *label) {
+    const ds_config *cfg = &m->cfg;
+    const int T = tb->b.n_tokens;
+    set_batch_both(tb);
+    const int64_t W = m->layers[0].gdn.in_proj.n_out, O = (int64_t)cfg->gdn_v_heads * cfg->gdn_v_dim;
+    float *pv = rand_vals(r, (size_t)T * W, 2.0f);
+    pair p = pair_in(pv, T, W), o = pair_out(T, O, DS_DTYPE_BF16);
+    ds_tensor pc = tcpu(&p), pg = tcuda(&p, DS_DTYPE_BF16), oc = tcpu(&o), og = tcuda(&o, DS_DTYPE_BF16);
+    g_cpu->ops->gdn(g_cpu, c->cpu, 0, cfg, &m->dev_cpu.layers[0].gdn, &pc, &oc);
+    g_cuda->ops->gdn(g_cuda, c->cuda, 0, cfg, &m->dev_cuda.layers[0].gdn, &pg, &og);
+    char name[128];
+    snprintf(name, sizeof name, "gdn %s", label);
+    compare(name, &o, DS_DTYPE_BF16, TOL_FUSED);
+    pair_free(&p);
+    pair_free(&o);
+    free(pv);
+}
+
+static void test_gdn_snapshots(void **state) {
+    (void)state;
+    for (size_t si = 0; si < sizeof SHAPES / sizeof SHAPES[0]; si++) {
+        test_rng r = {66 + si};
+        tmodel *m = calloc(1, sizeof *m);
+        model_build(m, &SHAPES[si], 15 + si);
+        caches c = caches_make(&m->cfg);
+        tbatch *tb = calloc(1, sizeof *tb);
+        char label[96];
+        int slot0[1] = {0}, past[1] = {0}, news[1] = {20};
+        batch_make(tb, 1, slot0, past, news, m->cfg.vocab, &r);
+        snprintf(label, sizeof label, "%s prefill 20 (slot 0)", SHAPES[si].name);
+        gdn_only(m, &c, tb, &r, label);
+        /* verify 4 tokens of slot 0: states after tokens 0, 1, 3 into slots 1, 2, 3 */
+        past[0] = 20;
+        news[0] = 4;
+        batch_make(tb, 1, slot0, past, news, m->cfg.vocab, &r);
+        const int32_t so[4] = {1, 2, -1, 3};
+        tb->b.state_out_slots = so;
+        snprintf(label, sizeof label, "%s verify 4 with snapshots", SHAPES[si].name);
+        gdn_only(m, &c, tb, &r, label);
+        /* continue from each snapshot, and from the own slot (still the state after 20) */
+        const int from[4] = {2, 3, 1, 0};
+        for (int i = 0; i < 4; i++) {
+            int sl[1] = {from[i]}, pp[1] = {22}, nn[1] = {1};
+            batch_make(tb, 1, sl, pp, nn, m->cfg.vocab, &r);
+            snprintf(label, sizeof label, "%s decode from slot %d", SHAPES[si].name, from[i]);
+            gdn_only(m, &c, tb, &r, label);
         }
         free(tb);
         caches_free(&c);
@@ -863,6 +1013,46 @@ static void bench_gemv(int64_t N, int64_t K, int R, int n_copies, int iters, int
     free(xv);
 }
 
+typedef struct amax_arg {
+    ds_linear *w;
+    int n_copies, i, R;
+    ds_tensor x;
+} amax_arg;
+
+static void amax_call(void *p) {
+    amax_arg *g = p;
+    const ds_linear *w = &g->w[g->i++ % g->n_copies];
+    ds_cuda_argmax_gemv(cuda_ctx(), w->parts[0].data, w->n_out, w->n_in, g->x.data, w->n_in, g->R,
+                        cuda_ctx()->d_ids);
+}
+
+/* fused lm_head + argmax vs logits GEMV + argmax kernel, [V, H] of 35B-A3B (2 rotating copies) */
+static void bench_argmax_fused(int R) {
+    const int64_t N = 248320, K = 2048;
+    const size_t wbytes = (size_t)N * (size_t)K * 2;
+    ds_linear w[2];
+    for (int i = 0; i < 2; i++) {
+        w[i] = (ds_linear){.n_parts = 1, .n_out = N, .n_in = K};
+        w[i].parts[0] = view2(g_cuda->ops->alloc(g_cuda, wbytes), DS_DTYPE_BF16, N, K);
+        assert_non_null(w[i].parts[0].data);
+        cudaMemset(w[i].parts[0].data, 0x3c, wbytes); /* 0x3c3c: a finite bf16 */
+    }
+    test_rng r = {97};
+    float *xv = rand_vals(&r, (size_t)R * K, 1.0f);
+    amax_arg g = {.w = w, .n_copies = 2, .R = R};
+    g.x = view2(act_upload(g_cuda, xv, (size_t)R * K), DS_DTYPE_BF16, R, K);
+    const float ms = time_ms(amax_call, &g, 20);
+    gemv_arg l = {.w = w, .n_copies = 2, .logits = 1, .x = g.x};
+    l.out = view2(g_cuda->ops->alloc(g_cuda, (size_t)R * N * 4), DS_DTYPE_F32, R, N);
+    const float ms_l = time_ms(gemv_call, &l, 20);
+    printf("  lm_head R=%d [2048 -> 248320]: fused argmax %8.2f us (%6.1f GB/s), logits GEMV alone "
+           "%8.2f us\n", R, ms * 1e3, (double)wbytes / (ms * 1e-3) / 1e9, ms_l * 1e3);
+    for (int i = 0; i < 2; i++) g_cuda->ops->free(g_cuda, w[i].parts[0].data);
+    g_cuda->ops->free(g_cuda, g.x.data);
+    g_cuda->ops->free(g_cuda, l.out.data);
+    free(xv);
+}
+
 typedef struct op_arg {
     tmodel *m;
     caches *c;
@@ -912,6 +1102,8 @@ static void test_bench(void **state) {
         bench_gemv(12352, 2048, 1, 16, 200, 0); /* GDN in_proj of 35B-A3B */
         bench_gemv(248320, 2048, 1, 2, 20, 1);  /* lm_head, F32 logits */
         bench_gemv(248320, 2048, 8, 2, 20, 1);
+        bench_argmax_fused(1);
+        bench_argmax_fused(8);
     }
 
     /* decode ops at Qwen3.5-35B-A3B shapes (one layer each), S = 1 */
@@ -992,7 +1184,8 @@ int main(void) {
         cmocka_unit_test(test_elementwise), cmocka_unit_test(test_linear),
         cmocka_unit_test(test_argmax),      cmocka_unit_test(test_moe),
         cmocka_unit_test(test_mixers),      cmocka_unit_test(test_model_fixtures),
-        cmocka_unit_test(test_bench),
+        cmocka_unit_test(test_argmax_logits), cmocka_unit_test(test_concat),
+        cmocka_unit_test(test_gdn_snapshots), cmocka_unit_test(test_bench),
     };
     /* DS_CUDA_TESTS=name,name… runs a subset (e.g. under compute-sanitizer) */
     struct CMUnitTest tests[sizeof all / sizeof all[0]];

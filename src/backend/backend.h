@@ -138,6 +138,27 @@ typedef struct ds_backend_ops {
     /* out[R, A + B] = [a | b] row by row; a [R, A], b [R, B], all activation dtype. The MTP
      * head's fc input [RMSNorm(embed(t+1)) ; RMSNorm(h_t)]; the MTP needs it (NULL: no MTP). */
     void (*concat)(ds_backend *be, const ds_tensor *a, const ds_tensor *b, ds_tensor *out);
+
+    /* Greedy head without logits: ids[r] = argmax_v (x[r]·lm_headᵀ)[v] for the R rows of
+     * x [R, H] (lowest index on ties, NaN never wins), never materialising the logits. ids is
+     * host memory [R], written by the time the next synchronize() returns (a device backend
+     * copies them back asynchronously, so the op can sit inside a captured step graph). */
+    void (*argmax_logits)(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head,
+                          int32_t *ids);
+
+    /* Step graphs (all three or none). graph_begin(key) starts recording: the ops that follow
+     * are recorded, not run, except set_batch, whose upload happens at once and stays out of
+     * the recording. graph_end() instantiates the recording, keeps it under key and runs it once
+     * (that run is the step's work); on failure (an op that waits for the device was called,
+     * or the device refused) nothing of the step ran, the error says why, and the caller runs
+     * the step eagerly. graph_launch(key, b) makes b current (set_batch, outside the graph) and
+     * replays key's recording; it returns false, doing nothing, when key has no graph or b's
+     * shape (tokens, sequences, outputs, block-table width, tokens per sequence) differs from
+     * the captured batch's. A replay reads the same backend buffers and writes host outputs
+     * (argmax_logits ids) to the same host memory as the captured ops did. */
+    ds_status (*graph_begin)(ds_backend *be, uint64_t key, ds_error *err);
+    ds_status (*graph_end)(ds_backend *be, ds_error *err);
+    bool (*graph_launch)(ds_backend *be, uint64_t key, const ds_batch *b);
 } ds_backend_ops;
 
 struct ds_backend {

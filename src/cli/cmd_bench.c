@@ -1,10 +1,21 @@
 /* deltaserve bench — the offline engine benchmark (docs: ../shared/docs/benchmarking.md):
  *   deltaserve bench -m DIR [--dummy-weights] [--prompt-len 1024] [--batch 1,4,8]
- *                    [--steps 512] [--warmup 8] [--json-out FILE] [--device D] [--threads N]
+ *                    [--steps 512] [--warmup 8] [--num-speculative-tokens K]
+ *                    [--json-out FILE] [--device D] [--threads N] [--graphs 0|1]
  * Measures prefill time for one prompt and the decode step time at each batch size over a long
  * generation (greedy, argmax on the device, tokens fed back), and prints per step the kernels
  * launched, the bytes of weights and state read (estimated from the shape), the achieved GB/s
- * and its ratio to the copy bandwidth the backend measured at start. */
+ * and its ratio to the copy bandwidth the backend measured at start.
+ * With --num-speculative-tokens K (MTP speculative decoding, runtime/spec.h) it also times, per
+ * batch size B, one verification step (B sequences × (K+1) tokens through the target, GDN states
+ * to spare slots, argmax of every row) and one draft phase (the MTP over those rows, then K−1
+ * one-token MTP steps of B rows), and runs a greedy batch-1 speculative generation of --steps
+ * tokens from the prompt: acceptance rate, mean accepted length, time per emitted token against
+ * plain decoding.
+ * Decode steps run the way the serving runner will (bench_decode): when the backend has step
+ * graphs and --graphs is 1 (the default) the first step of each batch size is captured and the
+ * others replay it (a shape that cannot be captured runs eagerly and is reported); when the
+ * backend has argmax_logits the lm_head is fused with the argmax, so no logits are written. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,18 +28,22 @@
 #include "model/dummy_weights.h"
 #include "model/loader.h"
 #include "model/model_info.h"
+#include "runtime/spec.h"
 
 #ifndef DS_GIT_COMMIT
 #define DS_GIT_COMMIT "unknown"
 #endif
 
 #define BENCH_MAX_BATCHES 16
+#define BENCH_MAX_BATCH 1024 /* --batch sizes (graph keys) */
 
 typedef struct bench_args {
     const char *model_dir, *device, *json_out, *batches_arg;
     bool dummy;
     uint64_t seed;
     int threads, prompt_len, steps, warmup, repeats;
+    int n_spec; /* --num-speculative-tokens */
+    bool graphs; /* --graphs: replay decode steps from step graphs when the backend has them */
 } bench_args;
 
 static double now_s(void) {
@@ -72,14 +87,15 @@ static int parse(int argc, char **argv, bench_args *a) {
     const char *cmd = "bench";
     bool bad = false;
     *a = (bench_args){.prompt_len = 1024, .steps = 512, .warmup = 8, .repeats = 3,
-                      .batches_arg = "1,4,8", .seed = 1};
+                      .batches_arg = "1,4,8", .seed = 1, .graphs = true};
     for (int i = 1; i < argc && !bad; i++) {
         const char *v;
         long n;
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             printf("usage: deltaserve bench -m DIR [--dummy-weights] [--seed S] [--prompt-len N]\n"
                    "       [--batch 1,4,8] [--steps N] [--warmup N] [--json-out FILE]\n"
-                   "       [--device cpu|cuda|auto] [--threads N]\n");
+                   "       [--num-speculative-tokens K] [--device cpu|cuda|auto] [--threads N]\n"
+                   "       [--graphs 0|1]\n");
             return -1;
         } else if (!strcmp(argv[i], "--dummy-weights")) {
             a->dummy = true;
@@ -102,6 +118,12 @@ static int parse(int argc, char **argv, bench_args *a) {
         } else if ((v = ds_arg_value(argc, argv, &i, "--steps", cmd, &bad))) {
             if (!ds_arg_int(cmd, "--steps", v, 1, 1 << 20, &n)) return 2;
             a->steps = (int)n;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--num-speculative-tokens", cmd, &bad))) {
+            if (!ds_arg_int(cmd, "--num-speculative-tokens", v, 0, DS_SPEC_MAX_K, &n)) return 2;
+            a->n_spec = (int)n;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--graphs", cmd, &bad))) {
+            if (!ds_arg_int(cmd, "--graphs", v, 0, 1, &n)) return 2;
+            a->graphs = n != 0;
         } else if ((v = ds_arg_value(argc, argv, &i, "--warmup", cmd, &bad))) {
             if (!ds_arg_int(cmd, "--warmup", v, 0, 1 << 20, &n)) return 2;
             a->warmup = (int)n;
@@ -130,6 +152,112 @@ typedef struct bench_ctx {
     bool sess_ready;
 } bench_ctx;
 
+/* Host staging of one decode step (bench_decode), sized for the largest batch. The ids buffer
+ * is where argmax_logits delivers the next tokens; a graph replay writes the same buffer, so it
+ * lives as long as the graphs do. */
+typedef struct bench_step {
+    int32_t *tokens, *positions, *seq_start, *seq_n_past, *seq_gdn, *out_rows, *blocks, *ids;
+    bool graphs;
+    signed char graph_state[BENCH_MAX_BATCH + 1]; /* 0 not tried, 1 captured, -1 eager */
+} bench_step;
+
+static void bench_step_free(bench_step *st) {
+    free(st->tokens);
+    free(st->positions);
+    free(st->seq_start);
+    free(st->seq_n_past);
+    free(st->seq_gdn);
+    free(st->out_rows);
+    free(st->blocks);
+    free(st->ids);
+}
+
+static bool bench_step_alloc(bench_step *st, int max_batch, int blocks_per_seq) {
+    const size_t n = (size_t)max_batch;
+    st->tokens = malloc(sizeof(int32_t) * n);
+    st->positions = malloc(sizeof(int32_t) * n);
+    st->seq_start = malloc(sizeof(int32_t) * (n + 1));
+    st->seq_n_past = malloc(sizeof(int32_t) * n);
+    st->seq_gdn = malloc(sizeof(int32_t) * n);
+    st->out_rows = malloc(sizeof(int32_t) * n);
+    st->blocks = malloc(sizeof(int32_t) * n * (size_t)blocks_per_seq);
+    st->ids = malloc(sizeof(int32_t) * n);
+    return st->tokens && st->positions && st->seq_start && st->seq_n_past && st->seq_gdn &&
+           st->out_rows && st->blocks && st->ids;
+}
+
+/* One greedy decode step: ids[i] (the token of slot slots[i]) in, the next token of each
+ * sequence out. The batch is built from the session's state as ds_session_decode builds it,
+ * then: replay of this batch size's graph, or its capture at the first step, or an eager
+ * forward; lm_head + argmax fused when the backend can (n_out = 0: the forward stops at the
+ * final norm, whose rows are the B sequences). */
+static ds_status bench_decode(bench_ctx *b, bench_step *st, const int32_t *slots, int32_t *ids,
+                              int B, ds_error *err) {
+    ds_session *s = &b->sess;
+    ds_model *m = &b->model;
+    const ds_backend_ops *op = b->be->ops;
+    const bool fused = op->argmax_logits != NULL;
+    const size_t nb = (size_t)s->blocks_per_seq;
+    for (int i = 0; i < B; i++) {
+        const int slot = slots[i];
+        if (s->n_past[slot] + 1 > s->max_len)
+            return ds_error_set(err, DS_ERR_INVALID_ARG, "slot %d is full", slot);
+        st->tokens[i] = ids[i];
+        st->positions[i] = s->n_past[slot];
+        st->seq_start[i] = i;
+        st->seq_n_past[i] = s->n_past[slot];
+        st->seq_gdn[i] = s->gdn_cur[slot];
+        st->out_rows[i] = i;
+        memcpy(st->blocks + (size_t)i * nb, s->block_table + (size_t)slot * nb, nb * sizeof(int32_t));
+    }
+    st->seq_start[B] = B;
+    const ds_batch bt = {.n_tokens = B, .n_seqs = B, .tokens = st->tokens,
+                         .positions = st->positions, .seq_start = st->seq_start,
+                         .seq_slot = st->seq_gdn, .seq_n_past = st->seq_n_past,
+                         .block_table = st->blocks, .max_blocks = s->blocks_per_seq,
+                         .n_out = fused ? 0 : B, .out_rows = st->out_rows};
+    ds_tensor xn = ds_view2d(m->s.normed.data, m->s.normed.dtype, B, m->cfg.hidden);
+    ds_tensor lg = ds_view2d(m->s.logits.data, DS_DTYPE_F32, B, m->cfg.vocab);
+    const uint64_t key = (uint64_t)B;
+    bool done = false;
+    ds_status rc;
+    if (st->graphs && op->graph_launch && B <= BENCH_MAX_BATCH) {
+        if (op->graph_launch(b->be, key, &bt)) {
+            done = true;
+        } else if (st->graph_state[B] == 0) {
+            st->graph_state[B] = -1;
+            rc = op->graph_begin(b->be, key, err);
+            if (rc == DS_OK) {
+                rc = ds_model_forward(m, s->cache, &bt, err);
+                if (rc == DS_OK && fused) op->argmax_logits(b->be, &xn, &m->w.lm_head, st->ids);
+                ds_error end_err = {0};
+                const ds_status end = op->graph_end(b->be, &end_err); /* always close the capture */
+                if (rc == DS_OK && end != DS_OK) {
+                    rc = end;
+                    *err = end_err;
+                }
+            }
+            if (rc == DS_OK) {
+                st->graph_state[B] = 1;
+                done = true;
+            } else {
+                fprintf(stderr, "bench: batch %d: decode step not capturable, eager steps (%s)\n",
+                        B, err->msg);
+                *err = (ds_error){0};
+            }
+        }
+    }
+    if (!done) {
+        if ((rc = ds_model_forward(m, s->cache, &bt, err)) != DS_OK) return rc;
+        if (fused) op->argmax_logits(b->be, &xn, &m->w.lm_head, st->ids);
+    }
+    if (!fused) op->argmax(b->be, &lg, st->ids); /* greedy: only the ids come back */
+    if ((rc = op->synchronize(b->be, err)) != DS_OK) return rc;
+    memcpy(ids, st->ids, sizeof(int32_t) * (size_t)B);
+    for (int i = 0; i < B; i++) s->n_past[slots[i]] += 1;
+    return DS_OK;
+}
+
 static void bench_close(bench_ctx *b) {
     if (b->sess_ready) ds_session_free(&b->sess);
     if (b->model_ready) ds_model_free(&b->model);
@@ -137,13 +265,229 @@ static void bench_close(bench_ctx *b) {
     if (b->host_loaded) ds_model_weights_free(&b->host);
 }
 
+/* Median of fn over `reps` runs after `warm` unmeasured ones (seconds). */
+typedef ds_status (*bench_fn)(void *ctx, ds_error *err);
+static ds_status time_median(bench_fn fn, void *ctx, int warm, int reps, double *times,
+                             double *med, ds_error *err) {
+    for (int i = 0; i < warm + reps; i++) {
+        double t0 = now_s();
+        ds_status st = fn(ctx, err);
+        if (st != DS_OK) return st;
+        if (i >= warm) times[i - warm] = now_s() - t0;
+    }
+    qsort(times, (size_t)reps, sizeof(double), cmp_double);
+    *med = percentile(times, reps, 50);
+    return DS_OK;
+}
+
+/* One verification step of B sequences (slots 0..B-1, each at its n_past) × (k+1) tokens, and
+ * one draft phase after it. Nothing is committed: every run rewrites the same positions. */
+typedef struct spec_shape {
+    bench_ctx *b;
+    int B, k;
+    int32_t *tokens, *pos, *start, *slot, *past, *table, *out_rows, *state_out, *ids;
+    ds_batch batch;
+} spec_shape;
+
+static ds_status spec_verify_once(void *ctx, ds_error *err) {
+    spec_shape *sh = ctx;
+    ds_model *m = &sh->b->model;
+    ds_status st = ds_model_forward(m, sh->b->sess.cache, &sh->batch, err);
+    if (st != DS_OK) return st;
+    ds_tensor lg = ds_view2d(m->s.logits.data, DS_DTYPE_F32, sh->batch.n_out, m->cfg.vocab);
+    m->be->ops->argmax(m->be, &lg, sh->ids);
+    return m->be->ops->synchronize(m->be, err);
+}
+
+static ds_status spec_draft_once(void *ctx, ds_error *err) {
+    spec_shape *sh = ctx;
+    ds_model *m = &sh->b->model;
+    ds_session *s = &sh->b->sess;
+    const int B = sh->B, K1 = sh->k + 1, V = m->cfg.vocab;
+    /* catch-up over the verification's rows (hidden = its final-normed rows), one out row each */
+    ds_batch mb = sh->batch;
+    mb.state_out_slots = NULL;
+    mb.n_out = B;
+    for (int i = 0; i < B; i++) sh->out_rows[i] = i * K1 + K1 - 1;
+    ds_status st = ds_mtp_forward(m, s->cache, &mb, &m->s.normed, err);
+    if (st != DS_OK) return st;
+    ds_tensor lg = ds_view2d(m->s.logits.data, DS_DTYPE_F32, B, V);
+    m->be->ops->argmax(m->be, &lg, sh->ids);
+    int32_t *dpos = sh->pos + B * K1, *dstart = sh->start + B + 1, *dpast = sh->past + B;
+    for (int j = 1; j < sh->k; j++) {
+        for (int i = 0; i < B; i++) {
+            dpos[i] = s->n_past[i] + K1 + j - 1;
+            dpast[i] = dpos[i];
+            dstart[i] = i;
+            sh->out_rows[i] = i;
+        }
+        dstart[B] = B;
+        ds_batch db = {.n_tokens = B, .n_seqs = B, .tokens = sh->ids, .positions = dpos,
+                       .seq_start = dstart, .seq_slot = sh->slot, .seq_n_past = dpast,
+                       .block_table = sh->table, .max_blocks = s->blocks_per_seq, .n_out = B,
+                       .out_rows = sh->out_rows};
+        ds_tensor hid = ds_view2d(m->mtp.out_h.data, m->mtp.out_h.dtype, B, m->cfg.hidden);
+        if ((st = ds_mtp_forward(m, s->cache, &db, &hid, err)) != DS_OK) return st;
+        m->be->ops->argmax(m->be, &lg, sh->ids);
+    }
+    return m->be->ops->synchronize(m->be, err);
+}
+
+static ds_status bench_spec(bench_ctx *b, const bench_args *a, const int32_t *prompt,
+                            const int32_t *batches, size_t n_batches, double plain_ms_b1,
+                            const char *device, FILE *json, ds_error *err) {
+    ds_session *s = &b->sess;
+    ds_model *m = &b->model;
+    const int k = a->n_spec, K1 = k + 1, V = b->cfg.vocab;
+    int max_batch = 1;
+    for (size_t i = 0; i < n_batches; i++) max_batch = batches[i] > max_batch ? batches[i] : max_batch;
+    const size_t T = (size_t)max_batch * (size_t)K1 + (size_t)max_batch;
+    const int reps = a->steps < 64 ? a->steps : 64;
+    spec_shape sh = {.b = b, .k = k};
+    sh.tokens = calloc(T, sizeof(int32_t));
+    sh.pos = calloc(T, sizeof(int32_t));
+    sh.start = calloc(2 * (size_t)max_batch + 2, sizeof(int32_t));
+    sh.slot = calloc((size_t)max_batch, sizeof(int32_t));
+    sh.past = calloc(2 * (size_t)max_batch, sizeof(int32_t));
+    sh.table = calloc((size_t)max_batch * (size_t)s->blocks_per_seq, sizeof(int32_t));
+    sh.out_rows = calloc(T, sizeof(int32_t));
+    sh.state_out = calloc(T, sizeof(int32_t));
+    sh.ids = calloc(T, sizeof(int32_t));
+    double *times = calloc((size_t)reps, sizeof(double));
+    ds_status st = DS_OK;
+    if (!sh.tokens || !sh.pos || !sh.start || !sh.slot || !sh.past || !sh.table || !sh.out_rows ||
+        !sh.state_out || !sh.ids || !times) {
+        st = ds_error_set(err, DS_ERR_NOMEM, "out of host memory");
+        goto done;
+    }
+    printf("speculative decoding, k = %d draft tokens (MTP):\n", k);
+    printf("%5s %12s %12s %14s\n", "batch", "verify_ms", "draft_ms", "step_ms");
+    for (size_t bi = 0; bi < n_batches; bi++) {
+        const int B = batches[bi];
+        sh.B = B;
+        for (int i = 0; i < B; i++) {
+            int32_t spares[DS_SPEC_MAX_K + 2];
+            ds_session_spare_slots(s, i, spares);
+            sh.start[i] = i * K1;
+            sh.slot[i] = s->gdn_cur[i];
+            sh.past[i] = s->n_past[i];
+            memcpy(sh.table + (size_t)i * s->blocks_per_seq,
+                   s->block_table + (size_t)i * s->blocks_per_seq,
+                   (size_t)s->blocks_per_seq * sizeof(int32_t));
+            for (int j = 0; j < K1; j++) {
+                int t = i * K1 + j;
+                sh.tokens[t] = (int32_t)((t * 7919 + 13) % V);
+                sh.pos[t] = s->n_past[i] + j;
+                sh.out_rows[t] = t;
+                sh.state_out[t] = spares[j];
+            }
+        }
+        sh.start[B] = B * K1;
+        sh.batch = (ds_batch){.n_tokens = B * K1, .n_seqs = B, .tokens = sh.tokens,
+                              .positions = sh.pos, .seq_start = sh.start, .seq_slot = sh.slot,
+                              .seq_n_past = sh.past, .block_table = sh.table,
+                              .max_blocks = s->blocks_per_seq, .n_out = B * K1,
+                              .out_rows = sh.out_rows, .state_out_slots = sh.state_out};
+        double t_verify, t_draft;
+        if ((st = time_median(spec_verify_once, &sh, 2, reps, times, &t_verify, err)) != DS_OK)
+            goto done;
+        /* the draft phase reads the verification's hidden rows: run one before each */
+        for (int r = 0; r < reps; r++) {
+            if ((st = spec_verify_once(&sh, err)) != DS_OK) goto done;
+            double t0 = now_s();
+            if ((st = spec_draft_once(&sh, err)) != DS_OK) goto done;
+            times[r] = now_s() - t0;
+            /* restore the verification's out rows, which the draft phase reuses */
+            for (int t = 0; t < B * K1; t++) sh.out_rows[t] = t;
+        }
+        qsort(times, (size_t)reps, sizeof(double), cmp_double);
+        t_draft = percentile(times, reps, 50);
+        printf("%5d %12.3f %12.3f %14.3f\n", B, t_verify * 1e3, t_draft * 1e3,
+               (t_verify + t_draft) * 1e3);
+        if (json)
+            fprintf(json,
+                    "{\"commit\":\"%s\",\"gpu\":\"%s\",\"backend\":\"%s\",\"model\":\"%s\","
+                    "\"batch\":%d,\"num_speculative_tokens\":%d,\"verify_ms\":%.4f,"
+                    "\"draft_ms\":%.4f,\"date\":%lld}\n",
+                    DS_GIT_COMMIT, device, m->be->ops->name, a->model_dir, B, k, t_verify * 1e3,
+                    t_draft * 1e3, (long long)time(NULL));
+    }
+
+    /* a real greedy generation at batch 1: acceptance and time per emitted token */
+    {
+        ds_sampling_params sp;
+        ds_sampling_params_init(&sp);
+        sp.temperature = 0.0f;
+        sp.max_tokens = a->steps;
+        sp.ignore_eos = true;
+        ds_sampler smp;
+        st = ds_sampler_init(&smp, &sp, V, b->cfg.eos_ids, b->cfg.n_eos, err);
+        ds_spec_gen g = {0};
+        if (st == DS_OK) st = ds_spec_gen_init(&g, s, 0, k, &smp, err);
+        int32_t toks[DS_SPEC_MAX_K + 1];
+        ds_sample_result res[DS_SPEC_MAX_K + 1];
+        int n = 0, got = 0;
+        double t0 = 0;
+        if (st == DS_OK) st = ds_spec_gen_prefill(&g, prompt, a->prompt_len, toks, res, &got, err);
+        if (st == DS_OK) {
+            n = got;
+            g.t_verify = g.t_draft = 0;
+            t0 = now_s();
+            while (st == DS_OK && !g.finished) {
+                st = ds_spec_gen_step(&g, toks, res, &got, err);
+                n += got;
+            }
+        }
+        double dt = now_s() - t0;
+        if (st == DS_OK) {
+            double per_tok = dt / (double)(n > 1 ? n - 1 : 1) * 1e3;
+            printf("batch 1 greedy generation of %d tokens: acceptance rate %.2f, mean accepted "
+                   "length %.2f; %.3f ms per token (verify %.3f + draft %.3f ms per step) vs "
+                   "plain decode %.3f ms: %.2fx\n",
+                   n, ds_spec_acceptance_rate(&g.stats), ds_spec_mean_accepted_len(&g.stats),
+                   per_tok, g.stats.n_drafts ? g.t_verify / (double)g.stats.n_drafts * 1e3 : 0,
+                   g.stats.n_drafts ? g.t_draft / (double)g.stats.n_drafts * 1e3 : 0, plain_ms_b1,
+                   plain_ms_b1 > 0 && per_tok > 0 ? plain_ms_b1 / per_tok : 0.0);
+            printf("acceptance per position:");
+            for (int i = 0; i < k; i++) printf(" %.2f", ds_spec_pos_rate(&g.stats, i));
+            printf("\n");
+            if (json)
+                fprintf(json,
+                        "{\"commit\":\"%s\",\"gpu\":\"%s\",\"backend\":\"%s\","
+                        "\"model\":\"%s\",\"batch\":1,\"num_speculative_tokens\":%d,"
+                        "\"generated\":%d,\"ms_per_token\":%.4f,\"plain_ms_per_token\":%.4f,"
+                        "\"acceptance_rate\":%.4f,\"mean_accepted_length\":%.4f,\"date\":%lld}\n",
+                        DS_GIT_COMMIT, device, m->be->ops->name, a->model_dir, k, n, per_tok,
+                        plain_ms_b1, ds_spec_acceptance_rate(&g.stats),
+                        ds_spec_mean_accepted_len(&g.stats), (long long)time(NULL));
+        }
+        ds_spec_gen_free(&g);
+        ds_sampler_free(&smp);
+    }
+done:
+    free(sh.tokens);
+    free(sh.pos);
+    free(sh.start);
+    free(sh.slot);
+    free(sh.past);
+    free(sh.table);
+    free(sh.out_rows);
+    free(sh.state_out);
+    free(sh.ids);
+    free(times);
+    return st;
+}
+
 int ds_cmd_bench(int argc, char **argv) {
+    /* `deltaserve bench serve …` is the HTTP load generator (vllm bench serve's twin). */
+    if (argc > 1 && !strcmp(argv[1], "serve")) return ds_cmd_bench_serve(argc - 1, argv + 1);
     bench_args a;
     int rc = parse(argc, argv, &a);
     if (rc) return rc < 0 ? 0 : rc;
     int32_t *batches = NULL;
     size_t n_batches = 0;
-    if (!ds_arg_ids("bench", "--batch", a.batches_arg, 1025, &batches, &n_batches)) return 2;
+    if (!ds_arg_ids("bench", "--batch", a.batches_arg, BENCH_MAX_BATCH, &batches, &n_batches))
+        return 2;
     int max_batch = 1;
     for (size_t i = 0; i < n_batches; i++) {
         if (batches[i] < 1) {
@@ -160,6 +504,7 @@ int ds_cmd_bench(int argc, char **argv) {
     float *logits = NULL;
     double *times = NULL;
     int32_t *tokens = NULL, *ids = NULL, *slots = NULL;
+    bench_step bs = {.graphs = a.graphs};
     rc = 1;
     if (ds_config_load(a.model_dir, &b.cfg, &err) != DS_OK) goto fail;
     if (!a.dummy) {
@@ -168,17 +513,24 @@ int ds_cmd_bench(int argc, char **argv) {
     }
     if (ds_cli_backend_create(a.device, a.threads, &b.be, &err) != DS_OK) goto fail;
     const int step_tokens = a.prompt_len < 512 ? a.prompt_len : 512;
-    const int max_tokens = step_tokens > max_batch ? step_tokens : max_batch;
+    const int max_out = max_batch * (a.n_spec + 1); /* a verification: k + 1 rows a sequence */
+    const int max_tokens = step_tokens > max_out ? step_tokens : max_out;
     double t_load = now_s();
     ds_status st = a.dummy ? ds_model_init_dummy(&b.model, b.be, &b.cfg, a.seed, max_tokens,
-                                                 max_batch, &err)
-                           : ds_model_init(&b.model, b.be, &b.cfg, &b.host, max_tokens, max_batch,
+                                                 max_out, &err)
+                           : ds_model_init(&b.model, b.be, &b.cfg, &b.host, max_tokens, max_out,
                                            &err);
     if (st != DS_OK) goto fail;
     b.model_ready = true;
     t_load = now_s() - t_load;
     const int ctx = a.prompt_len + a.warmup + a.steps + 1;
-    if (ds_session_init(&b.sess, &b.model, max_batch, ctx, &err) != DS_OK) goto fail;
+    if (a.n_spec > 0 && !ds_model_has_mtp(&b.model)) {
+        ds_error_set(&err, DS_ERR_UNSUPPORTED, "--num-speculative-tokens: %s has no MTP head",
+                     a.model_dir);
+        goto fail;
+    }
+    if (ds_session_init_spec(&b.sess, &b.model, max_batch, ctx, a.n_spec, &err) != DS_OK)
+        goto fail;
     b.sess_ready = true;
     const ds_backend_ops *op = b.be->ops;
     const char *device = op->device_name ? op->device_name(b.be) : op->name;
@@ -192,7 +544,8 @@ int ds_cmd_bench(int argc, char **argv) {
     times = malloc(sizeof(double) * (size_t)(a.steps > a.repeats ? a.steps : a.repeats));
     ids = malloc(sizeof(int32_t) * (size_t)max_batch);
     slots = malloc(sizeof(int32_t) * (size_t)max_batch);
-    if (!tokens || !logits || !times || !ids || !slots) {
+    if (!tokens || !logits || !times || !ids || !slots ||
+        !bench_step_alloc(&bs, max_batch, b.sess.blocks_per_seq)) {
         ds_error_set(&err, DS_ERR_NOMEM, "out of host memory");
         goto fail;
     }
@@ -220,6 +573,7 @@ int ds_cmd_bench(int argc, char **argv) {
     printf("%5s %10s %10s %10s %9s %12s %9s %9s %7s\n", "batch", "step_ms", "p10_ms", "p90_ms",
            "tok/s", "bytes/step", "GB/s", "kernels", "ratio");
 
+    double plain_ms_b1 = 0;
     for (size_t bi = 0; bi < n_batches; bi++) {
         const int B = batches[bi];
         /* Every sequence gets the same prompt so the context length matches prefill's. */
@@ -230,13 +584,11 @@ int ds_cmd_bench(int argc, char **argv) {
                 goto fail;
             ids[s] = (int32_t)((s * 7919 + 1) % V);
         }
-        ds_tensor lg = ds_view2d(b.model.s.logits.data, DS_DTYPE_F32, B, V);
         uint64_t launches = 0;
         for (int step = 0; step < a.warmup + a.steps; step++) {
             if (op->take_launch_count) op->take_launch_count(b.be);
             double t0 = now_s();
-            if (ds_session_decode(&b.sess, slots, ids, B, NULL, &err) != DS_OK) goto fail;
-            op->argmax(b.be, &lg, ids); /* greedy: only the ids come back to the host */
+            if (bench_decode(&b, &bs, slots, ids, B, &err) != DS_OK) goto fail;
             double dt = now_s() - t0;
             if (op->take_launch_count) launches = op->take_launch_count(b.be);
             if (step >= a.warmup) times[step - a.warmup] = dt;
@@ -248,6 +600,7 @@ int ds_cmd_bench(int argc, char **argv) {
         double bytes = step_bytes(&b.cfg, B, a.prompt_len + a.warmup + a.steps / 2, 2);
         double gbps = bytes / (med * 1e-3) * 1e-9;
         double ratio = copy_gbps > 0 ? gbps / copy_gbps : 0;
+        if (B == 1) plain_ms_b1 = med;
         printf("%5d %10.3f %10.3f %10.3f %9.1f %12.4g %9.1f %9llu %7.3f\n", B, med, p10, p90,
                B / (med * 1e-3), bytes, gbps, (unsigned long long)launches, ratio);
         if (json)
@@ -256,11 +609,24 @@ int ds_cmd_bench(int argc, char **argv) {
                     "\"dummy_weights\":%s,\"batch\":%d,\"prompt_len\":%d,\"steps\":%d,"
                     "\"step_ms\":%.4f,\"step_ms_p10\":%.4f,\"step_ms_p90\":%.4f,\"ttft_ms\":%.3f,"
                     "\"kernels_per_step\":%llu,\"bytes_per_step\":%.6g,\"achieved_gbps\":%.2f,"
-                    "\"copy_gbps\":%.2f,\"ratio\":%.4f,\"date\":%lld}\n",
+                    "\"copy_gbps\":%.2f,\"ratio\":%.4f,\"graph\":%s,\"fused_argmax\":%s,"
+                    "\"date\":%lld}\n",
                     DS_GIT_COMMIT, device, op->name, a.model_dir, a.dummy ? "true" : "false", B,
                     a.prompt_len, a.steps, med, p10, p90, ttft_ms, (unsigned long long)launches,
-                    bytes, gbps, copy_gbps, ratio, (long long)time(NULL));
+                    bytes, gbps, copy_gbps, ratio,
+                    B <= BENCH_MAX_BATCH && bs.graph_state[B] == 1 ? "true" : "false",
+                    op->argmax_logits ? "true" : "false", (long long)time(NULL));
     }
+    if (a.graphs && op->graph_launch) { /* which decode shapes ran from graphs */
+        fprintf(stderr, "bench: decode steps from CUDA graphs:");
+        for (size_t bi = 0; bi < n_batches; bi++)
+            fprintf(stderr, " batch %d %s;", batches[bi],
+                    bs.graph_state[batches[bi]] == 1 ? "replayed" : "EAGER (fell back)");
+        fputc('\n', stderr);
+    }
+    if (a.n_spec > 0 &&
+        bench_spec(&b, &a, tokens, batches, n_batches, plain_ms_b1, device, json, &err) != DS_OK)
+        goto fail;
     rc = 0;
 fail:
     if (rc) fprintf(stderr, "deltaserve bench: %s\n", err.msg[0] ? err.msg : "failed");
@@ -271,6 +637,7 @@ fail:
     free(ids);
     free(slots);
     free(batches);
+    bench_step_free(&bs);
     bench_close(&b);
     return rc;
 }

@@ -48,6 +48,8 @@ static void usage(FILE *f) {
             "  --num-kv-blocks N           KV pool size in blocks (overrides the fraction)\n"
             "  --max-body-bytes N          larger request bodies get 413 (default 8388608)\n"
             "  --max-connections N         concurrent HTTP connections (default 512)\n"
+            "  --generation-config auto|none  sampling defaults from the model's\n"
+            "                              generation_config.json (auto, as vLLM) or OpenAI's\n"
             "  --device cpu|cuda|auto      --threads N\n");
 }
 
@@ -61,6 +63,7 @@ typedef struct serve_args {
     double mem_fraction;
     long num_kv_blocks;
     long max_body, max_conns;
+    bool gen_config;
 } serve_args;
 
 static int parse_args(int argc, char **argv, serve_args *a) {
@@ -72,6 +75,7 @@ static int parse_args(int argc, char **argv, serve_args *a) {
     a->mem_fraction = 0.9;
     a->max_body = 8 << 20;
     a->max_conns = 512;
+    a->gen_config = true;
     a->api_key = getenv("DELTASERVE_API_KEY");
     for (int i = 1; i < argc && !bad; i++) {
         const char *v;
@@ -130,6 +134,13 @@ static int parse_args(int argc, char **argv, serve_args *a) {
         } else if ((v = ds_arg_value(argc, argv, &i, "--max-connections", cmd, &bad))) {
             if (!ds_arg_int(cmd, "--max-connections", v, 1, 65536, &n)) return 2;
             a->max_conns = n;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--generation-config", cmd, &bad))) {
+            if (strcmp(v, "auto") && strcmp(v, "none") && strcmp(v, "vllm")) {
+                fprintf(stderr, "deltaserve serve: --generation-config: '%s' is not auto or none\n",
+                        v);
+                return 2;
+            }
+            a->gen_config = !strcmp(v, "auto");
         } else if ((v = ds_arg_value(argc, argv, &i, "--device", cmd, &bad))) {
             a->device = v;
         } else if ((v = ds_arg_value(argc, argv, &i, "--threads", cmd, &bad))) {
@@ -165,7 +176,7 @@ static size_t free_memory(const ds_backend *be, char *device_name, size_t cap) {
         struct cudaDeviceProp p;
         int drv = 0;
         if (cudaGetDeviceProperties(&p, 0) == cudaSuccess && cudaDriverGetVersion(&drv) == cudaSuccess)
-            snprintf(device_name, cap, "%s (driver %d.%d)", p.name, drv / 1000, (drv % 1000) / 10);
+            snprintf(device_name, cap, "%.200s (driver %d.%d)", p.name, drv / 1000, (drv % 1000) / 10);
         if (cudaMemGetInfo(&fr, &total) == cudaSuccess) return fr;
         return 0;
     }
@@ -284,6 +295,19 @@ int ds_cmd_serve(int argc, char **argv) {
     info = cJSON_PrintUnformatted(ij);
     cJSON_Delete(ij);
 
+    ds_oai_defaults defaults = {0};
+    if (a.gen_config && ds_oai_defaults_load(a.model_dir, &defaults, &err) != DS_OK) goto fail;
+    if (defaults.has_temperature || defaults.has_top_p || defaults.has_top_k || defaults.has_min_p ||
+        defaults.has_repetition_penalty) {
+        fprintf(stderr, "deltaserve serve: sampling defaults from generation_config.json:");
+        if (defaults.has_temperature) fprintf(stderr, " temperature %g", defaults.temperature);
+        if (defaults.has_top_p) fprintf(stderr, " top_p %g", defaults.top_p);
+        if (defaults.has_top_k) fprintf(stderr, " top_k %d", defaults.top_k);
+        if (defaults.has_min_p) fprintf(stderr, " min_p %g", defaults.min_p);
+        if (defaults.has_repetition_penalty)
+            fprintf(stderr, " repetition_penalty %g", defaults.repetition_penalty);
+        fprintf(stderr, " (--generation-config none for OpenAI's)\n");
+    }
     ds_server_opts so = {
         .host = a.host,
         .port = a.port,
@@ -295,6 +319,7 @@ int ds_cmd_serve(int argc, char **argv) {
         .max_model_len = a.eng.max_model_len,
         .vocab = cfg.vocab,
         .info_json = info,
+        .defaults = defaults,
     };
     for (int i = 0; i < a.n_names; i++) so.served_names[i] = a.names[i];
     if (ds_server_start(eng, tok, &so, &srv, &err) != DS_OK) goto fail;

@@ -13,6 +13,10 @@ static void print_usage(FILE *f) {
             "  tokenize    text -> token ids\n"
             "  detokenize  token ids -> text\n"
             "  info        model shape, parameter count and memory needs\n"
+            "  render-chat render a conversation with the model's chat template\n"
+            "  serve       OpenAI-compatible HTTP server\n"
+            "  bench       offline engine benchmark (prefill, decode step at batch sizes)\n"
+            "  bench serve load generator against a running server (vllm bench serve style)\n"
             "run 'deltaserve <command> --help' for the options of a command\n");
 }
 

@@ -1,13 +1,54 @@
 #!/bin/bash
-# Copies the CUDA test binary and the non-CUDA shared libraries it needs (absent from the GPU
-# machine's image) into .carry/gpu/ (ignored by git), for the device tool's `carry`.
-set -e
+# Packs the GPU binaries for the device tool's `carry` into .carry/gpu/ (ignored by git):
+#   .carry/gpu/bin.tar.xz  test_cuda_ops, test_cuda_model, deltaserve (stripped) and the shared
+#                          libraries the GPU image lacks (cjson, cmocka, pcre2, utf8proc,
+#                          microhttpd, curl and its chain, cudart) under lib/.
+# The three binaries each embed the same CUDA fatbin (~17 MB, uncompressed): xz with a 64 MiB
+# window stores it once, ~50 MB → ~4 MB, which keeps the travelling tree (the repository is
+# ~50 MB with the demo model) under the tool's 64 MiB. cuBLASLt (500 MB) is not carried: the
+# GPU image has it in /usr/local/cuda/lib64. Carry `.carry/gpu` only (other helpers' folders
+# under .carry would push the tree over the limit).
+#
+#   tools/gpu/pack_carry.sh [BUILD_DIR]   (default build-cuda; configured -DDS_CUDA=ON
+#                                          -DDS_NATIVE=OFF so the host code runs on the GPU
+#                                          machine's CPU; builds the three targets first)
+set -euo pipefail
 BUILD=${1:-build-cuda}
-mkdir -p .carry/gpu
-cp "$BUILD/test_cuda_ops" .carry/gpu/
-for lib in libcjson.so.1 libcmocka.so.0 libpcre2-8.so.0 libutf8proc.so.2 libcudart.so.13; do
-    p=$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')
-    [ -z "$p" ] && p=$(ls /usr/local/cuda/lib64/$lib 2>/dev/null || true)
-    [ -n "$p" ] && cp -L "$p" .carry/gpu/
+cd "$(dirname "$0")/../.."
+if [ ! -f "$BUILD/CMakeCache.txt" ]; then
+    cmake -S . -B "$BUILD" -DDS_CUDA=ON -DDS_NATIVE=OFF
+fi
+grep -q '^DS_NATIVE:BOOL=OFF' "$BUILD/CMakeCache.txt" || { echo "$BUILD: configure with -DDS_NATIVE=OFF" >&2; exit 1; }
+grep -q '^DS_CUDA:STRING=ON' "$BUILD/CMakeCache.txt" || { echo "$BUILD: configure with -DDS_CUDA=ON" >&2; exit 1; }
+cmake --build "$BUILD" -j2 --target test_cuda_ops test_cuda_model deltaserve
+
+STAGE=$(mktemp -d)
+trap 'rm -rf "$STAGE"' EXIT
+mkdir -p "$STAGE/lib"
+for b in test_cuda_ops test_cuda_model deltaserve; do
+    cp "$BUILD/$b" "$STAGE/"
+    strip "$STAGE/$b"
 done
-du -sh .carry/gpu
+# every shared library the binaries need except glibc's, the C++ runtime (the image's is used,
+# as in phase 1) and cuBLAS (in the image)
+for b in test_cuda_ops test_cuda_model deltaserve; do
+    ldd "$BUILD/$b" | awk '$3 ~ /^\// {print $1, $3}'
+done | sort -u | while read -r name path; do
+    case "$name" in
+    libc.so.*|libm.so.*|libdl.so.*|libpthread.so.*|librt.so.*|ld-linux*|libstdc++.so.*|libgcc_s.so.*|libcublas*) ;;
+    *) cp -L "$path" "$STAGE/lib/$name" ;;
+    esac
+done
+rm -rf .carry/gpu
+mkdir -p .carry/gpu
+tar -C "$STAGE" -cf - test_cuda_ops test_cuda_model deltaserve lib |
+    xz -9 --lzma2=dict=64MiB -T1 > .carry/gpu/bin.tar.xz
+ls -la .carry/gpu
+ls "$STAGE/lib"
+# what the device tool sends: tracked + untracked-not-ignored files + the carry
+tree=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 stat -c %s 2>/dev/null |
+        awk '{s += $1} END {print s}') || true
+carry=$(du -sb .carry/gpu | cut -f1)
+total=$((tree + carry))
+echo "travelling tree: $((tree / 1048576)) MiB + carry $((carry / 1048576)) MiB = $((total / 1048576)) MiB (limit 64)"
+[ "$total" -lt $((64 * 1048576)) ] || { echo "over the 64 MiB limit" >&2; exit 1; }

@@ -7,8 +7,9 @@
  *     extra workspace is needed; the attention kernels read it back from there.
  *  2a. decode (every sequence has one new token): flash-decoding split over KV ranges. A block
  *     serves one (sequence, kv head, split) and all G = nh/nkv query heads that share the kv
- *     head, so K/V are read once per group; online softmax over tiles of 32 keys; fp32
- *     partials (acc, m, l) go to the cache's workspace.
+ *     head, so K/V are read once per group; tiles of 32 keys are staged in shared memory with
+ *     cp.async 16-byte copies (double-buffered: the next tile loads while this one is used);
+ *     online softmax; fp32 partials (acc, m, l) go to the cache's workspace.
  *  2b. prefill (any tokens per sequence): a tiled flash kernel on CUDA cores. A block serves
  *     64 query rows = (64/G tokens) × G heads of one kv head and walks key tiles of 64 from
  *     position 0 (cache) up to its last query position, causal mask per row.
@@ -94,25 +95,88 @@ __global__ void __launch_bounds__(256)
 #define DEC_TILE 32
 #define DEC_MAXG 16
 
+/* 16-byte asynchronous global → shared copy (cp.async, sm_80+): every thread issues all its
+ * copies of a tile before waiting, so a tile costs about one memory latency, and the next
+ * tile's copies are in flight while this one is computed. */
+static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem));
+}
+static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+static __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+/* dynamic shared memory: K and V tiles, double-buffered, then the G queries in fp32 */
+template <int HD>
+struct DecSmem {
+    static constexpr size_t tile_elems = (size_t)DEC_TILE * HD;
+    static constexpr size_t kv_bytes = 2 /* buffers */ * 2 /* K, V */ * tile_elems * 2;
+    static constexpr size_t bytes = kv_bytes + (size_t)DEC_MAXG * HD * 4;
+};
+
+/* A block serves (sequence s, kv head j, split c) and the G query heads sharing j. The split
+ * count is fixed by the launch (it depends on the number of sequences only, so a captured
+ * graph stays valid as the context grows); each block finds its key range [start, end) from
+ * the sequence's position on the device: chunk = ⌈⌈L / nsplit⌉ / 32⌉·32. Splits past the
+ * context write an empty partial (m = −∞, l = 0) that the combine skips. */
 template <int HD>
 __global__ void __launch_bounds__(HD)
-    attn_decode_kernel(ds_cuda_batch b, ds_cuda_attn_args a, int G, int chunk, int nsplit) {
-    constexpr int NW = HD / 32, EPL = HD / 32;
-    __shared__ __align__(16) float qs[DEC_MAXG][HD];
+    attn_decode_kernel(ds_cuda_batch b, ds_cuda_attn_args a, int G, int nsplit) {
+    constexpr int NW = HD / 32;
+    constexpr int CPR = HD / 8;                 /* 16-byte chunks per K/V row */
+    constexpr int LPK = CPR < 32 ? CPR : 32;    /* lanes per key in the score phase */
+    constexpr int KPW = 32 / LPK;               /* keys per warp pass */
+    constexpr int CPL = CPR / LPK;              /* chunks per lane */
+    typedef DecSmem<HD> SM;
+    extern __shared__ __align__(16) unsigned char dsmem[];
+    bf16 *Ks = reinterpret_cast<bf16 *>(dsmem);         /* [2][DEC_TILE][HD] */
+    bf16 *Vs = Ks + 2 * SM::tile_elems;                  /* [2][DEC_TILE][HD] */
+    float *qs = reinterpret_cast<float *>(dsmem + SM::kv_bytes); /* [DEC_MAXG][HD] */
     __shared__ float sc[DEC_MAXG][DEC_TILE];
     __shared__ float m_s[DEC_MAXG], l_s[DEC_MAXG], al_s[DEC_MAXG];
+
     const int s = blockIdx.x, j = blockIdx.y, c = blockIdx.z;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int nh = a.nh, nkv = a.nkv, bs = a.block_size;
     const int t = b.seq_start[s];
     const int L = b.positions[t] + 1;
+    const int per = (L + nsplit - 1) / nsplit;
+    const int chunk = (per + DEC_TILE - 1) / DEC_TILE * DEC_TILE;
     const int start = c * chunk;
     const int end = min(L, start + chunk);
     const int32_t *bt = b.block_table + (int64_t)s * b.max_blocks;
     const bf16 *kc = (const bf16 *)a.k_cache, *vc = (const bf16 *)a.v_cache;
 
+    if (start >= end) { /* an empty split */
+        for (int g = 0; g < G; g++) {
+            float *w = a.ws + (((int64_t)s * nh + j * G + g) * nsplit + c) * (HD + 2);
+            w[tid] = 0.f;
+            if (tid == 0) {
+                w[HD] = -INFINITY;
+                w[HD + 1] = 0.f;
+            }
+        }
+        return;
+    }
+
+    /* cooperative copy of keys [tile0, min(tile0 + 32, end)) into buffer buf */
+    auto load_tile = [&](int buf, int tile0) {
+        for (int i = tid; i < DEC_TILE * CPR; i += HD) {
+            const int kk = i / CPR, ch = i % CPR;
+            const int p = tile0 + kk;
+            if (p < end) {
+                const int64_t row = ((int64_t)bt[p / bs] * bs + p % bs) * nkv + j;
+                const size_t o = (size_t)buf * SM::tile_elems + (size_t)kk * HD + (size_t)ch * 8;
+                cp_async16(Ks + o, kc + row * HD + ch * 8);
+                cp_async16(Vs + o, vc + row * HD + ch * 8);
+            }
+        }
+        cp_async_commit();
+    };
+    load_tile(0, start);
+
     for (int g = 0; g < G; g++)
-        qs[g][tid] = to_f32(((const bf16 *)a.out)[((int64_t)t * nh + j * G + g) * HD + tid]) * a.scale;
+        qs[g * HD + tid] = to_f32(((const bf16 *)a.out)[((int64_t)t * nh + j * G + g) * HD + tid]) * a.scale;
     if (tid < G) {
         m_s[tid] = -INFINITY;
         l_s[tid] = 0.f;
@@ -120,30 +184,47 @@ __global__ void __launch_bounds__(HD)
     float acc[DEC_MAXG];
 #pragma unroll
     for (int g = 0; g < DEC_MAXG; g++) acc[g] = 0.f;
-    __syncthreads();
 
-    for (int tile0 = start; tile0 < end; tile0 += DEC_TILE) {
-        /* A: scores, one key per warp at a time, lanes split the head dim */
-        for (int kk = warp; kk < DEC_TILE; kk += NW) {
-            const int p = tile0 + kk;
-            if (p < end) {
-                const int64_t row = ((int64_t)bt[p / bs] * bs + p % bs) * nkv + j;
-                const bf16 *kp = kc + row * HD + lane;
-                float kf[EPL];
+    int buf = 0;
+    for (int tile0 = start; tile0 < end; tile0 += DEC_TILE, buf ^= 1) {
+        if (tile0 + DEC_TILE < end) {
+            load_tile(buf ^ 1, tile0 + DEC_TILE);
+            cp_async_wait<1>(); /* this tile's group is complete, the next may still fly */
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const bf16 *Kt = Ks + (size_t)buf * SM::tile_elems;
+        const bf16 *Vt = Vs + (size_t)buf * SM::tile_elems;
+        /* A: scores. LPK lanes per key, each with CPL 16-byte chunks of the head dim. Lanes of
+         * keys past `end` read stale shared memory; their scores are replaced by −∞. */
+        for (int k0 = warp * KPW; k0 < DEC_TILE; k0 += NW * KPW) {
+            const int kk = k0 + lane / LPK, sub = lane % LPK;
+            float kf[CPL][8];
 #pragma unroll
-                for (int e = 0; e < EPL; e++) kf[e] = to_f32(kp[32 * e]);
+            for (int cc = 0; cc < CPL; cc++)
+                unpack8(*reinterpret_cast<const uint4 *>(Kt + (size_t)kk * HD + (sub + LPK * cc) * 8), kf[cc]);
+            const bool valid = tile0 + kk < end;
 #pragma unroll
-                for (int g = 0; g < DEC_MAXG; g++) {
-                    if (g < G) {
-                        float part = 0.f;
+            for (int g = 0; g < DEC_MAXG; g++) {
+                if (g >= G) break;
+                float part = 0.f;
 #pragma unroll
-                        for (int e = 0; e < EPL; e++) part = fmaf(qs[g][lane + 32 * e], kf[e], part);
-                        part = warp_sum(part);
-                        if (lane == 0) sc[g][kk] = part;
-                    }
+                for (int cc = 0; cc < CPL; cc++) {
+                    const float4 q0 = *reinterpret_cast<const float4 *>(qs + g * HD + (sub + LPK * cc) * 8);
+                    const float4 q1 = *reinterpret_cast<const float4 *>(qs + g * HD + (sub + LPK * cc) * 8 + 4);
+                    part = fmaf(q0.x, kf[cc][0], part);
+                    part = fmaf(q0.y, kf[cc][1], part);
+                    part = fmaf(q0.z, kf[cc][2], part);
+                    part = fmaf(q0.w, kf[cc][3], part);
+                    part = fmaf(q1.x, kf[cc][4], part);
+                    part = fmaf(q1.y, kf[cc][5], part);
+                    part = fmaf(q1.z, kf[cc][6], part);
+                    part = fmaf(q1.w, kf[cc][7], part);
                 }
-            } else if (lane < G) {
-                sc[lane][kk] = -INFINITY;
+#pragma unroll
+                for (int o = LPK / 2; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+                if (sub == 0) sc[g][kk] = valid ? part : -INFINITY;
             }
         }
         __syncthreads();
@@ -164,20 +245,18 @@ __global__ void __launch_bounds__(HD)
             }
         }
         __syncthreads();
-        /* C: acc[g] (dim tid) = acc·alpha + Σ_k p·V[k, tid] */
+        /* C: acc[g] (dim tid) = acc·alpha + Σ_k p·V[k, tid], V from shared memory */
 #pragma unroll
         for (int g = 0; g < DEC_MAXG; g++)
             if (g < G) acc[g] *= al_s[g];
         const int nk = min(DEC_TILE, end - tile0);
         for (int kk = 0; kk < nk; kk++) {
-            const int p = tile0 + kk;
-            const int64_t row = ((int64_t)bt[p / bs] * bs + p % bs) * nkv + j;
-            const float v = to_f32(vc[row * HD + tid]);
+            const float v = to_f32(Vt[(size_t)kk * HD + tid]);
 #pragma unroll
             for (int g = 0; g < DEC_MAXG; g++)
                 if (g < G) acc[g] = fmaf(sc[g][kk], v, acc[g]);
         }
-        __syncthreads();
+        __syncthreads(); /* buffer buf is refilled two tiles later */
     }
 #pragma unroll
     for (int g = 0; g < DEC_MAXG; g++) { /* constant indices keep acc[] in registers */
@@ -419,30 +498,44 @@ static void run_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a) {
     const int G = a->nh / a->nkv;
     dim3 pgrid(T, DS_DIV_UP(a->nh + 2 * a->nkv, 8));
     attn_prep_kernel<HD><<<pgrid, 256, 0, ctx->stream>>>(b, *a);
-    DS_CU_LAUNCHED(ctx, "attn_prep_kernel");
+    DS_CU_LAUNCHED2(ctx, "attn_prep_kernel", T, a->nh + 2 * a->nkv);
 
     if (ctx->info.max_seq_tokens == 1 && G <= DEC_MAXG) {
-        const int max_ctx = ctx->info.max_ctx > 0 ? ctx->info.max_ctx : 1;
+        /* split count from the sequence count only (graph-safe); ranges are found on the device */
         int nsplit = DS_DIV_UP(2 * ctx->sm_count, S * a->nkv);
-        const int tiles = DS_DIV_UP(max_ctx, DEC_TILE);
-        if (nsplit > tiles) nsplit = tiles;
         if (nsplit > DS_CUDA_ATTN_MAX_SPLIT) nsplit = DS_CUDA_ATTN_MAX_SPLIT;
         while (nsplit > 1 && (int64_t)S * a->nh * nsplit > a->ws_rows) nsplit--;
         if (nsplit < 1) nsplit = 1;
-        const int chunk = DS_DIV_UP(DS_DIV_UP(max_ctx, nsplit), DEC_TILE) * DEC_TILE;
-        attn_decode_kernel<HD><<<dim3(S, a->nkv, nsplit), HD, 0, ctx->stream>>>(b, *a, G, chunk, nsplit);
-        DS_CU_LAUNCHED(ctx, "attn_decode_kernel");
+        attn_decode_kernel<HD><<<dim3(S, a->nkv, nsplit), HD, DecSmem<HD>::bytes, ctx->stream>>>(
+            b, *a, G, nsplit);
+        DS_CU_LAUNCHED2(ctx, "attn_decode_kernel", S, nsplit);
         attn_combine_kernel<HD><<<dim3(S, a->nh), HD, 0, ctx->stream>>>(b, *a, nsplit);
-        DS_CU_LAUNCHED(ctx, "attn_combine_kernel");
+        DS_CU_LAUNCHED2(ctx, "attn_combine_kernel", S, nsplit);
         return;
     }
     const int BT = PF_ROWS / G;
     const size_t smem = PfSmem<HD>::bytes;
-    DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     dim3 grid(DS_DIV_UP(ctx->info.max_seq_tokens, BT), a->nkv, S);
     attn_prefill_kernel<HD><<<grid, PF_THREADS, smem, ctx->stream>>>(b, *a, G, BT);
-    DS_CU_LAUNCHED(ctx, "attn_prefill_kernel");
+    DS_CU_LAUNCHED2(ctx, "attn_prefill_kernel", T, S);
+}
+
+template <int HD>
+static void attention_init(ds_cuda_ctx *ctx) {
+    DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)PfSmem<HD>::bytes));
+    DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)DecSmem<HD>::bytes));
+}
+
+/* Shared-memory limits of the kernels, set once at creation (never inside a graph capture). */
+extern "C" void ds_cuda_attention_init(ds_cuda_ctx *ctx) {
+    attention_init<32>(ctx);
+    attention_init<64>(ctx);
+    attention_init<128>(ctx);
+    attention_init<256>(ctx);
 }
 
 extern "C" void ds_cuda_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a) {

@@ -1,6 +1,7 @@
 /* cuda_backend.c — the CUDA backend's context: creation, memory, synchronisation, the batch
  * upload, and the op table (ops live in cuda_ops.c, weights in cuda_weights.c, caches in
- * cuda_cache.c, kernels in cuda_*.cu).
+ * cuda_cache.c, step graphs in cuda_graph.c, kernels in cuda_*.cu), the launch counter, the
+ * per-kernel profile (DS_CUDA_PROFILE=1) and the copy-bandwidth measurement.
  *
  * One stream per backend; ops only enqueue work on it. Errors are sticky: the first failing
  * CUDA/cuBLASLt call or launch is recorded with file:line and returned by synchronize(). */
@@ -8,12 +9,31 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cuda_profiler_api.h>
+
 #include "backend/backend.h"
 #include "backend/cuda/cuda_host.h"
 #include "backend/cuda/cuda_internal.h"
 
+/* Errors that only invalidate an open stream capture (the device is fine). */
+static int capture_error(cudaError_t e) {
+    return e == cudaErrorStreamCaptureUnsupported || e == cudaErrorStreamCaptureInvalidated ||
+           e == cudaErrorStreamCaptureMerge || e == cudaErrorStreamCaptureUnmatched ||
+           e == cudaErrorStreamCaptureUnjoined || e == cudaErrorStreamCaptureIsolation ||
+           e == cudaErrorStreamCaptureImplicit || e == cudaErrorCapturedEvent ||
+           e == cudaErrorStreamCaptureWrongThread;
+}
+
 int ds_cuda_check(ds_cuda_ctx *ctx, cudaError_t e, const char *what, const char *file, int line) {
     if (e == cudaSuccess) return 0;
+    if (ctx->capturing && capture_error(e)) {
+        if (!ctx->cap_failed) {
+            ctx->cap_failed = 1;
+            snprintf(ctx->cap_why, sizeof ctx->cap_why, "%s:%d: %s: %s", file, line, what,
+                     cudaGetErrorName(e));
+        }
+        return 1;
+    }
     if (!ctx->failed) {
         ctx->failed = 1;
         snprintf(ctx->errmsg, sizeof ctx->errmsg, "%s:%d: %s: %s (%s)", file, line, what,
@@ -35,6 +55,101 @@ int ds_cuda_check_lt(ds_cuda_ctx *ctx, cublasStatus_t s, const char *what, const
 
 ds_cuda_ctx *ds_cuda_ctx_of(ds_backend *be) { return (ds_cuda_ctx *)be->impl; }
 
+void ds_cuda_launched(ds_cuda_ctx *ctx, const char *name, int64_t a, int64_t b, const char *file,
+                      int line) {
+    ds_cuda_check(ctx, cudaGetLastError(), name, file, line);
+    ctx->n_launches++;
+    if (ctx->prof_open && ctx->prof_n < DS_CUDA_PROF_EVENTS) {
+        const int i = ctx->prof_n++;
+        ctx->prof_name[i] = name;
+        ctx->prof_a[i] = a;
+        ctx->prof_b[i] = b;
+        DS_CU(ctx, cudaEventRecord(ctx->prof_ev[i], ctx->stream));
+    }
+}
+
+int ds_cuda_refuse_in_capture(ds_cuda_ctx *ctx, const char *what) {
+    if (!ctx->capturing) return 0;
+    if (!ctx->cap_failed) {
+        ctx->cap_failed = 1;
+        snprintf(ctx->cap_why, sizeof ctx->cap_why, "%s waits for the device", what);
+    }
+    return 1;
+}
+
+/* ---- profile (DS_CUDA_PROFILE=1) ------------------------------------------------------------
+ * Each eager step (set_batch to set_batch) records an event after every kernel; the time from
+ * the previous event (the step's start for the first kernel) is charged to the kernel, so gaps
+ * between launches count with the kernel that follows them. Printed at destroy. */
+
+static void prof_add(ds_cuda_ctx *c, const char *name, int64_t a, int64_t b, int decode, double ms) {
+    for (int i = 0; i < c->prof_tab_n; i++) {
+        ds_cuda_prof_entry *e = &c->prof_tab[i];
+        if (e->a == a && e->b == b && e->decode == decode && !strcmp(e->name, name)) {
+            e->count++;
+            e->ms += ms;
+            return;
+        }
+    }
+    if (c->prof_tab_n == DS_CUDA_PROF_ENTRIES) return;
+    c->prof_tab[c->prof_tab_n++] =
+        (ds_cuda_prof_entry){.name = name, .a = a, .b = b, .decode = decode, .count = 1, .ms = ms};
+}
+
+/* Closes the open window: waits for its last event and charges the kernels. */
+static void prof_close(ds_cuda_ctx *c) {
+    if (!c->prof_open) return;
+    c->prof_open = 0;
+    if (c->prof_n == 0) return;
+    if (DS_CU(c, cudaEventSynchronize(c->prof_ev[c->prof_n - 1]))) return;
+    cudaEvent_t prev = c->prof_start;
+    for (int i = 0; i < c->prof_n; i++) {
+        float ms = 0.f;
+        DS_CU(c, cudaEventElapsedTime(&ms, prev, c->prof_ev[i]));
+        prof_add(c, c->prof_name[i], c->prof_a[i], c->prof_b[i], c->prof_decode, ms);
+        prev = c->prof_ev[i];
+    }
+    c->prof_steps[c->prof_decode]++;
+}
+
+static void prof_open(ds_cuda_ctx *c, int decode) {
+    prof_close(c);
+    if (!c->prof_on || c->capturing) return;
+    c->prof_open = 1;
+    c->prof_n = 0;
+    c->prof_decode = decode;
+    DS_CU(c, cudaEventRecord(c->prof_start, c->stream));
+}
+
+static int prof_cmp(const void *x, const void *y) {
+    const ds_cuda_prof_entry *a = x, *b = y;
+    if (a->decode != b->decode) return b->decode - a->decode;
+    return (a->ms < b->ms) - (a->ms > b->ms);
+}
+
+static void prof_print(ds_cuda_ctx *c) {
+    prof_close(c);
+    if (!c->prof_on || !c->prof_tab_n) return;
+    qsort(c->prof_tab, (size_t)c->prof_tab_n, sizeof *c->prof_tab, prof_cmp);
+    for (int d = 1; d >= 0; d--) {
+        const double steps = (double)c->prof_steps[d];
+        if (steps == 0) continue;
+        double total = 0;
+        for (int i = 0; i < c->prof_tab_n; i++)
+            if (c->prof_tab[i].decode == d) total += c->prof_tab[i].ms;
+        fprintf(stderr, "CUDA profile, %s steps (%.0f): %.1f us per step (kernels + gaps)\n",
+                d ? "decode" : "other", steps, total * 1e3 / steps);
+        fprintf(stderr, "  %-32s %10s %10s %12s %7s\n", "kernel", "shape a", "shape b",
+                "us per step", "calls");
+        for (int i = 0; i < c->prof_tab_n; i++) {
+            const ds_cuda_prof_entry *e = &c->prof_tab[i];
+            if (e->decode != d) continue;
+            fprintf(stderr, "  %-32s %10lld %10lld %12.2f %7.1f\n", e->name, (long long)e->a,
+                    (long long)e->b, e->ms * 1e3 / steps, (double)e->count / steps);
+        }
+    }
+}
+
 /* ---- lifetime ---------------------------------------------------------------------------- */
 
 static void cu_destroy(ds_backend *be) {
@@ -42,6 +157,22 @@ static void cu_destroy(ds_backend *be) {
     ds_cuda_ctx *c = ds_cuda_ctx_of(be);
     if (c) {
         if (c->stream) cudaStreamSynchronize(c->stream);
+        prof_print(c);
+        ds_cuda_graphs_free(c);
+        if (c->prof_ev) {
+            for (int i = 0; i < DS_CUDA_PROF_EVENTS; i++)
+                if (c->prof_ev[i]) cudaEventDestroy(c->prof_ev[i]);
+        }
+        if (c->prof_start) cudaEventDestroy(c->prof_start);
+        free(c->prof_ev);
+        free(c->prof_name);
+        free(c->prof_a);
+        free(c->prof_b);
+        free(c->prof_tab);
+        cudaFree(c->d_amax_v);
+        cudaFree(c->d_amax_i);
+        cudaFree(c->d_amax_cnt);
+        if (c->side) cudaStreamDestroy(c->side);
         for (int i = 0; i < DS_CUDA_LT_CACHE; i++) {
             ds_cuda_lt_plan *p = &c->lt_plans[i];
             if (!p->used) continue;
@@ -93,23 +224,76 @@ static void cu_free(ds_backend *be, void *p) {
 /* upload/download return with the host buffer reusable (they wait for the stream). */
 static void cu_upload(ds_backend *be, void *dst, const void *src, size_t bytes) {
     ds_cuda_ctx *c = ds_cuda_ctx_of(be);
-    if (!bytes) return;
+    if (!bytes || ds_cuda_refuse_in_capture(c, "upload")) return;
     DS_CU(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
     DS_CU(c, cudaStreamSynchronize(c->stream));
 }
 
 static void cu_download(ds_backend *be, void *dst, const void *src, size_t bytes) {
     ds_cuda_ctx *c = ds_cuda_ctx_of(be);
-    if (!bytes) return;
+    if (!bytes || ds_cuda_refuse_in_capture(c, "download")) return;
     DS_CU(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
     DS_CU(c, cudaStreamSynchronize(c->stream));
 }
 
 static ds_status cu_synchronize(ds_backend *be, ds_error *err) {
     ds_cuda_ctx *c = ds_cuda_ctx_of(be);
+    if (ds_cuda_refuse_in_capture(c, "synchronize"))
+        return ds_error_set(err, DS_ERR_INTERNAL, "CUDA backend: synchronize inside a graph capture");
     DS_CU(c, cudaStreamSynchronize(c->stream));
+    if (c->pending_ids) { /* argmax_logits' ids, copied to pinned memory by the stream */
+        if (!c->failed) memcpy(c->pending_ids, c->h_ids, sizeof(int32_t) * (size_t)c->pending_n);
+        c->pending_ids = NULL;
+        c->pending_n = 0;
+    }
     if (c->failed) return ds_error_set(err, DS_ERR_DEVICE, "CUDA backend: %s", c->errmsg);
     return DS_OK;
+}
+
+/* ---- device facts ----------------------------------------------------------------------------- */
+
+static const char *cu_device_name(ds_backend *be) { return ds_cuda_ctx_of(be)->name; }
+
+static uint64_t cu_take_launch_count(ds_backend *be) {
+    ds_cuda_ctx *c = ds_cuda_ctx_of(be);
+    const uint64_t n = c->n_launches;
+    c->n_launches = 0;
+    return n;
+}
+
+/* Device-to-device copy of 2 GiB (1 GiB, then 256 MiB if memory is short), timed with events
+ * over 10 copies after a warm-up; bytes read + written. Measured once, then cached. */
+static double cu_copy_bandwidth_gbps(ds_backend *be) {
+    ds_cuda_ctx *c = ds_cuda_ctx_of(be);
+    if (c->copy_gbps > 0 || c->capturing) return c->copy_gbps;
+    void *a = NULL, *b = NULL;
+    size_t bytes = (size_t)2 << 30;
+    for (; bytes >= ((size_t)256 << 20); bytes /= 4) {
+        if (cudaMalloc(&a, bytes) == cudaSuccess && cudaMalloc(&b, bytes) == cudaSuccess) break;
+        (void)cudaGetLastError();
+        cudaFree(a);
+        a = b = NULL;
+    }
+    if (!a || !b) return 0.0;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    const int iters = 10;
+    float ms = 0.f;
+    if (!DS_CU(c, cudaEventCreate(&e0)) && !DS_CU(c, cudaEventCreate(&e1))) {
+        DS_CU(c, cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, c->stream));
+        DS_CU(c, cudaEventRecord(e0, c->stream));
+        for (int i = 0; i < iters; i++)
+            DS_CU(c, cudaMemcpyAsync(i % 2 ? a : b, i % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice,
+                                     c->stream));
+        DS_CU(c, cudaEventRecord(e1, c->stream));
+        DS_CU(c, cudaEventSynchronize(e1));
+        DS_CU(c, cudaEventElapsedTime(&ms, e0, e1));
+    }
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaFree(a);
+    cudaFree(b);
+    if (ms > 0.f && !c->failed) c->copy_gbps = 2.0 * (double)bytes * iters / (ms * 1e-3) / 1e9;
+    return c->copy_gbps;
 }
 
 /* ---- batch ------------------------------------------------------------------------------- */
@@ -117,14 +301,16 @@ static ds_status cu_synchronize(ds_backend *be, ds_error *err) {
 /* Packs the host arrays into pinned staging and uploads them with one async copy. Two staging
  * buffers alternate; before refilling one we wait for its previous upload (issued a step ago,
  * normally long finished), so the host never overwrites bytes a pending copy still reads. */
-static void cu_set_batch(ds_backend *be, const ds_batch *b) {
+void ds_cuda_set_batch(ds_backend *be, const ds_batch *b) {
     ds_cuda_ctx *c = ds_cuda_ctx_of(be);
     const int T = b->n_tokens, S = b->n_seqs, mb = b->max_blocks, no = b->n_out;
     DS_ASSERT(T >= 0 && T <= DS_CUDA_MAX_TOKENS);
     DS_ASSERT(S >= 0 && S <= DS_CUDA_MAX_SEQS);
     DS_ASSERT(no >= 0 && no <= DS_CUDA_MAX_TOKENS);
     DS_ASSERT(mb >= 0);
-    const int64_t total = 3 * (int64_t)T + (S + 1) + 2 * (int64_t)S + no + (int64_t)S * mb;
+    const int has_so = b->state_out_slots != NULL;
+    const int64_t total = 3 * (int64_t)T + (S + 1) + 2 * (int64_t)S + no + (int64_t)S * mb +
+                          (has_so ? T : 0);
     DS_ASSERT(total <= DS_CUDA_META_INTS);
 
     const int f = c->meta_flip;
@@ -139,6 +325,7 @@ static void cu_set_batch(ds_backend *be, const ds_batch *b) {
     const int64_t o_out = o; o += no;
     const int64_t o_tokseq = o; o += T;
     const int64_t o_bt = o; o += (int64_t)S * mb;
+    const int64_t o_so = o; o += has_so ? T : 0;
 
     if (T) {
         memcpy(h + o_tokens, b->tokens, sizeof(int32_t) * (size_t)T);
@@ -151,6 +338,7 @@ static void cu_set_batch(ds_backend *be, const ds_batch *b) {
     }
     if (no) memcpy(h + o_out, b->out_rows, sizeof(int32_t) * (size_t)no);
     if (S && mb) memcpy(h + o_bt, b->block_table, sizeof(int32_t) * (size_t)S * (size_t)mb);
+    if (has_so && T) memcpy(h + o_so, b->state_out_slots, sizeof(int32_t) * (size_t)T);
     int max_tok = 0, max_ctx = 0;
     DS_ASSERT(b->seq_start[0] == 0 && b->seq_start[S] == T);
     for (int s = 0; s < S; s++) {
@@ -162,11 +350,22 @@ static void cu_set_batch(ds_backend *be, const ds_batch *b) {
     }
     for (int r = 0; r < no; r++) DS_ASSERT(b->out_rows[r] >= 0 && b->out_rows[r] < T);
 
-    if (total > 0)
-        DS_CU(c, cudaMemcpyAsync(c->d_meta, h, sizeof(int32_t) * (size_t)total,
-                                 cudaMemcpyHostToDevice, c->stream));
-    DS_CU(c, cudaEventRecord(c->meta_done[f], c->stream));
-    c->meta_flip ^= 1;
+    if (c->capturing) {
+        /* Not recorded: uploaded now on the side stream (graph_begin drained the main stream,
+         * so no kernel of an earlier step still reads d_meta). A replay's batch is uploaded by
+         * graph_launch before the graph runs. */
+        if (total > 0) {
+            DS_CU(c, cudaMemcpyAsync(c->d_meta, h, sizeof(int32_t) * (size_t)total,
+                                     cudaMemcpyHostToDevice, c->side));
+            DS_CU(c, cudaStreamSynchronize(c->side));
+        }
+    } else {
+        if (total > 0)
+            DS_CU(c, cudaMemcpyAsync(c->d_meta, h, sizeof(int32_t) * (size_t)total,
+                                     cudaMemcpyHostToDevice, c->stream));
+        DS_CU(c, cudaEventRecord(c->meta_done[f], c->stream));
+        c->meta_flip ^= 1;
+    }
 
     ds_cuda_batch *d = &c->batch;
     d->n_tokens = T;
@@ -181,6 +380,7 @@ static void cu_set_batch(ds_backend *be, const ds_batch *b) {
     d->out_rows = c->d_meta + o_out;
     d->tok_seq = c->d_meta + o_tokseq;
     d->block_table = c->d_meta + o_bt;
+    d->state_out = has_so ? c->d_meta + o_so : NULL;
     c->info.max_seq_tokens = max_tok;
     c->info.max_ctx = max_ctx;
     c->h_cur = h;
@@ -189,6 +389,21 @@ static void cu_set_batch(ds_backend *be, const ds_batch *b) {
     c->h_seq_slot_off = (int)o_slot;
     c->h_block_table_off = (int)o_bt;
     c->h_tok_seq_off = (int)o_tokseq;
+    c->h_state_out_off = has_so ? (int)o_so : -1;
+    const int decode = T > 0 && max_tok == 1;
+    prof_open(c, decode);
+    /* DS_CUDA_PROFILER_STEP=N: the N-th decode step (from 1) runs between cudaProfilerStart and
+     * cudaProfilerStop, so `ncu --profile-from-start off` sees exactly one decode step */
+    if (c->profiler_step > 0 && !c->capturing) {
+        if (c->profiler_running) {
+            DS_CU(c, cudaProfilerStop());
+            c->profiler_running = 0;
+            c->profiler_step = 0;
+        } else if (decode && ++c->profiler_seen == c->profiler_step) {
+            DS_CU(c, cudaProfilerStart());
+            c->profiler_running = 1;
+        }
+    }
 }
 
 /* ---- op table ----------------------------------------------------------------------------- */
@@ -207,7 +422,7 @@ static const ds_backend_ops cuda_ops = {
     .cache_create = ds_cuda_cache_create,
     .cache_free = ds_cuda_cache_free,
     .cache_reset_slot = ds_cuda_cache_reset_slot,
-    .set_batch = cu_set_batch,
+    .set_batch = ds_cuda_set_batch,
     .embed = ds_cuda_op_embed,
     .rmsnorm = ds_cuda_op_rmsnorm,
     .add_rmsnorm = ds_cuda_op_add_rmsnorm,
@@ -219,6 +434,15 @@ static const ds_backend_ops cuda_ops = {
     .moe = ds_cuda_op_moe,
     .logits = ds_cuda_op_logits,
     .argmax = ds_cuda_op_argmax,
+    .dummy_weights = ds_cuda_dummy_weights,
+    .copy_bandwidth_gbps = cu_copy_bandwidth_gbps,
+    .take_launch_count = cu_take_launch_count,
+    .device_name = cu_device_name,
+    .concat = ds_cuda_op_concat,
+    .argmax_logits = ds_cuda_op_argmax_logits,
+    .graph_begin = ds_cuda_graph_begin,
+    .graph_end = ds_cuda_graph_end,
+    .graph_launch = ds_cuda_graph_launch,
 };
 
 #define CREATE_CHECK(call)                                                                      \
@@ -259,8 +483,10 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
     struct cudaDeviceProp prop;
     CREATE_CHECK(cudaGetDeviceProperties(&prop, device));
     c->sm_count = prop.multiProcessorCount;
+    snprintf(c->name, sizeof c->name, "%s", prop.name);
     c->smem_optin = prop.sharedMemPerBlockOptin;
     CREATE_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    CREATE_CHECK(cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking));
     for (int i = 0; i < 2; i++) {
         CREATE_CHECK(cudaHostAlloc((void **)&c->h_meta[i], sizeof(int32_t) * DS_CUDA_META_INTS,
                                    cudaHostAllocDefault));
@@ -274,6 +500,27 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
     CREATE_CHECK(cudaMalloc((void **)&c->d_ids, sizeof(int32_t) * DS_CUDA_MAX_TOKENS));
     CREATE_CHECK(cudaHostAlloc((void **)&c->h_ids, sizeof(int32_t) * DS_CUDA_MAX_TOKENS,
                                cudaHostAllocDefault));
+    CREATE_CHECK(cudaMalloc((void **)&c->d_amax_v, sizeof(float) * DS_CUDA_AMAX_BLOCKS * 8));
+    CREATE_CHECK(cudaMalloc((void **)&c->d_amax_i, sizeof(int32_t) * DS_CUDA_AMAX_BLOCKS * 8));
+    CREATE_CHECK(cudaMalloc((void **)&c->d_amax_cnt, sizeof(int)));
+    CREATE_CHECK(cudaMemset(c->d_amax_cnt, 0, sizeof(int)));
+    {
+        const char *step = getenv("DS_CUDA_PROFILER_STEP");
+        c->profiler_step = step ? atoi(step) : 0;
+    }
+    {
+        const char *prof = getenv("DS_CUDA_PROFILE");
+        if (prof && prof[0] && strcmp(prof, "0")) {
+            c->prof_on = 1;
+            c->prof_ev = ds_xcalloc(DS_CUDA_PROF_EVENTS, sizeof *c->prof_ev);
+            c->prof_name = ds_xcalloc(DS_CUDA_PROF_EVENTS, sizeof *c->prof_name);
+            c->prof_a = ds_xcalloc(DS_CUDA_PROF_EVENTS, sizeof *c->prof_a);
+            c->prof_b = ds_xcalloc(DS_CUDA_PROF_EVENTS, sizeof *c->prof_b);
+            c->prof_tab = ds_xcalloc(DS_CUDA_PROF_ENTRIES, sizeof *c->prof_tab);
+            CREATE_CHECK(cudaEventCreate(&c->prof_start));
+            for (int i = 0; i < DS_CUDA_PROF_EVENTS; i++) CREATE_CHECK(cudaEventCreate(&c->prof_ev[i]));
+        }
+    }
     {
         cublasStatus_t s = cublasLtCreate(&c->lt);
         if (s != CUBLAS_STATUS_SUCCESS) {
@@ -281,6 +528,12 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
                               "CUDA backend: cublasLtCreate failed (status %d)", (int)s);
             goto fail;
         }
+    }
+    ds_cuda_attention_init(c);
+    ds_cuda_moe_init(c);
+    if (c->failed) {
+        st = ds_error_set(err, DS_ERR_DEVICE, "CUDA backend: %s", c->errmsg);
+        goto fail;
     }
     CREATE_CHECK(cudaDeviceSynchronize());
     *out = be;

@@ -1,5 +1,6 @@
 /* cuda_elementwise.cu — the plain row ops: embed, rmsnorm, add_rmsnorm, silu_mul, gather_rows,
- * argmax. Activations are bf16; every reduction is fp32 and in a fixed order. */
+ * argmax, concat; and the seeded fill that generates dummy weights on the device. Activations
+ * are bf16; every reduction is fp32 and in a fixed order. */
 #include <math.h>
 
 #include "cuda_common.cuh"
@@ -32,7 +33,7 @@ extern "C" void ds_cuda_embed(ds_cuda_ctx *ctx, const void *table, int table_dty
     if (T <= 0) return;
     embed_kernel<<<T, ROW_THREADS, 0, ctx->stream>>>(table, table_dtype, V, H, ctx->batch.tokens,
                                                      (bf16 *)out);
-    DS_CU_LAUNCHED(ctx, "embed_kernel");
+    DS_CU_LAUNCHED2(ctx, "embed_kernel", T, H);
 }
 
 /* One block per row. ADD: residual += delta first (rounded to bf16 like the bf16 residual
@@ -93,7 +94,7 @@ extern "C" void ds_cuda_rmsnorm(ds_cuda_ctx *ctx, const void *x, const float *w,
     if (R <= 0) return;
     rmsnorm_kernel<false><<<(unsigned)R, ROW_THREADS, 0, ctx->stream>>>((bf16 *)x, NULL, w, eps, D,
                                                                         (bf16 *)out);
-    DS_CU_LAUNCHED(ctx, "rmsnorm_kernel");
+    DS_CU_LAUNCHED2(ctx, "rmsnorm_kernel", R, D);
 }
 
 extern "C" void ds_cuda_add_rmsnorm(ds_cuda_ctx *ctx, void *residual, const void *delta,
@@ -101,7 +102,7 @@ extern "C" void ds_cuda_add_rmsnorm(ds_cuda_ctx *ctx, void *residual, const void
     if (R <= 0) return;
     rmsnorm_kernel<true><<<(unsigned)R, ROW_THREADS, 0, ctx->stream>>>(
         (bf16 *)residual, (const bf16 *)delta, w, eps, D, (bf16 *)out);
-    DS_CU_LAUNCHED(ctx, "add_rmsnorm_kernel");
+    DS_CU_LAUNCHED2(ctx, "add_rmsnorm_kernel", R, D);
 }
 
 /* out[r, i] = SiLU(gu[r, i]) · gu[r, I + i] */
@@ -141,7 +142,7 @@ extern "C" void ds_cuda_silu_mul(ds_cuda_ctx *ctx, const void *gu, int64_t R, in
     const int64_t work = (I % 8 == 0) ? R * I / 8 : R * I;
     silu_mul_kernel<<<grid_for(ctx, work, ROW_THREADS), ROW_THREADS, 0, ctx->stream>>>(
         (const bf16 *)gu, R, I, (bf16 *)out);
-    DS_CU_LAUNCHED(ctx, "silu_mul_kernel");
+    DS_CU_LAUNCHED2(ctx, "silu_mul_kernel", R, I);
 }
 
 /* out[r, :] = x[rows[r], :] (elem_size bytes per element; rows are 4-byte multiples here) */
@@ -164,7 +165,7 @@ extern "C" void ds_cuda_gather_rows(ds_cuda_ctx *ctx, const void *x, int64_t H, 
     if (n <= 0) return;
     gather_rows_kernel<<<n, ROW_THREADS, 0, ctx->stream>>>((const char *)x, H * elem_size,
                                                            ctx->batch.out_rows, (char *)out);
-    DS_CU_LAUNCHED(ctx, "gather_rows_kernel");
+    DS_CU_LAUNCHED2(ctx, "gather_rows_kernel", n, H);
 }
 
 /* ids[r] = argmax_v logits[r, v]: the lowest index among equal maxima; NaN never wins. */
@@ -216,5 +217,63 @@ extern "C" void ds_cuda_argmax(ds_cuda_ctx *ctx, const float *logits, int R, int
                                int32_t *d_ids) {
     if (R <= 0) return;
     argmax_kernel<<<R, ARGMAX_THREADS, 0, ctx->stream>>>(logits, V, d_ids);
-    DS_CU_LAUNCHED(ctx, "argmax_kernel");
+    DS_CU_LAUNCHED2(ctx, "argmax_kernel", R, V);
+}
+
+/* out[r] = [a[r] | b[r]]: bf16 rows; 16-byte copies when both widths are multiples of 8. */
+__global__ void concat_kernel(const bf16 *__restrict__ a, int64_t A, const bf16 *__restrict__ b,
+                              int64_t B, bf16 *__restrict__ out) {
+    const int64_t r = blockIdx.x;
+    bf16 *o = out + r * (A + B);
+    if (A % 8 == 0 && B % 8 == 0) {
+        const uint4 *a4 = reinterpret_cast<const uint4 *>(a + r * A);
+        const uint4 *b4 = reinterpret_cast<const uint4 *>(b + r * B);
+        uint4 *o4 = reinterpret_cast<uint4 *>(o);
+        for (int64_t i = threadIdx.x; i < A / 8; i += blockDim.x) o4[i] = a4[i];
+        for (int64_t i = threadIdx.x; i < B / 8; i += blockDim.x) o4[A / 8 + i] = b4[i];
+        return;
+    }
+    for (int64_t i = threadIdx.x; i < A; i += blockDim.x) o[i] = a[r * A + i];
+    for (int64_t i = threadIdx.x; i < B; i += blockDim.x) o[A + i] = b[r * B + i];
+}
+
+extern "C" void ds_cuda_concat(ds_cuda_ctx *ctx, const void *a, int64_t A, const void *b,
+                               int64_t B, int64_t R, void *out) {
+    if (R <= 0) return;
+    concat_kernel<<<(unsigned)R, ROW_THREADS, 0, ctx->stream>>>((const bf16 *)a, A, (const bf16 *)b,
+                                                                B, (bf16 *)out);
+    DS_CU_LAUNCHED2(ctx, "concat_kernel", A, B);
+}
+
+/* ---- seeded uniform fill (dummy weights) ---------------------------------------------------- */
+
+/* splitmix64 of (seed, counter): a counter-based generator, so every element's value depends
+ * only on its index, never on the launch shape. */
+static __device__ __forceinline__ float hash_uniform(uint64_t seed, uint64_t i) {
+    uint64_t z = seed + (i + 1) * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (float)((double)(z >> 40) * (1.0 / 16777216.0)); /* [0, 1), 24 bits */
+}
+
+__global__ void fill_uniform_kernel(void *__restrict__ dst, int is_bf16, size_t n, uint64_t seed,
+                                    uint64_t counter0, float lo, float hi) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const float v = lo + (hi - lo) * hash_uniform(seed, counter0 + i);
+        if (is_bf16) reinterpret_cast<bf16 *>(dst)[i] = __float2bfloat16_rn(v);
+        else reinterpret_cast<float *>(dst)[i] = v;
+    }
+}
+
+extern "C" void ds_cuda_fill_uniform(ds_cuda_ctx *ctx, void *dst, int is_bf16, size_t n,
+                                     uint64_t seed, uint64_t counter0, float lo, float hi) {
+    if (n == 0) return;
+    int64_t blocks = (int64_t)DS_DIV_UP((int64_t)n, (int64_t)ROW_THREADS * 8);
+    const int64_t cap = (int64_t)ctx->sm_count * 16;
+    if (blocks > cap) blocks = cap;
+    fill_uniform_kernel<<<(unsigned)blocks, ROW_THREADS, 0, ctx->stream>>>(dst, is_bf16, n, seed,
+                                                                           counter0, lo, hi);
+    DS_CU_LAUNCHED(ctx, "fill_uniform_kernel");
 }

@@ -12,7 +12,11 @@
  * channels of a key head are therefore duplicated for the hv/hk value heads that share it,
  * which costs a few KiB per slot but removes any cross-block ordering on the conv state.
  * Layouts (fp32): state [slot][gdn layer][hv][dk][dv]; conv history
- * [slot][gdn layer][hv][2·dk + dv][kernel − 1]. */
+ * [slot][gdn layer][hv][2·dk + dv][kernel − 1].
+ *
+ * Speculative verification (ds_batch.state_out_slots): a sequence with snapshot slots reads its
+ * own slot, never writes it, and writes the conv history and state after each token t with
+ * state_out[t] ≥ 0 into that slot (the recurrence has the per-token state anyway). */
 #include <math.h>
 
 #include "cuda_common.cuh"
@@ -48,6 +52,11 @@ __global__ void __launch_bounds__(GDN_SEG * DV) gdn_kernel(ds_cuda_batch b, ds_c
 
     float *S = a.state + (int64_t)slot * a.state_slot_stride + (int64_t)h * DK * DV;
     float *CH = a.conv_hist + (int64_t)slot * a.conv_slot_stride + (int64_t)h * NCH * (KC - 1);
+    /* speculative verification: the state after token t goes to slot state_out[t] (when ≥ 0)
+     * and the sequence's own slot is only read */
+    bool snap = false;
+    if (b.state_out)
+        for (int t = ts; t < te; t++) snap |= b.state_out[t] >= 0;
 
     /* this thread's conv channel (threads ≥ NCH have none) */
     const int c = tid;
@@ -81,6 +90,12 @@ __global__ void __launch_bounds__(GDN_SEG * DV) gdn_kernel(ds_cuda_batch b, ds_c
             for (int i = 0; i < KC - 2; i++) hist[i] = hist[i + 1];
             hist[KC - 2] = x;
             y = silu_f(acc);
+            if (snap && b.state_out[t] >= 0) {
+                float *CHo = a.conv_hist + (int64_t)b.state_out[t] * a.conv_slot_stride +
+                             (int64_t)h * NCH * (KC - 1);
+#pragma unroll
+                for (int i = 0; i < KC - 1; i++) CHo[c * (KC - 1) + i] = hist[i];
+            }
             if (c < DK) qs[c] = y;
             else if (c < 2 * DK) ks[c - DK] = y;
             else vs[c - 2 * DK] = y;
@@ -130,6 +145,11 @@ __global__ void __launch_bounds__(GDN_SEG * DV) gdn_kernel(ds_cuda_batch b, ds_c
             part2 = fmaf(st[ii], qs[seg * RPS + ii] * qscale, part2);
         }
         red2[seg][j] = part2;
+        if (snap && b.state_out[t] >= 0) {
+            float *So = a.state + (int64_t)b.state_out[t] * a.state_slot_stride + (int64_t)h * DK * DV;
+#pragma unroll
+            for (int ii = 0; ii < RPS; ii++) So[(int64_t)(seg * RPS + ii) * DV + j] = st[ii];
+        }
         __syncthreads();
         /* gated RMSNorm over dv: o·rsqrt(mean(o²) + eps)·w·SiLU(z) */
         float o = 0.f;
@@ -151,6 +171,7 @@ __global__ void __launch_bounds__(GDN_SEG * DV) gdn_kernel(ds_cuda_batch b, ds_c
         }
     }
 
+    if (snap) return;
 #pragma unroll
     for (int ii = 0; ii < RPS; ii++) S[(int64_t)(seg * RPS + ii) * DV + j] = st[ii];
     if (c < NCH) {
@@ -174,5 +195,5 @@ extern "C" void ds_cuda_gdn(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a) {
                       __LINE__);
         return;
     }
-    DS_CU_LAUNCHED(ctx, "gdn_kernel");
+    DS_CU_LAUNCHED2(ctx, "gdn_kernel", a->hv, ctx->batch.n_seqs);
 }

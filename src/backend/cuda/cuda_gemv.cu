@@ -1,10 +1,13 @@
 /* cuda_gemv.cu — out[R, N] = x[R, K] · Wᵀ: a bandwidth-bound GEMV for R ≤ 8 rows (decode) and
- * cuBLASLt bf16 GEMM with fp32 accumulation for more rows (prefill).
+ * cuBLASLt bf16 GEMM with fp32 accumulation for more rows (prefill); and the fused lm_head +
+ * argmax for greedy decode (the same GEMV with a (max, index) epilogue, no logits written).
  *
  * GEMV grid: blockIdx.x covers 8 warps × ROWS output rows; blockIdx.y splits K when there are
  * too few row blocks to fill the chip (narrow N). Split-K is deterministic: each split writes
  * fp32 partials, the last block to arrive (per-tile counter) sums them in split order and
  * resets the counter to 0, so the next launch (or a graph replay) finds it clean. */
+#include <math.h>
+
 #include "cuda_gemv.cuh"
 
 #define GEMV_WARPS 8
@@ -130,7 +133,127 @@ extern "C" void ds_cuda_gemv(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t
         else if (rows == 4) dispatch_r<4, 2>(ctx, grid, Wb, N, K, xb, ldx, R, o, ldo, kps);
         else dispatch_r<2, 4>(ctx, grid, Wb, N, K, xb, ldx, R, o, ldo, kps);
     }
-    DS_CU_LAUNCHED(ctx, "gemv_kernel");
+    DS_CU_LAUNCHED2(ctx, splits > 1 ? "gemv_kernel (split-K)" : "gemv_kernel", N, K);
+}
+
+/* ---- fused lm_head + argmax (greedy decode) ------------------------------------------------ */
+
+static __device__ __forceinline__ void amax_merge(float &bv, int &bi, float v, int i) {
+    if (v > bv || (v == bv && i < bi)) { /* NaN never wins; lowest index on ties */
+        bv = v;
+        bi = i;
+    }
+}
+
+/* Each block computes the dot products of its GEMV_WARPS·ROWS weight rows exactly as
+ * gemv_kernel does (same chunking and reduction order, so the values equal the logits path),
+ * keeps the best (value, row) per input row, and writes it as the block's partial. The last
+ * block to finish (atomic ticket) merges all partials per input row; the merge is a max with a
+ * lowest-index tie rule, so its result does not depend on the order blocks finished in. */
+template <int R, int ROWS, int UNROLL>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    gemv_argmax_kernel(const bf16 *__restrict__ W, int64_t N, int64_t K, const bf16 *__restrict__ x,
+                       int64_t ldx, float *__restrict__ pv, int32_t *__restrict__ pi,
+                       int *__restrict__ counter, int32_t *__restrict__ ids) {
+    __shared__ float sv[GEMV_WARPS][R];
+    __shared__ int si[GEMV_WARPS][R];
+    __shared__ int is_last;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t n0 = ((int64_t)blockIdx.x * GEMV_WARPS + warp) * ROWS;
+    XRows<R> xs;
+#pragma unroll
+    for (int r = 0; r < R; r++) xs.base[r] = x + r * ldx;
+    float acc[ROWS][R];
+#pragma unroll
+    for (int rr = 0; rr < ROWS; rr++)
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[rr][r] = 0.f;
+    if (n0 < N) gemv_warp_partial<R, ROWS, UNROLL, true>(W, K, n0, N, xs, 0, K, acc);
+    gemv_warp_reduce<R, ROWS>(acc);
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            float bv = -INFINITY;
+            int bi = 0x7fffffff;
+#pragma unroll
+            for (int rr = 0; rr < ROWS; rr++)
+                if (n0 + rr < N) amax_merge(bv, bi, acc[rr][r], (int)(n0 + rr));
+            sv[warp][r] = bv;
+            si[warp][r] = bi;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < R) {
+        const int r = threadIdx.x;
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int w = 0; w < GEMV_WARPS; w++) amax_merge(bv, bi, sv[w][r], si[w][r]);
+        pv[(int64_t)blockIdx.x * R + r] = bv;
+        pi[(int64_t)blockIdx.x * R + r] = bi;
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = atomicAdd(counter, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    /* warp r merges input row r over all blocks */
+    for (int r = warp; r < R; r += GEMV_WARPS) {
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int blk = lane; blk < (int)gridDim.x; blk += 32)
+            amax_merge(bv, bi, __ldcg(&pv[(int64_t)blk * R + r]), __ldcg(&pi[(int64_t)blk * R + r]));
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            amax_merge(bv, bi, ov, oi);
+        }
+        if (lane == 0) ids[r] = bi == 0x7fffffff ? 0 : bi; /* all -inf/NaN: id 0, as argmax */
+    }
+    if (threadIdx.x == 0) *counter = 0; /* clean for the next launch or graph replay */
+}
+
+template <int ROWS, int UNROLL>
+static void launch_argmax(ds_cuda_ctx *ctx, unsigned bx, const bf16 *W, int64_t N, int64_t K,
+                          const bf16 *x, int64_t ldx, int R, int32_t *ids) {
+    float *pv = ctx->d_amax_v;
+    int32_t *pi = ctx->d_amax_i;
+    int *cnt = ctx->d_amax_cnt;
+    cudaStream_t s = ctx->stream;
+    switch (R) {
+#define AMAX_CASE(RR)                                                                             \
+    case RR:                                                                                      \
+        gemv_argmax_kernel<RR, ROWS, UNROLL><<<bx, GEMV_WARPS * 32, 0, s>>>(W, N, K, x, ldx, pv,   \
+                                                                           pi, cnt, ids);         \
+        break;
+        AMAX_CASE(1) AMAX_CASE(2) AMAX_CASE(3) AMAX_CASE(4)
+        AMAX_CASE(5) AMAX_CASE(6) AMAX_CASE(7) AMAX_CASE(8)
+#undef AMAX_CASE
+    default: break;
+    }
+}
+
+extern "C" void ds_cuda_argmax_gemv(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K,
+                                    const void *x, int64_t ldx, int R, int32_t *d_ids) {
+    if (N <= 0 || R <= 0) return;
+    /* the same rows-per-warp variant as ds_cuda_gemv, so values match the logits path */
+    const int rows = ctx->gemv_rows == 1 || ctx->gemv_rows == 4 ? ctx->gemv_rows : 2;
+    const int64_t bx = DS_DIV_UP(N, (int64_t)GEMV_WARPS * rows);
+    if (bx > DS_CUDA_AMAX_BLOCKS) {
+        ds_cuda_check(ctx, cudaErrorInvalidValue, "argmax_gemv: vocabulary too large", __FILE__,
+                      __LINE__);
+        return;
+    }
+    const bf16 *Wb = (const bf16 *)W, *xb = (const bf16 *)x;
+    for (int r0 = 0; r0 < R; r0 += 8) { /* chunks of 8 rows run one after the other */
+        const int n = R - r0 < 8 ? R - r0 : 8;
+        const bf16 *xr = xb + (int64_t)r0 * ldx;
+        if (rows == 1) launch_argmax<1, 8>(ctx, (unsigned)bx, Wb, N, K, xr, ldx, n, d_ids + r0);
+        else if (rows == 4) launch_argmax<4, 2>(ctx, (unsigned)bx, Wb, N, K, xr, ldx, n, d_ids + r0);
+        else launch_argmax<2, 4>(ctx, (unsigned)bx, Wb, N, K, xr, ldx, n, d_ids + r0);
+        DS_CU_LAUNCHED2(ctx, "gemv_argmax_kernel", N, K);
+    }
 }
 
 /* ---- cuBLASLt ---------------------------------------------------------------------------- */
@@ -213,4 +336,5 @@ extern "C" void ds_cuda_gemm_lt(ds_cuda_ctx *ctx, const void *W, int64_t N, int6
     const float alpha = 1.f, beta = 0.f;
     DS_LT(ctx, cublasLtMatmul(ctx->lt, p->op, &alpha, W, p->a, x, p->b, &beta, out, p->c, out,
                               p->c, &p->algo, ctx->d_lt_ws, DS_CUDA_LT_WS_BYTES, ctx->stream));
+    DS_CU_LAUNCHED2(ctx, "cublasLt gemm", N, K); /* counted as one kernel */
 }

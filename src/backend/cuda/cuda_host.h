@@ -31,6 +31,30 @@ struct ds_cache {
 /* Layer index of MTP layer i as the attention op expects it. */
 static inline int ds_cuda_mtp_layer(const ds_config *cfg, int i) { return cfg->n_layers + i; }
 
+void ds_cuda_set_batch(ds_backend *be, const ds_batch *b);
+
+/* cuda_graph.c: step graphs (backend.h graph_begin / graph_end / graph_launch). */
+ds_status ds_cuda_graph_begin(ds_backend *be, uint64_t key, ds_error *err);
+ds_status ds_cuda_graph_end(ds_backend *be, ds_error *err);
+bool ds_cuda_graph_launch(ds_backend *be, uint64_t key, const ds_batch *b);
+void ds_cuda_graphs_free(ds_cuda_ctx *ctx);
+
+/* cuda_weights.c: dummy weights generated on the device (backend.h dummy_weights). */
+ds_status ds_cuda_dummy_weights(ds_backend *be, const ds_config *cfg, uint64_t seed,
+                                ds_model_weights *out, ds_error *err);
+
+/* Generation descriptor of a placeholder tensor (dummy weights): matrices are uniform with
+ * std 1/sqrt(fan_in) (fan_in = the last dim), other tensors uniform in [lo, hi). */
+typedef struct ds_cuda_gen {
+    int matrix;
+    float lo, hi;
+} ds_cuda_gen;
+
+/* prepare_weights' walk; gen != 0: `host` holds placeholders whose data points to ds_cuda_gen
+ * descriptors and every tensor is generated on the device from `seed`. */
+ds_status ds_cuda_build_weights(ds_backend *be, const ds_config *cfg, const ds_model_weights *host,
+                                int gen, uint64_t seed, ds_model_weights *out, ds_error *err);
+
 ds_status ds_cuda_prepare_weights(ds_backend *be, const ds_config *cfg,
                                   const ds_model_weights *host, ds_model_weights *out,
                                   ds_error *err);
@@ -58,5 +82,8 @@ void ds_cuda_op_moe(ds_backend *be, const ds_config *cfg, const ds_moe_weights *
 void ds_cuda_op_logits(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head,
                        ds_tensor *out);
 void ds_cuda_op_argmax(ds_backend *be, const ds_tensor *logits, int32_t *ids);
+void ds_cuda_op_concat(ds_backend *be, const ds_tensor *a, const ds_tensor *b, ds_tensor *out);
+void ds_cuda_op_argmax_logits(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head,
+                              int32_t *ids);
 
 #endif

@@ -34,6 +34,10 @@ extern "C" {
 #define DS_CUDA_LT_CACHE 48          /* cached cuBLASLt plans */
 #define DS_CUDA_ATTN_SPLIT_ROWS 1024 /* S·nsplit bound of the decode-attention workspace */
 #define DS_CUDA_ATTN_MAX_SPLIT 64
+#define DS_CUDA_AMAX_BLOCKS 65536    /* lm_head row blocks of the fused argmax (V ≤ 1 Mi rows) */
+#define DS_CUDA_MAX_GRAPHS 64        /* captured step graphs kept at once */
+#define DS_CUDA_PROF_EVENTS 8192     /* kernels timed per profiled step (DS_CUDA_PROFILE) */
+#define DS_CUDA_PROF_ENTRIES 512     /* distinct (kernel, shape) rows of the profile */
 
 /* The batch as the kernels see it: device pointers into one metadata buffer. */
 typedef struct ds_cuda_batch {
@@ -49,6 +53,7 @@ typedef struct ds_cuda_batch {
     const int32_t *block_table; /* [S, max_blocks] */
     const int32_t *out_rows;  /* [n_out] */
     const int32_t *tok_seq;   /* [T] sequence index of each token (derived on the host) */
+    const int32_t *state_out; /* [T] GDN snapshot slot per token or -1, or NULL (ds_batch) */
 } ds_cuda_batch;
 
 /* Host-side facts about the current batch, derived in set_batch from the host arrays (launch
@@ -69,8 +74,29 @@ typedef struct ds_cuda_lt_plan {
     cublasLtMatmulAlgo_t algo;
 } ds_cuda_lt_plan;
 
+/* A captured decode step (cuda_graph.c): replayable while the batch has the same shape. */
+typedef struct ds_cuda_graph {
+    int used;
+    uint64_t key;
+    int T, S, n_out, max_blocks, max_seq_tokens, has_state_out; /* batch shape at capture */
+    cudaGraphExec_t exec;
+    uint64_t n_kernels;    /* kernels recorded (added to the launch count per replay) */
+    int32_t *ids_host;     /* host output of argmax_logits recorded in the graph, or NULL */
+    int ids_n;
+} ds_cuda_graph;
+
+/* Per-kernel timing of eager steps (env DS_CUDA_PROFILE=1): an event after every launch. */
+typedef struct ds_cuda_prof_entry {
+    const char *name;
+    int64_t a, b;          /* shape tag (e.g. GEMV N, K) */
+    int decode;            /* recorded in a decode step (every sequence one token) */
+    uint64_t count;
+    double ms;
+} ds_cuda_prof_entry;
+
 typedef struct ds_cuda_ctx {
     int device;
+    char name[256];               /* device name */
     int sm_count;
     size_t smem_optin;            /* max dynamic shared memory per block */
     cudaStream_t stream;
@@ -78,6 +104,33 @@ typedef struct ds_cuda_ctx {
     /* sticky error: the first failure, with file:line */
     int failed;
     char errmsg[480];
+
+    uint64_t n_launches;          /* kernels launched since the last take_launch_count */
+    double copy_gbps;             /* measured once by copy_bandwidth_gbps (0 = not yet) */
+
+    /* graph capture (cuda_graph.c) */
+    int capturing;                /* between graph_begin and graph_end */
+    int cap_failed;               /* an op that cannot be captured ran during the capture */
+    char cap_why[160];
+    uint64_t cap_key, cap_launch0;
+    cudaStream_t side;            /* uncaptured stream for set_batch's upload during a capture */
+    ds_cuda_graph graphs[DS_CUDA_MAX_GRAPHS];
+    int32_t *pending_ids;         /* host ids argmax_logits delivers at the next synchronize */
+    int pending_n;
+    int32_t *cap_ids;             /* argmax_logits output recorded during the capture */
+    int cap_ids_n;
+
+    /* profile (DS_CUDA_PROFILE=1): events of the current eager step */
+    int prof_on;
+    int prof_open, prof_n, prof_decode;
+    cudaEvent_t prof_start;
+    cudaEvent_t *prof_ev;         /* [DS_CUDA_PROF_EVENTS] */
+    const char **prof_name;       /* [DS_CUDA_PROF_EVENTS] */
+    int64_t *prof_a, *prof_b;     /* [DS_CUDA_PROF_EVENTS] */
+    ds_cuda_prof_entry *prof_tab; /* [DS_CUDA_PROF_ENTRIES] */
+    int prof_tab_n;
+    uint64_t prof_steps[2];       /* windows profiled: [0] other steps, [1] decode steps */
+    int profiler_step, profiler_seen, profiler_running; /* DS_CUDA_PROFILER_STEP (ncu) */
 
     /* batch metadata: pinned staging (double-buffered, guarded by events) → device buffer */
     int32_t *h_meta[2];           /* pinned [DS_CUDA_META_INTS] */
@@ -89,6 +142,7 @@ typedef struct ds_cuda_ctx {
     /* host copy of the current batch (for host-side invariant checks) */
     int32_t *h_cur;               /* points into the h_meta buffer just uploaded */
     int h_positions_off, h_seq_start_off, h_seq_slot_off, h_block_table_off, h_tok_seq_off;
+    int h_state_out_off;          /* -1 when the batch has no state_out_slots */
 
     /* GEMV: output rows per warp (1, 2 or 4; env DS_CUDA_GEMV_ROWS at create, default 2) */
     int gemv_rows;
@@ -106,6 +160,9 @@ typedef struct ds_cuda_ctx {
     /* argmax */
     int32_t *d_ids;               /* [DS_CUDA_MAX_TOKENS] */
     int32_t *h_ids;               /* pinned [DS_CUDA_MAX_TOKENS] */
+    float *d_amax_v;              /* fused lm_head argmax partials [DS_CUDA_AMAX_BLOCKS · 8] */
+    int32_t *d_amax_i;            /* [DS_CUDA_AMAX_BLOCKS · 8] */
+    int *d_amax_cnt;              /* [1], zero between launches */
 
     /* MoE scratch (sized by prepare_weights from the model; freed at destroy) */
     size_t moe_scratch_bytes;
@@ -118,8 +175,15 @@ int ds_cuda_check_lt(ds_cuda_ctx *ctx, cublasStatus_t s, const char *what, const
                      int line);
 #define DS_CU(ctx, call) ds_cuda_check((ctx), (call), #call, __FILE__, __LINE__)
 #define DS_LT(ctx, call) ds_cuda_check_lt((ctx), (call), #call, __FILE__, __LINE__)
-/* After every kernel launch. */
-#define DS_CU_LAUNCHED(ctx, name) ds_cuda_check((ctx), cudaGetLastError(), (name), __FILE__, __LINE__)
+/* After every kernel launch: checks it, counts it (take_launch_count) and, when profiling,
+ * records an event tagged with the kernel name and a shape (a, b). */
+void ds_cuda_launched(ds_cuda_ctx *ctx, const char *name, int64_t a, int64_t b, const char *file,
+                      int line);
+#define DS_CU_LAUNCHED(ctx, name) ds_cuda_launched((ctx), (name), 0, 0, __FILE__, __LINE__)
+#define DS_CU_LAUNCHED2(ctx, name, a, b) ds_cuda_launched((ctx), (name), (a), (b), __FILE__, __LINE__)
+/* An op that cannot run inside a capture (it waits for the device) was called during one: the
+ * capture is marked failed (graph_end reports why) and the op does nothing. Returns 1 then. */
+int ds_cuda_refuse_in_capture(ds_cuda_ctx *ctx, const char *what);
 
 /* ---- launchers (cuda_*.cu) -------------------------------------------------------------- */
 /* dtype codes match ds_dtype: 0 F32, 1 BF16, 2 F16 */
@@ -141,6 +205,18 @@ void ds_cuda_add_rmsnorm(ds_cuda_ctx *ctx, void *residual, const void *delta, co
 void ds_cuda_silu_mul(ds_cuda_ctx *ctx, const void *gu, int64_t R, int64_t I, void *out);
 void ds_cuda_gather_rows(ds_cuda_ctx *ctx, const void *x, int64_t H, int elem_size, void *out);
 void ds_cuda_argmax(ds_cuda_ctx *ctx, const float *logits, int R, int64_t V, int32_t *d_ids);
+/* d_ids[r] = argmax_n Σ_k x[r, k]·W[n, k] for r < R (any R; chunks of 8), without writing
+ * logits: one GEMV pass with a per-block (max, index) and a last-block reduction per chunk.
+ * Same dot products as ds_cuda_gemv (no split-K), lowest index on ties, NaN never wins. */
+void ds_cuda_argmax_gemv(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K, const void *x,
+                         int64_t ldx, int R, int32_t *d_ids);
+/* out[r] = [a[r] | b[r]] (bf16 rows). */
+void ds_cuda_concat(ds_cuda_ctx *ctx, const void *a, int64_t A, const void *b, int64_t B,
+                    int64_t R, void *out);
+/* Seeded uniform fill (counter-based: element i gets hash(seed, counter0 + i)), values in
+ * [lo, hi), stored as bf16 (is_bf16) or f32. Independent of the launch shape. */
+void ds_cuda_fill_uniform(ds_cuda_ctx *ctx, void *dst, int is_bf16, size_t n, uint64_t seed,
+                          uint64_t counter0, float lo, float hi);
 
 /* Attention (cuda_attention.cu). Caches: [n_blocks, block_size, nkv, hd] bf16. */
 typedef struct ds_cuda_attn_args {
@@ -155,6 +231,9 @@ typedef struct ds_cuda_attn_args {
     int ws_rows;                  /* capacity in (seq, head, split) rows of hd + 2 floats */
 } ds_cuda_attn_args;
 void ds_cuda_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a);
+/* Kernel attributes (dynamic shared-memory limits), set once at backend creation. */
+void ds_cuda_attention_init(ds_cuda_ctx *ctx);
+void ds_cuda_moe_init(ds_cuda_ctx *ctx);
 
 /* Gated DeltaNet (cuda_gdn.cu). */
 typedef struct ds_cuda_gdn_args {

@@ -4,12 +4,14 @@
  *     gate, contiguous by prepare_weights): fp32 logits L [T, E + 2Is + 1];
  *  2. route: per token softmax over E (fp32), top-k (ties → lowest expert id), renormalise;
  *     the shared expert's SiLU(g)·u (bf16) and sigmoid gate;
- *  3. group: one block sorts the T·k assignments by expert (stable), listing active experts;
+ *  3. group: one block sorts the T·k assignments by expert (stable), listing active experts,
+ *     from a shared-memory copy of the ids (2 and 3 are one launch when T·k ≤ 1024);
  *  4. expert gate_up GEMV: a block per (active expert, 16 output rows) reads only that expert's
  *     rows and serves all its assigned tokens (≤ 8 at a time) → h [A, 2I] bf16;
  *  5. expert down GEMV with SiLU(g)·u computed in its input loader → y [A, H] fp32;
  *  6. shared down GEMV → ysh [T, H] fp32;
- *  7. combine: out[t] = Σ_i w_i·y[t·k + i] + sg[t]·ysh[t], summed in slot order → bf16.
+ *  7. combine: out[t] = Σ_i w_i·y[t·k + i] + sg[t]·ysh[t], summed in slot order → bf16, over
+ *     (H/512, T) blocks with each thread's k loads issued together.
  * Grids are sized from T on the host (min(E, T·k) expert blocks); blocks past the device-side
  * count of active experts exit at once, so the launch shape never depends on routing. */
 #include <math.h>
@@ -68,15 +70,15 @@ extern "C" size_t ds_cuda_moe_scratch_bytes(int H, int E, int top_k, int I, int 
 
 /* ---- 2. route ------------------------------------------------------------------------------ */
 
-__global__ void __launch_bounds__(ROUTE_WARPS * 32)
-    moe_route_kernel(int T, int E, int k, int Is, int norm_topk, moe_scratch sc) {
-    __shared__ float prob[ROUTE_WARPS][MOE_MAX_E];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int t = blockIdx.x * ROUTE_WARPS + warp;
-    if (t >= T) return;
+/* Routes token t with one warp: softmax over the E router logits (fp32), top-k by repeated warp
+ * argmax (ties → lowest expert id), renormalised weights; the shared expert's SiLU(g)·u and
+ * sigmoid gate. pr: this warp's [E] scratch in shared memory. ids_s (may be NULL): a shared
+ * copy of the token's k expert ids. */
+static __device__ void route_token(int t, int E, int k, int Is, int norm_topk, const moe_scratch &sc,
+                                   float *pr, int32_t *ids_s) {
+    const int lane = threadIdx.x & 31;
     const int64_t NL = (int64_t)E + 2 * Is + (Is ? 1 : 0);
     const float *Lr = sc.L + (int64_t)t * NL;
-    float *pr = prob[warp];
     float mx = -INFINITY;
     for (int e = lane; e < E; e += 32) mx = fmaxf(mx, Lr[e]);
     mx = warp_max(mx);
@@ -115,12 +117,22 @@ __global__ void __launch_bounds__(ROUTE_WARPS * 32)
     if (lane < k) {
         sc.ids[(int64_t)t * k + lane] = isel;
         sc.wts[(int64_t)t * k + lane] = norm_topk ? wsel / wsum : wsel;
+        if (ids_s) ids_s[t * k + lane] = isel;
     }
     if (Is > 0) {
         for (int i = lane; i < Is; i += 32)
             sc.sh_act[(int64_t)t * Is + i] = __float2bfloat16_rn(silu_f(Lr[E + i]) * Lr[E + Is + i]);
         if (lane == 0) sc.sg[t] = sigmoid_f(Lr[E + 2 * Is]);
     }
+}
+
+__global__ void __launch_bounds__(ROUTE_WARPS * 32)
+    moe_route_kernel(int T, int E, int k, int Is, int norm_topk, moe_scratch sc) {
+    __shared__ float prob[ROUTE_WARPS][MOE_MAX_E];
+    const int warp = threadIdx.x >> 5;
+    const int t = blockIdx.x * ROUTE_WARPS + warp;
+    if (t >= T) return;
+    route_token(t, E, k, Is, norm_topk, sc, prob[warp], NULL);
 }
 
 /* ---- 3. group assignments by expert (one block) ------------------------------------------ */
@@ -151,13 +163,16 @@ static __device__ int block_excl_scan(int v, int *excl, int *wsum) {
     return wsum[nw - 1];
 }
 
-__global__ void __launch_bounds__(1024) moe_group_kernel(int A, int E, moe_scratch sc) {
-    __shared__ int cnt[MOE_MAX_E];
-    __shared__ int wsum[32];
+/* Groups the A assignments (expert ids in shared memory) by expert, stable: counts per expert
+ * (integer shared atomics), exclusive scans for the offsets and the active-expert ranks, then
+ * each active expert's thread lists its assignments in ascending order from shared memory.
+ * One thread per expert (E ≤ blockDim.x = 1024). */
+static __device__ void group_from_shared(int A, int E, const int32_t *ids_s, int *cnt, int *wsum,
+                                         const moe_scratch &sc) {
     const int e = threadIdx.x;
     if (e < E) cnt[e] = 0;
     __syncthreads();
-    for (int a = threadIdx.x; a < A; a += blockDim.x) atomicAdd(&cnt[sc.ids[a]], 1); /* integer */
+    for (int a = threadIdx.x; a < A; a += blockDim.x) atomicAdd(&cnt[ids_s[a]], 1); /* integer */
     __syncthreads();
     const int c = e < E ? cnt[e] : 0;
     int start, rank;
@@ -166,15 +181,40 @@ __global__ void __launch_bounds__(1024) moe_group_kernel(int A, int E, moe_scrat
     if (c > 0) {
         sc.act[rank] = e;
         sc.off[rank] = start;
-        /* stable placement: this expert's assignments in ascending order */
         int n = 0;
         for (int a = 0; a < A && n < c; a++)
-            if (sc.ids[a] == e) sc.sorted[start + n++] = a;
+            if (ids_s[a] == e) sc.sorted[start + n++] = a;
     }
     if (threadIdx.x == 0) {
         *sc.n_act = nact;
         sc.off[nact] = A;
     }
+}
+
+/* Large steps (prefill): the route kernel wrote sc.ids; stage them in dynamic shared memory. */
+__global__ void __launch_bounds__(1024) moe_group_kernel(int A, int E, moe_scratch sc) {
+    extern __shared__ int32_t ids_dyn[]; /* [A] */
+    __shared__ int cnt[MOE_MAX_E];
+    __shared__ int wsum[32];
+    for (int a = threadIdx.x; a < A; a += blockDim.x) ids_dyn[a] = sc.ids[a];
+    __syncthreads();
+    group_from_shared(A, E, ids_dyn, cnt, wsum, sc);
+}
+
+/* Small steps (decode, T·k ≤ MOE_FUSED_A): routing and grouping in one launch. Warps
+ * 0..ROUTE_WARPS-1 route the tokens, then the whole block groups from shared memory. */
+#define MOE_FUSED_A 1024
+__global__ void __launch_bounds__(1024)
+    moe_route_group_kernel(int T, int E, int k, int Is, int norm_topk, moe_scratch sc) {
+    __shared__ float prob[ROUTE_WARPS][MOE_MAX_E];
+    __shared__ int32_t ids_s[MOE_FUSED_A];
+    __shared__ int cnt[MOE_MAX_E];
+    __shared__ int wsum[32];
+    const int warp = threadIdx.x >> 5;
+    if (warp < ROUTE_WARPS)
+        for (int t = warp; t < T; t += ROUTE_WARPS) route_token(t, E, k, Is, norm_topk, sc, prob[warp], ids_s);
+    __syncthreads();
+    group_from_shared(T * k, E, ids_s, cnt, wsum, sc);
 }
 
 /* ---- 4/5. grouped expert GEMV --------------------------------------------------------------- */
@@ -254,17 +294,57 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
 
 /* ---- 7. combine ---------------------------------------------------------------------------- */
 
-__global__ void moe_combine_kernel(int H, int k, int Is, moe_scratch sc, bf16 *__restrict__ out) {
-    const int t = blockIdx.x;
-    for (int n = threadIdx.x; n < H; n += blockDim.x) {
-        float acc = 0.f;
-        for (int i = 0; i < k; i++) {
-            const int64_t a = (int64_t)t * k + i;
-            acc = fmaf(sc.wts[a], sc.y[a * H + n], acc);
+/* out[t, n..n+3] = Σ_i w_i·y[t·k + i, n..n+3] (+ sg[t]·ysh[t, n..n+3]), summed in slot order.
+ * A block covers 4·COMBINE_THREADS columns of one token; each thread issues its k (≤ 8 at a
+ * time) 16-byte loads before the first FMA. */
+#define COMBINE_THREADS 128
+__global__ void __launch_bounds__(COMBINE_THREADS)
+    moe_combine_kernel(int H, int k, int Is, moe_scratch sc, bf16 *__restrict__ out) {
+    __shared__ float w_s[32];
+    const int t = blockIdx.y;
+    if (threadIdx.x < k) w_s[threadIdx.x] = sc.wts[(int64_t)t * k + threadIdx.x];
+    __syncthreads();
+    const int n = (blockIdx.x * COMBINE_THREADS + threadIdx.x) * 4;
+    if (n >= H) return; /* H % 8 == 0: n < H means n + 3 < H */
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int i0 = 0; i0 < k; i0 += 8) {
+        float4 y[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            if (i0 + u < k)
+                y[u] = __ldcg(reinterpret_cast<const float4 *>(sc.y + ((int64_t)t * k + i0 + u) * H + n));
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            if (i0 + u < k) {
+                const float w = w_s[i0 + u];
+                acc.x = fmaf(w, y[u].x, acc.x);
+                acc.y = fmaf(w, y[u].y, acc.y);
+                acc.z = fmaf(w, y[u].z, acc.z);
+                acc.w = fmaf(w, y[u].w, acc.w);
+            }
         }
-        if (Is > 0) acc = fmaf(sc.sg[t], sc.ysh[(int64_t)t * H + n], acc);
-        out[(int64_t)t * H + n] = __float2bfloat16_rn(acc);
     }
+    if (Is > 0) {
+        const float g = sc.sg[t];
+        const float4 ys = __ldcg(reinterpret_cast<const float4 *>(sc.ysh + (int64_t)t * H + n));
+        acc.x = fmaf(g, ys.x, acc.x);
+        acc.y = fmaf(g, ys.y, acc.y);
+        acc.z = fmaf(g, ys.z, acc.z);
+        acc.w = fmaf(g, ys.w, acc.w);
+    }
+    uint2 o;
+    o.x = pack_bf2(acc.x, acc.y);
+    o.y = pack_bf2(acc.z, acc.w);
+    *reinterpret_cast<uint2 *>(out + (int64_t)t * H + n) = o;
+}
+
+/* Shared-memory limit of the prefill group kernel (ids of up to DS_CUDA_MAX_TOKENS·32
+ * assignments), set once at creation. */
+extern "C" void ds_cuda_moe_init(ds_cuda_ctx *ctx) {
+    const int need = (int)(sizeof(int32_t) * DS_CUDA_MAX_TOKENS * 32);
+    const int bytes = need < (int)ctx->smem_optin - 8192 ? need : (int)ctx->smem_optin - 8192;
+    DS_CU(ctx, cudaFuncSetAttribute(moe_group_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    bytes));
 }
 
 extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
@@ -285,13 +365,24 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
     /* 1. router | shared gate_up | shared gate */
     if (T <= DS_CUDA_GEMV_MAX_ROWS) ds_cuda_gemv(ctx, a->w_in, NL, H, a->x, H, T, sc.L, NL, 1);
     else ds_cuda_gemm_lt(ctx, a->w_in, NL, H, a->x, H, T, sc.L, NL, 1);
-    /* 2. route */
-    moe_route_kernel<<<DS_DIV_UP(T, ROUTE_WARPS), ROUTE_WARPS * 32, 0, ctx->stream>>>(
-        T, E, k, Is, a->norm_topk, sc);
-    DS_CU_LAUNCHED(ctx, "moe_route_kernel");
-    /* 3. group */
-    moe_group_kernel<<<1, 1024, 0, ctx->stream>>>(A, E, sc);
-    DS_CU_LAUNCHED(ctx, "moe_group_kernel");
+    /* 2. route, 3. group: one launch for small steps, else a route grid and a group block with
+     * the ids staged in dynamic shared memory */
+    if (A <= MOE_FUSED_A) {
+        moe_route_group_kernel<<<1, 1024, 0, ctx->stream>>>(T, E, k, Is, a->norm_topk, sc);
+        DS_CU_LAUNCHED2(ctx, "moe_route_group_kernel", T, E);
+    } else {
+        const size_t smem = sizeof(int32_t) * (size_t)A;
+        if (smem + 8192 > ctx->smem_optin) {
+            ds_cuda_check(ctx, cudaErrorInvalidValue, "moe: too many assignments for the group kernel",
+                          __FILE__, __LINE__);
+            return;
+        }
+        moe_route_kernel<<<DS_DIV_UP(T, ROUTE_WARPS), ROUTE_WARPS * 32, 0, ctx->stream>>>(
+            T, E, k, Is, a->norm_topk, sc);
+        DS_CU_LAUNCHED2(ctx, "moe_route_kernel", T, E);
+        moe_group_kernel<<<1, 1024, smem, ctx->stream>>>(A, E, sc);
+        DS_CU_LAUNCHED2(ctx, "moe_group_kernel", A, E);
+    }
     /* 4. gate_up, 5. down */
     const int nblk = A < E ? A : E;
     {
@@ -299,14 +390,14 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
         dim3 grid(nblk, DS_DIV_UP(2 * I, MOE_WARPS * ROWS));
         moe_expert_kernel<false, ROWS, 4><<<grid, MOE_WARPS * 32, 0, ctx->stream>>>(
             (const bf16 *)a->w_gu, H, I, k, (const bf16 *)a->x, sc);
-        DS_CU_LAUNCHED(ctx, "moe_expert_kernel<gate_up>");
+        DS_CU_LAUNCHED2(ctx, "moe_expert_kernel<gate_up>", T, 2 * I);
     }
     {
         constexpr int ROWS = 4;
         dim3 grid(nblk, DS_DIV_UP(H, MOE_WARPS * ROWS));
         moe_expert_kernel<true, ROWS, 2><<<grid, MOE_WARPS * 32, 0, ctx->stream>>>(
             (const bf16 *)a->w_down, H, I, k, (const bf16 *)a->x, sc);
-        DS_CU_LAUNCHED(ctx, "moe_expert_kernel<down>");
+        DS_CU_LAUNCHED2(ctx, "moe_expert_kernel<down>", T, H);
     }
     /* 6. shared expert down */
     if (Is > 0) {
@@ -314,6 +405,7 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
         else ds_cuda_gemm_lt(ctx, a->w_sh_down, H, Is, sc.sh_act, Is, T, sc.ysh, H, 1);
     }
     /* 7. combine */
-    moe_combine_kernel<<<T, 256, 0, ctx->stream>>>(H, k, Is, sc, (bf16 *)a->out);
-    DS_CU_LAUNCHED(ctx, "moe_combine_kernel");
+    moe_combine_kernel<<<dim3(DS_DIV_UP(H, 4 * COMBINE_THREADS), T), COMBINE_THREADS, 0,
+                         ctx->stream>>>(H, k, Is, sc, (bf16 *)a->out);
+    DS_CU_LAUNCHED2(ctx, "moe_combine_kernel", T, H);
 }

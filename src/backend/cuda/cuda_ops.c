@@ -102,7 +102,7 @@ void ds_cuda_op_argmax(ds_backend *be, const ds_tensor *logits, int32_t *ids) {
     DS_ASSERT(logits->dtype == DS_DTYPE_F32);
     const int64_t V = last_dim(logits), R = n_rows(logits);
     DS_ASSERT(R <= DS_CUDA_MAX_TOKENS);
-    if (R == 0) return;
+    if (R == 0 || ds_cuda_refuse_in_capture(c, "argmax")) return;
     ds_cuda_argmax(c, logits->data, (int)R, V, c->d_ids);
     DS_CU(c, cudaMemcpyAsync(c->h_ids, c->d_ids, sizeof(int32_t) * (size_t)R,
                              cudaMemcpyDeviceToHost, c->stream));
@@ -111,11 +111,56 @@ void ds_cuda_op_argmax(ds_backend *be, const ds_tensor *logits, int32_t *ids) {
     else memcpy(ids, c->h_ids, sizeof(int32_t) * (size_t)R);
 }
 
+/* ids[r] = argmax of x[r]·lm_headᵀ without logits (one fused GEMV + argmax per 8 rows). The
+ * ids reach the host at the next synchronize (pinned copy on the stream), so the op can be
+ * recorded in a step graph. */
+void ds_cuda_op_argmax_logits(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head,
+                              int32_t *ids) {
+    ds_cuda_ctx *c = ds_cuda_ctx_of(be);
+    DS_ASSERT(x->dtype == DS_DTYPE_BF16 && lm_head->n_parts == 1);
+    const ds_tensor *w = &lm_head->parts[0];
+    const int64_t K = lm_head->n_in, N = lm_head->n_out, R = n_rows(x);
+    DS_ASSERT(last_dim(x) == K && w->dtype == DS_DTYPE_BF16 && w->ndim == 2 && w->ne[0] == N &&
+              w->ne[1] == K);
+    DS_ASSERT(R <= DS_CUDA_MAX_TOKENS && N <= (int64_t)DS_CUDA_AMAX_BLOCKS * 16);
+    DS_ASSERT(K % 8 == 0 && (uintptr_t)x->data % 16 == 0 && (uintptr_t)w->data % 16 == 0);
+    DS_ASSERT(!c->pending_ids || c->capturing); /* one host output per step */
+    if (R == 0) return;
+    ds_cuda_argmax_gemv(c, w->data, N, K, x->data, K, (int)R, c->d_ids);
+    DS_CU(c, cudaMemcpyAsync(c->h_ids, c->d_ids, sizeof(int32_t) * (size_t)R,
+                             cudaMemcpyDeviceToHost, c->stream));
+    if (c->capturing) {
+        c->cap_ids = ids;
+        c->cap_ids_n = (int)R;
+    } else {
+        c->pending_ids = ids;
+        c->pending_n = (int)R;
+    }
+}
+
+void ds_cuda_op_concat(ds_backend *be, const ds_tensor *a, const ds_tensor *b, ds_tensor *out) {
+    DS_ASSERT(a->dtype == DS_DTYPE_BF16 && b->dtype == DS_DTYPE_BF16 && out->dtype == DS_DTYPE_BF16);
+    const int64_t A = last_dim(a), B = last_dim(b), R = n_rows(a);
+    DS_ASSERT(n_rows(b) == R && last_dim(out) == A + B && n_rows(out) >= R);
+    ds_cuda_concat(ds_cuda_ctx_of(be), a->data, A, b->data, B, R, out->data);
+}
+
 /* Host-side checks of the batch against the cache: slots and, for attention, the blocks the
  * new tokens are written to. */
 static void check_batch_slots(const ds_cuda_ctx *c, const ds_cache *cache) {
     const int32_t *slot = c->h_cur + c->h_seq_slot_off;
     for (int s = 0; s < c->batch.n_seqs; s++) DS_ASSERT(slot[s] >= 0 && slot[s] < cache->n_slots);
+    if (c->h_state_out_off < 0) return;
+    /* snapshot slots (speculative verification): in range, not the sequence's own slot, distinct
+     * within the sequence */
+    const int32_t *so = c->h_cur + c->h_state_out_off;
+    const int32_t *start = c->h_cur + c->h_seq_start_off;
+    for (int s = 0; s < c->batch.n_seqs; s++)
+        for (int t = start[s]; t < start[s + 1]; t++) {
+            if (so[t] < 0) continue;
+            DS_ASSERT(so[t] < cache->n_slots && so[t] != slot[s]);
+            for (int u = start[s]; u < t; u++) DS_ASSERT(so[u] != so[t]);
+        }
 }
 
 void ds_cuda_op_attention(ds_backend *be, ds_cache *cache, int layer, const ds_config *cfg,

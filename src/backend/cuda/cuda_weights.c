@@ -10,7 +10,13 @@
  *    experts[e] are views into them;
  *  - a tied lm_head is a view of the device embedding.
  * Host → device goes through two pinned staging buffers (convert into one while the other's
- * copy runs). Progress is shown on stderr when it is a terminal. */
+ * copy runs). Progress is shown on stderr when it is a terminal.
+ *
+ * Dummy weights (cuda_dummy.c) take the same walk over placeholder host weights whose data
+ * points to a ds_cuda_gen descriptor: the copy pass then fills each tensor on the device with
+ * a seeded counter-based generator (ds_cuda_fill_uniform, counter = byte offset in the arena),
+ * so the layout is identical to a loaded checkpoint's and no host memory is touched. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +46,8 @@ typedef struct wbuild {
     int flip;
     size_t total, done, next_report;
     int progress;
+    int gen;         /* dummy weights: fill on the device instead of copying */
+    uint64_t seed;
     ds_status st;
     ds_error *err;
 } wbuild;
@@ -55,8 +63,10 @@ static void *wb_ptr(wbuild *b) { return (void *)((uintptr_t)b->arena + b->off); 
 static void wb_report(wbuild *b, int final) {
     if (!b->progress) return;
     if (!final && b->done < b->next_report) return;
-    fprintf(stderr, "\rdeltaserve: copying weights to the GPU %6.2f / %.2f GB", (double)b->done / 1e9,
-            (double)b->total / 1e9);
+    if (b->gen) DS_CU(b->ctx, cudaStreamSynchronize(b->ctx->stream)); /* show what is done */
+    fprintf(stderr, "\rdeltaserve: %s %6.2f / %.2f GB",
+            b->gen ? "generating dummy weights on the GPU" : "copying weights to the GPU",
+            (double)b->done / 1e9, (double)b->total / 1e9);
     if (final) fputc('\n', stderr);
     fflush(stderr);
     b->next_report = b->done + ((size_t)512 << 20);
@@ -77,6 +87,23 @@ static void wb_put(wbuild *b, const ds_tensor *src, ds_dtype dst_dt, const char 
     const size_t n = (size_t)ds_tensor_numel(src);
     const size_t dsz = ds_dtype_size(dst_dt);
     if (!b->copy) {
+        b->off += n * dsz;
+        return;
+    }
+    if (b->gen) {
+        const ds_cuda_gen *g = src->data;
+        float lo = g->lo, hi = g->hi;
+        if (g->matrix) { /* std 1/sqrt(fan_in): uniform ±sqrt(3/fan_in), fan_in = last dim */
+            const float a = sqrtf(3.0f / (float)src->ne[src->ndim - 1]);
+            lo = -a;
+            hi = a;
+        }
+        ds_cuda_fill_uniform(b->ctx, b->arena + b->off, dst_dt == DS_DTYPE_BF16, n, b->seed,
+                             (uint64_t)b->off, lo, hi);
+        b->done += n * dsz;
+        wb_report(b, 0);
+        if (b->ctx->failed)
+            b->st = ds_error_set(b->err, DS_ERR_DEVICE, "CUDA weights: %s", b->ctx->errmsg);
         b->off += n * dsz;
         return;
     }
@@ -304,13 +331,20 @@ static wpriv *alloc_views(const ds_config *cfg, const ds_model_weights *h, ds_mo
 ds_status ds_cuda_prepare_weights(ds_backend *be, const ds_config *cfg,
                                   const ds_model_weights *host, ds_model_weights *out,
                                   ds_error *err) {
+    return ds_cuda_build_weights(be, cfg, host, 0, 0, out, err);
+}
+
+ds_status ds_cuda_build_weights(ds_backend *be, const ds_config *cfg, const ds_model_weights *host,
+                                int gen, uint64_t seed, ds_model_weights *out, ds_error *err) {
     ds_cuda_ctx *ctx = ds_cuda_ctx_of(be);
     memset(out, 0, sizeof *out);
     if (host->n_layers != cfg->n_layers || !host->layers)
         return ds_error_set(err, DS_ERR_FORMAT, "CUDA weights: %d layers for a %d-layer config",
                             host->n_layers, cfg->n_layers);
+    if (ctx->capturing)
+        return ds_error_set(err, DS_ERR_INTERNAL, "CUDA weights: inside a graph capture");
     wpriv *p = alloc_views(cfg, host, out);
-    wbuild b = {.ctx = ctx, .err = err, .st = DS_OK};
+    wbuild b = {.ctx = ctx, .err = err, .st = DS_OK, .gen = gen, .seed = seed};
 
     /* pass 1: sizes */
     wb_model(&b, cfg, host, out);
@@ -326,8 +360,8 @@ ds_status ds_cuda_prepare_weights(ds_backend *be, const ds_config *cfg,
     }
     p->arena_bytes = total;
 
-    /* pass 2: convert + copy */
-    for (int i = 0; i < 2; i++) {
+    /* pass 2: convert + copy (or generate) */
+    for (int i = 0; i < 2 && !gen; i++) {
         if (cudaHostAlloc(&b.stage[i], STAGE_BYTES, cudaHostAllocDefault) != cudaSuccess ||
             cudaEventCreateWithFlags(&b.ev[i], cudaEventDisableTiming) != cudaSuccess) {
             (void)cudaGetLastError();
