@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -298,6 +299,45 @@ static void test_response_shapes(void **state) {
     ds_strbuf_free(&b);
 }
 
+static void test_generation_config_defaults(void **state) {
+    (void)state;
+    char dir[] = "/tmp/ds_gencfg_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[128];
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    ds_oai_defaults d;
+    ds_error err = {0};
+    /* no file: nothing set */
+    assert_int_equal(ds_oai_defaults_load(dir, &d, &err), DS_OK);
+    assert_false(d.has_temperature || d.has_top_p || d.has_top_k);
+    FILE *f = fopen(path, "w");
+    fputs("{\"do_sample\": true, \"temperature\": 0.6, \"top_k\": 20, \"top_p\": 0.95, "
+          "\"eos_token_id\": [1, 2]}", f);
+    fclose(f);
+    assert_int_equal(ds_oai_defaults_load(dir, &d, &err), DS_OK);
+    assert_true(d.has_temperature && d.has_top_k && d.has_top_p && !d.has_min_p);
+    /* defaults fill what the request leaves out; the request wins otherwise */
+    ds_oai_request r;
+    ds_oai_error e;
+    const char *b = "{\"prompt\": \"x\", \"top_p\": 0.5}";
+    assert_true(ds_oai_parse_with(C, b, strlen(b), &d, &r, &e));
+    assert_true(fabsf(r.sp.temperature - 0.6f) < 1e-6f);
+    assert_int_equal(r.sp.top_k, 20);
+    assert_true(fabsf(r.sp.top_p - 0.5f) < 1e-6f);
+    assert_true(r.sp.min_p == 0.0f);
+    ds_oai_request_free(&r);
+    /* a malformed file names itself */
+    f = fopen(path, "w");
+    fputs("{\"temperature\": \"hot\"}", f);
+    fclose(f);
+    memset(&err, 0, sizeof err);
+    assert_int_equal(ds_oai_defaults_load(dir, &d, &err), DS_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "generation_config.json"));
+    assert_non_null(strstr(err.msg, "temperature"));
+    remove(path);
+    rmdir(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_requests),
@@ -306,6 +346,7 @@ int main(void) {
         cmocka_unit_test(test_error_json),
         cmocka_unit_test(test_utf8_lossy),
         cmocka_unit_test(test_response_shapes),
+        cmocka_unit_test(test_generation_config_defaults),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

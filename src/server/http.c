@@ -155,13 +155,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         ds_strbuf_init(&cs->body);
         *con_cls = cs;
         bool post = !strcmp(method, MHD_HTTP_METHOD_POST);
+        bool get = !strcmp(method, MHD_HTTP_METHOD_GET) || !strcmp(method, MHD_HTTP_METHOD_HEAD);
         if (cs->route == DS_ROUTE_NONE) {
             cs->responded = true;
             char msg[256];
             snprintf(msg, sizeof msg, "no route for %.200s", url);
             return simple_error(s, c, 404, NULL, msg);
         }
-        if (route_is_post(cs->route) != post) {
+        if (route_is_post(cs->route) ? !post : !get) {
             cs->responded = true;
             char msg[256];
             snprintf(msg, sizeof msg, "method %.16s is not allowed on %.200s", method, url);

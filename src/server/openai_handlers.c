@@ -243,14 +243,21 @@ static enum MHD_Result respond_whole(ds_job *j) {
     ds_gen_token *toks = NULL;
     int n_toks = 0, cap = 0;
     bool gone = false, oom = false;
+    double next_check = ds_now_s() + WAIT_SLICE_MS * 1e-3;
     while (!g->finished) {
-        if (!ds_gen_step(g, WAIT_SLICE_MS)) {
+        bool progressed = ds_gen_step(g, WAIT_SLICE_MS);
+        /* Look at the client every slice even while tokens flow: nothing is written to it
+         * before the end, so only a peek can tell that it left. */
+        double now = ds_now_s();
+        if (!progressed || now >= next_check) {
+            next_check = now + WAIT_SLICE_MS * 1e-3;
             if (atomic_load(&s->stopping) || ds_http_client_gone(j->conn)) {
                 ds_gen_abort(g);
                 gone = true;
+                break;
             }
-            continue;
         }
+        if (!progressed) continue;
         ds_strbuf_append(&text, g->content.data ? g->content.data : "", g->content.len);
         ds_strbuf_append(&reasoning, g->reasoning.data ? g->reasoning.data : "", g->reasoning.len);
         if (g->n_toks) {
@@ -390,7 +397,8 @@ enum MHD_Result ds_handle_generate(ds_conn *cs, struct MHD_Connection *c) {
     ds_strbuf_init(&j->out);
     ds_oai_kind kind = cs->route == DS_ROUTE_CHAT ? DS_OAI_CHAT : DS_OAI_COMPLETIONS;
     ds_oai_error e;
-    if (!ds_oai_parse(kind, cs->body.data ? cs->body.data : "", cs->body.len, &j->rq, &e)) {
+    if (!ds_oai_parse_with(kind, cs->body.data ? cs->body.data : "", cs->body.len,
+                           &s->o.defaults, &j->rq, &e)) {
         job_free(j);
         return ds_http_error(s, c, &e);
     }

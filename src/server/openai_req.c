@@ -463,6 +463,60 @@ static void param_from_message(const char *msg, char *param, size_t cap) {
 
 bool ds_oai_parse(ds_oai_kind kind, const char *body, size_t len, ds_oai_request *r,
                   ds_oai_error *e) {
+    return ds_oai_parse_with(kind, body, len, NULL, r, e);
+}
+
+ds_status ds_oai_defaults_load(const char *model_dir, ds_oai_defaults *d, ds_error *err) {
+    memset(d, 0, sizeof *d);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/generation_config.json", model_dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) return DS_OK;
+    char *text = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n + 4096 > cap) {
+            cap = cap ? 2 * cap : 8192;
+            if (cap > (1u << 24)) break; /* a generation config is tiny: refuse absurd files */
+            char *t = realloc(text, cap + 1);
+            if (!t) break;
+            text = t;
+        }
+        size_t got = fread(text + n, 1, cap - n, f);
+        n += got;
+        if (got == 0) break;
+    }
+    fclose(f);
+    cJSON *root = text ? cJSON_ParseWithLength(text, n) : NULL;
+    free(text);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return ds_error_set(err, DS_ERR_FORMAT, "%s: not a JSON object", path);
+    }
+    static const char *const names[] = {"temperature", "top_p", "top_k", "min_p",
+                                        "repetition_penalty"};
+    for (int i = 0; i < 5; i++) {
+        const cJSON *v = field(root, names[i]);
+        if (!v) continue;
+        if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
+            cJSON_Delete(root);
+            return ds_error_set(err, DS_ERR_FORMAT, "%s: %s must be a number", path, names[i]);
+        }
+        float x = (float)v->valuedouble;
+        switch (i) {
+        case 0: d->has_temperature = true; d->temperature = x; break;
+        case 1: d->has_top_p = true; d->top_p = x; break;
+        case 2: d->has_top_k = true; d->top_k = (int)v->valuedouble; break;
+        case 3: d->has_min_p = true; d->min_p = x; break;
+        default: d->has_repetition_penalty = true; d->repetition_penalty = x; break;
+        }
+    }
+    cJSON_Delete(root);
+    return DS_OK;
+}
+
+bool ds_oai_parse_with(ds_oai_kind kind, const char *body, size_t len, const ds_oai_defaults *d,
+                       ds_oai_request *r, ds_oai_error *e) {
     memset(r, 0, sizeof *r);
     r->kind = kind;
     r->logprobs = -1;
@@ -470,6 +524,13 @@ bool ds_oai_parse(ds_oai_kind kind, const char *body, size_t len, ds_oai_request
     ds_sampling_params_init(&r->sp);
     r->sp.temperature = 1.0f; /* OpenAI default */
     r->sp.max_tokens = 16;    /* completions default; chat overrides from the context */
+    if (d) {
+        if (d->has_temperature) r->sp.temperature = d->temperature;
+        if (d->has_top_p) r->sp.top_p = d->top_p;
+        if (d->has_top_k) r->sp.top_k = d->top_k;
+        if (d->has_min_p) r->sp.min_p = d->min_p;
+        if (d->has_repetition_penalty) r->sp.repetition_penalty = d->repetition_penalty;
+    }
     r->root = cJSON_ParseWithLength(body, len);
     if (!r->root) return bad(e, NULL, "the request body is not valid JSON");
     const cJSON *root = r->root;

@@ -67,6 +67,22 @@ typedef struct ds_oai_request {
 /* Parses and validates a body. False with *e filled (status 400) on any problem. */
 bool ds_oai_parse(ds_oai_kind kind, const char *body, size_t len, ds_oai_request *r,
                   ds_oai_error *e);
+
+/* Sampling defaults for fields a request leaves out (vLLM's --generation-config auto: the
+ * model's generation_config.json overrides OpenAI's defaults). Unset fields keep OpenAI's. */
+typedef struct ds_oai_defaults {
+    bool has_temperature, has_top_p, has_top_k, has_min_p, has_repetition_penalty;
+    float temperature, top_p, min_p, repetition_penalty;
+    int top_k;
+} ds_oai_defaults;
+
+/* Reads temperature, top_p, top_k, min_p, repetition_penalty from DIR/generation_config.json.
+ * A missing file leaves *d empty (DS_OK); a malformed one is DS_ERR_FORMAT naming the file and
+ * field. The values are validated later, per request, like any other. */
+ds_status ds_oai_defaults_load(const char *model_dir, ds_oai_defaults *d, ds_error *err);
+/* ds_oai_parse with defaults (NULL = OpenAI's). */
+bool ds_oai_parse_with(ds_oai_kind kind, const char *body, size_t len, const ds_oai_defaults *d,
+                       ds_oai_request *r, ds_oai_error *e);
 void ds_oai_request_free(ds_oai_request *r);
 
 #endif

@@ -66,8 +66,7 @@ static cJSON *bytes_array(const char *raw, size_t n) {
 }
 
 /* completions: {"tokens","token_logprobs","top_logprobs":[{tok: lp}],"text_offset"} */
-static cJSON *logprobs_completion(const ds_oai_resp_ctx *c, const ds_gen_token *t, int n,
-                                  uint64_t offset_base) {
+static cJSON *logprobs_completion(const ds_oai_resp_ctx *c, const ds_gen_token *t, int n) {
     cJSON *o = cJSON_CreateObject();
     cJSON *tokens = cJSON_AddArrayToObject(o, "tokens");
     cJSON *lps = cJSON_AddArrayToObject(o, "token_logprobs");
@@ -90,7 +89,7 @@ static cJSON *logprobs_completion(const ds_oai_resp_ctx *c, const ds_gen_token *
                 cJSON_AddNumberToObject(top, s.data, clamp_lp(t[i].s.top_logprobs[k]));
         }
         cJSON_AddItemToArray(tops, top);
-        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)(t[i].text_offset + offset_base)));
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)t[i].text_offset));
     }
     ds_strbuf_free(&s);
     return o;
@@ -127,7 +126,7 @@ static cJSON *logprobs_chat(const ds_oai_resp_ctx *c, const ds_gen_token *t, int
 
 static cJSON *logprobs_json(const ds_oai_resp_ctx *c, const ds_gen_token *t, int n) {
     if (c->logprobs < 0) return cJSON_CreateNull();
-    return c->kind == DS_OAI_CHAT ? logprobs_chat(c, t, n) : logprobs_completion(c, t, n, 0);
+    return c->kind == DS_OAI_CHAT ? logprobs_chat(c, t, n) : logprobs_completion(c, t, n);
 }
 
 static cJSON *id_array(const int32_t *ids, int n) {

@@ -17,6 +17,7 @@
 #include "core/status.h"
 #include "runtime/engine.h"
 #include "server/chat_format.h"
+#include "server/openai_req.h"
 #include "tokenizer/tokenizer.h"
 
 #define DS_SERVER_MAX_NAMES 8
@@ -34,6 +35,7 @@ typedef struct ds_server_opts {
     int vocab;                      /* model vocabulary (token-id prompts are checked) */
     const ds_chat_formatter *chat;  /* NULL = the built-in Qwen3.5 formatter */
     const char *info_json;          /* optional JSON object merged into /v1/models as "deltaserve" */
+    ds_oai_defaults defaults;       /* sampling defaults (generation_config.json), may be empty */
 } ds_server_opts;
 
 typedef struct ds_server ds_server;

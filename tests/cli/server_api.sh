@@ -1,0 +1,274 @@
+#!/usr/bin/env bash
+# End-to-end tests of `deltaserve serve` over real HTTP on loopback (an ephemeral port), with
+# curl: endpoints, greedy results equal to `deltaserve generate`, streaming equal to
+# non-streaming for the same seed, chat prompts equal to the tokenised Qwen3.5 template, stop
+# handling, and every bad-input case (status, error type, param, code). Every wait is bounded;
+# the servers are killed on exit. JSON is read with node (a test dependency already).
+set -u
+BIN=${DS_BIN:-build/deltaserve}
+DATA=${DS_TEST_DATA:-tests/data}
+# The trained demo model when present (real text), else the tiny test model with a cut-down
+# Qwen3 tokenizer.
+if [ -z "${DS_SERVER_TEST_MODEL:-}" ]; then
+  if [ -f models/qwen35-demo/config.json ] && [ -f models/qwen35-demo/tokenizer.json ]; then
+    DS_SERVER_TEST_MODEL=models/qwen35-demo
+  else
+    DS_SERVER_TEST_MODEL=$DATA/models/tiny-moe-tok
+  fi
+fi
+MODEL=$DS_SERVER_TEST_MODEL
+command -v curl >/dev/null && command -v node >/dev/null || { echo "SKIP: needs curl and node"; exit 0; }
+[ -f "$MODEL/config.json" ] || { echo "SKIP: no model at $MODEL"; exit 0; }
+
+pass=0; fail=0
+tmp=$(mktemp -d)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$tmp"; }
+trap cleanup EXIT
+
+ok()  { pass=$((pass+1)); }
+bad() { fail=$((fail+1)); echo "FAIL: $*"; }
+check() { local what=$1; shift; if "$@"; then ok; else bad "$what"; fi; }
+
+# js EXPR < JSON → the value of a JS expression over `d` (strings raw, other values as JSON)
+js() { node -e 'const d=JSON.parse(require("fs").readFileSync(0,"utf8"));
+  const v=(new Function("d","return ("+process.argv[1]+")"))(d);
+  process.stdout.write(v===undefined?"undefined":typeof v==="string"?v:JSON.stringify(v))' "$1"; }
+# sse FILE → {"text","reasoning","ids","finish","usage","n_chunks","done"} from an SSE stream
+sse() { node -e 'const fs=require("fs");let o={text:"",reasoning:"",ids:[],finish:null,usage:null,n_chunks:0,done:false,error:null};
+  for (const l of fs.readFileSync(process.argv[1],"utf8").split("\n")) {
+    if (!l.startsWith("data: ")) continue; const p=l.slice(6);
+    if (p==="[DONE]") { o.done=true; continue; }
+    const d=JSON.parse(p); o.n_chunks++;
+    if (d.error) o.error=d.error;
+    if (d.usage) o.usage=d.usage;
+    for (const c of d.choices||[]) {
+      if (c.text) o.text+=c.text;
+      if (c.delta&&c.delta.content) o.text+=c.delta.content;
+      if (c.delta&&c.delta.reasoning_content) o.reasoning+=c.delta.reasoning_content;
+      if (c.token_ids) o.ids.push(...c.token_ids);
+      if (c.finish_reason) o.finish=c.finish_reason; } }
+  process.stdout.write(JSON.stringify(o))' "$1"; }
+
+# start_server NAME ARGS... → sets PORT and SPID; waits (bounded) for "listening on"
+start_server() {
+  local name=$1; shift
+  "$BIN" serve -m "$MODEL" --port 0 --device cpu --threads 2 "$@" >"$tmp/$name.log" 2>&1 &
+  SPID=$!; PIDS+=("$SPID")
+  for _ in $(seq 1 300); do
+    PORT=$(sed -n 's|.*listening on http://[^ ]*:\([0-9][0-9]*\)$|\1|p' "$tmp/$name.log")
+    [ -n "$PORT" ] && return 0
+    kill -0 "$SPID" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "FAIL: server $name did not start:"; cat "$tmp/$name.log"; exit 1
+}
+stop_server() { # stop_server PID: SIGTERM, then a bounded wait for a clean exit
+  local pid=$1 rc
+  kill -TERM "$pid" 2>/dev/null
+  for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid"; bad "server $pid ignored SIGTERM"; fi
+  wait "$pid"; rc=$?
+  check "server $pid exit code $rc after SIGTERM" [ "$rc" -eq 0 ]
+}
+
+# post PATH BODY [curl args...] → body in $tmp/out, status in $CODE
+post() {
+  local path=$1 body=$2; shift 2
+  CODE=$(curl -s --max-time 120 -o "$tmp/out" -D "$tmp/hdr" -w '%{http_code}' \
+         -H 'Content-Type: application/json' "$@" --data-binary "$body" "http://127.0.0.1:$PORT$path")
+}
+# expect_error STATUS PARAM CODE PATH BODY [curl args]: the OpenAI error object
+expect_error() {
+  local want=$1 param=$2 code=$3 path=$4 body=$5; shift 5
+  post "$path" "$body" "$@"
+  local got_param got_code got_msg got_type
+  got_param=$(js 'd.error.param' <"$tmp/out" 2>/dev/null)
+  got_code=$(js 'd.error.code' <"$tmp/out" 2>/dev/null)
+  got_type=$(js 'typeof d.error.type' <"$tmp/out" 2>/dev/null)
+  got_msg=$(js 'd.error.message' <"$tmp/out" 2>/dev/null)
+  if [ "$CODE" = "$want" ] && [ "$got_param" = "$param" ] && [ "$got_code" = "$code" ] &&
+     [ "$got_type" = "string" ] && [ -n "$got_msg" ]; then ok
+  else bad "$path $body → $CODE param=$got_param code=$got_code (want $want $param $code): $(head -c 300 "$tmp/out")"; fi
+}
+
+# ---- command-line contract (exit 2 = usage, 1 = runtime failure; a message on stderr) ---------
+cli() { local want=$1 pat=$2; shift 2
+  timeout 60 "$BIN" serve "$@" >/dev/null 2>"$tmp/cli_err"; local rc=$?
+  if [ "$rc" -eq "$want" ] && grep -Eq -- "$pat" "$tmp/cli_err"; then ok
+  else bad "serve $* → rc=$rc (want $want): $(head -c 200 "$tmp/cli_err")"; fi; }
+cli 2 "-m DIR is required"
+cli 2 "unknown option" -m "$MODEL" --bogus
+cli 2 "outside" -m "$MODEL" --port 70000
+cli 2 "not a finite number" -m "$MODEL" --memory-fraction lots
+cli 2 "max_position_embeddings" -m "$MODEL" --device cpu --max-model-len 1000000
+cli 2 "must be >=" -m "$MODEL" --max-num-seqs 64 --max-num-batched-tokens 8
+cli 1 "cannot resolve" -m "$MODEL" --device cpu --host no-such-host.invalid
+cli 1 "no-model-here" -m "$tmp/no-model-here"
+
+start_server main --served-model-name tiny --max-model-len 256 --max-num-seqs 4
+MAIN_PID=$SPID
+U="http://127.0.0.1:$PORT"
+
+# ---- endpoints ------------------------------------------------------------------------------
+check "/health" [ "$(curl -s -o /dev/null -w '%{http_code}' "$U/health")" = 200 ]
+curl -s "$U/v1/models" >"$tmp/models"
+check "/v1/models id" [ "$(js 'd.data[0].id' <"$tmp/models")" = tiny ]
+check "/v1/models max_model_len" [ "$(js 'd.data[0].max_model_len' <"$tmp/models")" = 256 ]
+curl -s "$U/metrics" >"$tmp/metrics"
+for m in num_requests_running num_requests_waiting kv_cache_usage_perc state_slots_usage_perc \
+         time_to_first_token_seconds_bucket inter_token_latency_seconds_count \
+         e2e_request_latency_seconds_sum prompt_tokens_total generation_tokens_total; do
+  check "/metrics has deltaserve:$m" grep -q "^deltaserve:$m{" "$tmp/metrics"
+done
+
+# ---- greedy = deltaserve generate -----------------------------------------------------------
+PROMPT_IDS="7,99,256,31,400,12,5,77"
+"$BIN" generate -m "$MODEL" --device cpu --tokens "$PROMPT_IDS" -n 24 --print-ids 2>/dev/null >"$tmp/gen_ids"
+post /v1/completions "{\"model\":\"tiny\",\"prompt\":[$PROMPT_IDS],\"max_tokens\":24,\"temperature\":0,\"return_token_ids\":true}"
+check "greedy ids (token prompt) = generate --tokens" [ "$(js 'd.choices[0].token_ids.join(",")' <"$tmp/out")" = "$(cat "$tmp/gen_ids")" ]
+check "usage prompt_tokens" [ "$(js 'd.usage.prompt_tokens' <"$tmp/out")" = 8 ]
+check "usage completion_tokens" [ "$(js 'd.usage.completion_tokens+"/"+d.usage.total_tokens' <"$tmp/out")" = "24/32" ]
+check "finish length" [ "$(js 'd.choices[0].finish_reason' <"$tmp/out")" = length ]
+
+TEXT="The quick brown fox jumps over the lazy dog."
+"$BIN" generate -m "$MODEL" --device cpu -p "$TEXT" -n 20 --print-ids 2>/dev/null >"$tmp/gen_ids2"
+"$BIN" generate -m "$MODEL" --device cpu -p "$TEXT" -n 20 2>/dev/null >"$tmp/gen_text2"
+post /v1/completions "$(node -e 'console.log(JSON.stringify({prompt:process.argv[1],max_tokens:20,temperature:0,return_token_ids:true}))' "$TEXT")"
+check "greedy ids (text prompt) = generate -p" [ "$(js 'd.choices[0].token_ids.join(",")' <"$tmp/out")" = "$(cat "$tmp/gen_ids2")" ]
+js 'd.choices[0].text' <"$tmp/out" >"$tmp/srv_text2"; echo >>"$tmp/srv_text2"   # generate ends with \n
+check "greedy text = generate -p text" cmp -s "$tmp/srv_text2" "$tmp/gen_text2"
+
+# ---- streaming = non-streaming (seeded sampling), completions and chat -------------------------
+for ep in completions chat; do
+  if [ $ep = completions ]; then
+    B='"prompt":"Once upon a time","max_tokens":40,"temperature":0.9,"top_p":0.95,"top_k":50,"seed":1234,"return_token_ids":true'
+    path=/v1/completions
+  else
+    B='"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Tell me a story."}],"max_tokens":40,"temperature":0.9,"min_p":0.05,"seed":99,"return_token_ids":true'
+    path=/v1/chat/completions
+  fi
+  post $path "{$B}"
+  cp "$tmp/out" "$tmp/whole_$ep"
+  CODE=$(curl -sN --max-time 120 -o "$tmp/stream_$ep" -w '%{http_code}' "$U$path" \
+         -H 'Content-Type: application/json' -d "{$B,\"stream\":true,\"stream_options\":{\"include_usage\":true}}")
+  check "$ep stream status" [ "$CODE" = 200 ]
+  sse "$tmp/stream_$ep" >"$tmp/s_$ep"
+  if [ $ep = completions ]; then
+    check "$ep stream text = whole" [ "$(js 'd.text' <"$tmp/s_$ep")" = "$(js 'd.choices[0].text' <"$tmp/whole_$ep")" ]
+  else
+    check "$ep stream content = whole" [ "$(js 'd.text' <"$tmp/s_$ep")" = "$(js 'd.choices[0].message.content' <"$tmp/whole_$ep")" ]
+    check "$ep stream reasoning = whole" [ "$(js 'd.reasoning' <"$tmp/s_$ep")" = "$(js 'd.choices[0].message.reasoning_content||""' <"$tmp/whole_$ep")" ]
+  fi
+  check "$ep stream ids = whole" [ "$(js 'd.ids.join(",")' <"$tmp/s_$ep")" = "$(js 'd.choices[0].token_ids.join(",")' <"$tmp/whole_$ep")" ]
+  check "$ep stream usage = whole" [ "$(js 'JSON.stringify(d.usage)' <"$tmp/s_$ep")" = "$(js 'JSON.stringify(d.usage)' <"$tmp/whole_$ep")" ]
+  check "$ep stream ends with [DONE]" [ "$(js 'd.done' <"$tmp/s_$ep")" = true ]
+  check "$ep stream finish" [ "$(js 'd.finish' <"$tmp/s_$ep")" = "$(js 'd.choices[0].finish_reason' <"$tmp/whole_$ep")" ]
+done
+# a different seed gives different tokens (the seed is honoured)
+post /v1/completions '{"prompt":"Once upon a time","max_tokens":40,"temperature":0.9,"top_p":0.95,"top_k":50,"seed":4321,"return_token_ids":true}'
+check "another seed, other tokens" [ "$(js 'd.choices[0].token_ids.join(",")' <"$tmp/out")" != "$(js 'd.choices[0].token_ids.join(",")' <"$tmp/whole_completions")" ]
+
+# ---- chat prompt = the tokenised Qwen3.5 template; greedy chat = generate on those ids ----------
+post /v1/chat/completions '{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":12,"temperature":0,"return_token_ids":true}'
+"$BIN" tokenize --tokenizer "$MODEL" --text $'<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n' >"$tmp/tpl_ids"
+check "chat prompt ids = tokenize(template)" [ "$(js 'JSON.stringify(d.prompt_token_ids)' <"$tmp/out")" = "$(tr -d ' \n' <"$tmp/tpl_ids")" ]
+CHAT_IDS=$(js 'd.prompt_token_ids.join(",")' <"$tmp/out")
+"$BIN" generate -m "$MODEL" --device cpu --tokens "$CHAT_IDS" -n 12 --print-ids 2>/dev/null >"$tmp/gen_chat"
+check "greedy chat ids = generate" [ "$(js 'd.choices[0].token_ids.join(",")' <"$tmp/out")" = "$(cat "$tmp/gen_chat")" ]
+post /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"temperature":0,"return_token_ids":true,"chat_template_kwargs":{"enable_thinking":false}}'
+"$BIN" tokenize --tokenizer "$MODEL" --text $'<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n' >"$tmp/tpl_ids2"
+check "chat prompt ids, thinking off" [ "$(js 'JSON.stringify(d.prompt_token_ids)' <"$tmp/out")" = "$(tr -d ' \n' <"$tmp/tpl_ids2")" ]
+check "thinking off: no reasoning_content" [ "$(js 'd.choices[0].message.reasoning_content' <"$tmp/out")" = null ]
+
+# ---- stop_token_ids / stop strings ----------------------------------------------------------------
+IDS=$(cat "$tmp/gen_ids")
+STOP_ID=$(node -e 'const a=process.argv[1].split(",").map(Number);for(let i=3;i<a.length;i++)if(a.indexOf(a[i])===i){console.log(a[i]+" "+(i+1));break}' "$IDS")
+set -- $STOP_ID
+post /v1/completions "{\"prompt\":[$PROMPT_IDS],\"max_tokens\":24,\"temperature\":0,\"return_token_ids\":true,\"stop_token_ids\":[$1]}"
+check "stop_token_ids: cut after the stop id" [ "$(js 'd.choices[0].token_ids.length' <"$tmp/out")" = "$2" ]
+check "stop_token_ids: finish stop, stop_reason id" [ "$(js 'd.choices[0].finish_reason+"/"+d.choices[0].stop_reason' <"$tmp/out")" = "stop/$1" ]
+# stop string: a piece of the greedy text that first occurs after its start
+post /v1/completions "{\"prompt\":[$PROMPT_IDS],\"max_tokens\":24,\"temperature\":0}"
+FULL=$(js 'd.choices[0].text' <"$tmp/out")
+STOP=$(node -e 'const t=process.argv[1];for(let i=4;i+2<=t.length;i++){const s=t.slice(i,i+2);if(!/\uFFFD/.test(s)&&t.indexOf(s)===i){console.log(JSON.stringify({s,pre:t.slice(0,i)}));break}}' "$FULL")
+if [ -n "$STOP" ]; then
+  SS=$(echo "$STOP" | js 'JSON.stringify(d.s)')
+  post /v1/completions "{\"prompt\":[$PROMPT_IDS],\"max_tokens\":24,\"temperature\":0,\"stop\":[\"zzzz\",$SS]}"
+  check "stop string: text cut before it" [ "$(js 'd.choices[0].text' <"$tmp/out")" = "$(echo "$STOP" | js 'd.pre')" ]
+  check "stop string: stop_reason" [ "$(js 'JSON.stringify(d.choices[0].stop_reason)' <"$tmp/out")" = "$SS" ]
+  post /v1/completions "{\"prompt\":[$PROMPT_IDS],\"max_tokens\":24,\"temperature\":0,\"stop\":$SS,\"include_stop_str_in_output\":true}"
+  check "stop string kept with include_stop_str_in_output" [ "$(js 'd.choices[0].text' <"$tmp/out")" = "$(echo "$STOP" | js 'd.pre+d.s')" ]
+fi
+# logprobs: chosen token's logprob is the max of the top-5 under greedy
+post /v1/completions "{\"prompt\":[$PROMPT_IDS],\"max_tokens\":5,\"temperature\":0,\"logprobs\":5}"
+check "completions logprobs shape" [ "$(js 'd.choices[0].logprobs.tokens.length+"/"+d.choices[0].logprobs.top_logprobs.length' <"$tmp/out")" = "5/5" ]
+check "greedy token has the top logprob" [ "$(js 'd.choices[0].logprobs.top_logprobs.every((t,i)=>Math.max(...Object.values(t))===d.choices[0].logprobs.token_logprobs[i])' <"$tmp/out")" = true ]
+post /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"max_tokens":3,"temperature":0,"logprobs":true,"top_logprobs":2}'
+check "chat logprobs shape" [ "$(js 'd.choices[0].logprobs.content.map(c=>c.top_logprobs.length+":"+Array.isArray(c.bytes)).join(",")' <"$tmp/out")" = "2:true,2:true,2:true" ]
+
+# ---- bad input: each is an OpenAI error with the right status/param/code ---------------------------
+C=/v1/completions; H=/v1/chat/completions
+expect_error 400 null null $C '{"prompt": "x",'
+expect_error 400 null null $C 'not json at all'
+expect_error 400 null null $C '[1,2,3]'
+expect_error 400 prompt null $C '{}'
+expect_error 400 max_tokens null $C '{"prompt":"x","max_tokens":"5"}'
+expect_error 400 temperature null $C '{"prompt":"x","temperature":"warm"}'
+expect_error 400 stream null $C '{"prompt":"x","stream":"yes"}'
+expect_error 400 messages null $H '{"messages":"hello"}'
+expect_error 400 messages null $H '{"messages":[{"role":"robot","content":"x"}]}'
+expect_error 400 max_tokens null $C '{"prompt":"x","max_tokens":-1}'
+expect_error 400 max_completion_tokens null $H '{"messages":[{"role":"user","content":"x"}],"max_completion_tokens":-3}'
+expect_error 400 top_p null $C '{"prompt":"x","top_p":0}'
+expect_error 400 top_p null $C '{"prompt":"x","top_p":1.01}'
+expect_error 400 temperature null $C '{"prompt":"x","temperature":-0.1}'
+expect_error 400 top_k null $C '{"prompt":"x","top_k":-5}'
+expect_error 400 presence_penalty null $C '{"prompt":"x","presence_penalty":9}'
+expect_error 400 logprobs null $C '{"prompt":"x","logprobs":50}'
+expect_error 400 top_logprobs null $H '{"messages":[{"role":"user","content":"x"}],"top_logprobs":3}'
+expect_error 400 n null $C '{"prompt":"x","n":2}'
+expect_error 400 stream_options null $C '{"prompt":"x","stream_options":{"include_usage":true}}'
+expect_error 400 prompt null $C '{"prompt":[1,2,100000]}'
+expect_error 400 stop_token_ids null $C '{"prompt":"x","stop_token_ids":[100000]}'
+expect_error 400 prompt context_length_exceeded $C "{\"prompt\":[$PROMPT_IDS],\"max_tokens\":249}"
+check "context message names both lengths" grep -q "maximum context length is 256 tokens.*257 tokens (8 in the prompt, 249 in the completion)" "$tmp/out"
+expect_error 400 messages context_length_exceeded $H '{"messages":[{"role":"user","content":"x"}],"max_tokens":100000}'
+LONG=$(node -e 'console.log(JSON.stringify({messages:[{role:"user",content:"word ".repeat(400)}]}))')
+expect_error 400 messages context_length_exceeded $H "$LONG"
+post $C "{\"prompt\":[$PROMPT_IDS],\"max_tokens\":248,\"temperature\":0}"   # exactly fits
+check "prompt + max_tokens = max_model_len is accepted" [ "$CODE" = 200 ]
+expect_error 404 model model_not_found $C '{"model":"gpt-9","prompt":"x"}'
+expect_error 404 model model_not_found $H '{"model":"nope","messages":[{"role":"user","content":"x"}]}'
+check "GET on a POST route → 405" [ "$(curl -s -o /dev/null -w '%{http_code}' "$U/v1/completions")" = 405 ]
+check "DELETE on a GET route → 405" [ "$(curl -s -X DELETE -o /dev/null -w "%{http_code}" "$U/v1/models")" = 405 ]
+check "unknown path → 404" [ "$(curl -s -o /dev/null -w '%{http_code}' "$U/v2/nothing")" = 404 ]
+check "server still healthy after bad input" [ "$(curl -s -o /dev/null -w '%{http_code}' "$U/health")" = 200 ]
+curl -s "$U/metrics" >"$tmp/metrics2"
+check "nothing left running or holding caches" grep -q '^deltaserve:kv_cache_blocks_used{model_name="tiny"} 0$' "$tmp/metrics2"
+check "400s counted" grep -q '^deltaserve:http_requests_total{model_name="tiny",code="400"} [1-9]' "$tmp/metrics2"
+stop_server "$MAIN_PID"
+
+# ---- API key and body size limit (second server) ------------------------------------------------
+start_server auth --api-key s3cret --max-body-bytes 4096 --max-model-len 128
+U="http://127.0.0.1:$PORT"
+expect_error 401 null invalid_api_key /v1/completions '{"prompt":"x","max_tokens":2}'
+expect_error 401 null invalid_api_key /v1/completions '{"prompt":"x","max_tokens":2}' -H 'Authorization: Bearer wrong'
+expect_error 401 null invalid_api_key /v1/completions '{"prompt":"x","max_tokens":2}' -H 'Authorization: s3cret'
+check "401 on /v1/models without key" [ "$(curl -s -o /dev/null -w '%{http_code}' "$U/v1/models")" = 401 ]
+post /v1/completions '{"prompt":"x","max_tokens":2}' -H 'Authorization: Bearer s3cret'
+check "right key → 200" [ "$CODE" = 200 ]
+check "/health needs no key" [ "$(curl -s -o /dev/null -w '%{http_code}' "$U/health")" = 200 ]
+BIG=$(node -e 'console.log(JSON.stringify({prompt:"a".repeat(10000),max_tokens:2}))')
+expect_error 413 null request_too_large /v1/completions "$BIG" -H 'Authorization: Bearer s3cret'
+# chunked upload (no Content-Length) over the limit
+node -e 'process.stdout.write(JSON.stringify({prompt:"b".repeat(20000),max_tokens:2}))' >"$tmp/big.json"
+CODE=$(curl -s --max-time 30 -o "$tmp/out" -w '%{http_code}' -H 'Authorization: Bearer s3cret' \
+       -H 'Transfer-Encoding: chunked' -H 'Content-Type: application/json' --data-binary @"$tmp/big.json" "$U/v1/completions")
+check "413 for a chunked body over the limit" [ "$CODE" = 413 ]
+post /v1/completions '{"prompt":"x","max_tokens":2}' -H 'Authorization: Bearer s3cret'
+check "still serving after 413" [ "$CODE" = 200 ]
+stop_server "$SPID"
+
+echo "server_api: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
