@@ -159,6 +159,8 @@ typedef struct ds_backend_ops {
     ds_status (*graph_begin)(ds_backend *be, uint64_t key, ds_error *err);
     ds_status (*graph_end)(ds_backend *be, ds_error *err);
     bool (*graph_launch)(ds_backend *be, uint64_t key, const ds_batch *b);
+    /* Bytes of device memory free right now (what caches may still take); 0 when unknown. */
+    size_t (*free_memory)(ds_backend *be);
 } ds_backend_ops;
 
 struct ds_backend {

@@ -9,6 +9,13 @@
  *   per sequence that wants logits: sample, accept, push the token, check finish
  *   publish the stats, then deliver the final events of the requests that ended
  *
+ * With speculative decoding (opts.num_speculative_tokens = k > 0) a step is instead
+ *   ds_runner_verify(plan)             decodes feed [last token, drafts]; argmax ids of every row
+ *   per sequence that wants logits: ds_spec_verify (accept drafts, correction/bonus token),
+ *     ds_runner_commit (GDN state of the last accepted token), push the 1..k+1 tokens
+ *   ds_runner_draft                    the MTP over the step's rows, k drafts per sequence
+ * (runtime/spec.h).
+ *
  * Sequences whose chunk ends mid-prompt get no logits row. The engine sleeps on its condvar
  * when it has nothing to run. Because the stats are published before final events are
  * delivered, a client that saw its request end also sees its caches freed in the stats. */
@@ -32,6 +39,8 @@ struct ds_engine {
     ds_scheduler sched;   /* queues + policy */
     ds_runner runner;     /* the backend cache + step buffers */
 
+    int k;                    /* draft tokens per step (0: no speculative decoding) */
+    int32_t *k_next;          /* [max_num_seqs] engine thread: drafts wanted per plan item */
     ds_request *done;         /* engine thread: finished this round, events not yet delivered */
     ds_engine_stats counters; /* engine thread: the counters part of the stats */
 
@@ -55,6 +64,7 @@ void ds_engine_opts_default(ds_engine_opts *o) {
         .max_queue = 256,
         .block_size = 16,
         .num_kv_blocks = 0,
+        .num_speculative_tokens = 0,
     };
 }
 
@@ -138,7 +148,90 @@ static void sample_one(ds_engine *e, ds_request *r, float *row) {
     if (reason != DS_FINISH_NONE) end_request(e, r, reason, stop_token);
 }
 
+/* Records the tokens one verification emitted (already accepted by the sampler) and pushes them;
+ * ends r when it finished (or its channel failed). */
+static void emit_tokens(ds_engine *e, ds_request *r, const int32_t *toks,
+                        const ds_sample_result *res, const ds_spec_result *vr) {
+    for (int t = 0; t < vr->n_emitted; t++) {
+        DS_ASSERT(r->n_generated < r->max_new);
+        r->tokens[r->n_prompt + r->n_generated] = toks[t];
+        r->n_generated++;
+        e->counters.generation_tokens++;
+        if (!r->counted_prompt) {
+            e->counters.prompt_tokens += (uint64_t)r->n_prompt;
+            r->counted_prompt = true;
+        }
+        if (!ds_request_push_token(r, &res[t])) {
+            end_request(e, r, DS_FINISH_NONE, -1);
+            return;
+        }
+    }
+    if (vr->reason != DS_FINISH_NONE) end_request(e, r, vr->reason, vr->stop_token);
+}
+
+/* One speculative step (see the top of this file). */
+static void run_step_spec(ds_engine *e) {
+    const ds_sched_plan *plan = ds_scheduler_schedule(&e->sched);
+    if (plan->n_items == 0) {
+        DS_ASSERT(ds_scheduler_n_running(&e->sched) + ds_scheduler_n_waiting(&e->sched) == 0);
+        return;
+    }
+    ds_error err = {0};
+    ds_runner *rn = &e->runner;
+    ds_status st = ds_runner_verify(rn, plan, &e->kv, &err);
+    e->counters.steps++;
+    int32_t toks[DS_SPEC_MAX_K + 1];
+    ds_sample_result res[DS_SPEC_MAX_K + 1];
+    for (int i = 0; i < plan->n_items; i++) {
+        const ds_sched_item *it = &plan->items[i];
+        ds_request *r = it->seq->owner;
+        e->k_next[i] = 0;
+        if (st != DS_OK) { /* device failure: the step's requests cannot continue */
+            end_request(e, r, DS_FINISH_NONE, -1);
+            continue;
+        }
+        if (!it->wants_logits) {
+            ds_sched_seq_advance(&r->seq, it->n_tokens, false);
+            continue;
+        }
+        const int row = rn->row0[i], n_rows = 1 + it->n_draft;
+        const bool fast = ds_spec_argmax_suffices(&r->sampler, r->n_generated);
+        float *logits = fast ? NULL : ds_runner_logits(rn, row, n_rows, &err);
+        ds_spec_result vr;
+        if ((!fast && !logits) ||
+            ds_spec_verify(&r->sampler, r->n_generated, ds_runner_drafts(rn, r->seq.slot),
+                           it->n_draft, fast ? rn->ids + row : NULL, logits, e->vocab, toks, res,
+                           &vr, &err) != DS_OK) {
+            end_request(e, r, DS_FINISH_NONE, -1);
+            continue;
+        }
+        ds_spec_stats_add(&e->counters.spec, it->n_draft, vr.n_accepted);
+        ds_runner_commit(rn, plan, i, vr.n_emitted);
+        ds_sched_seq_advance_spec(&r->seq, it->n_tokens, vr.n_emitted);
+        emit_tokens(e, r, toks, res, &vr);
+        if (r->seq.state == DS_SCHED_RUNNING && r->seq.spec) {
+            int left = r->seq.max_tokens - r->seq.n_tokens; /* tokens it may still emit − 1 */
+            e->k_next[i] = left < e->k ? left : e->k;
+        }
+    }
+    if (st != DS_OK) return;
+    /* drafts for the next step; also fills the MTP's KV over every row this step fed */
+    if (ds_runner_draft(rn, plan, &e->kv, e->k_next, &err) != DS_OK) {
+        for (int i = 0; i < plan->n_items; i++) {
+            ds_request *r = plan->items[i].seq->owner;
+            if (r->seq.state != DS_SCHED_NONE) end_request(e, r, DS_FINISH_NONE, -1);
+        }
+        return;
+    }
+    for (int i = 0; i < plan->n_items; i++)
+        if (e->k_next[i] > 0) ds_sched_seq_set_drafts(plan->items[i].seq, e->k_next[i]);
+}
+
 static void run_step(ds_engine *e) {
+    if (e->k > 0) {
+        run_step_spec(e);
+        return;
+    }
     const ds_sched_plan *plan = ds_scheduler_schedule(&e->sched);
     if (plan->n_items == 0) {
         /* Nothing can run although sequences wait: impossible, since a sequence alone always
@@ -207,6 +300,28 @@ void ds_engine_poke_cancel(ds_engine *e) {
     pthread_mutex_unlock(&e->mu);
 }
 
+static ds_status check_spec_opts(const ds_model *m, const ds_engine_opts *o, ds_error *err) {
+    const int k = o->num_speculative_tokens;
+    if (k < 0 || k > DS_SPEC_MAX_K)
+        return ds_error_set(err, DS_ERR_INVALID_ARG,
+                            "num_speculative_tokens must be in [0, %d], got %d", DS_SPEC_MAX_K, k);
+    if (k == 0) return DS_OK;
+    if (!ds_model_has_mtp(m))
+        return ds_error_set(err, DS_ERR_UNSUPPORTED,
+                            "num_speculative_tokens %d needs an MTP head: the checkpoint has no "
+                            "mtp.* tensors or its config sets no mtp_num_hidden_layers",
+                            k);
+    if (!m->be->ops->concat)
+        return ds_error_set(err, DS_ERR_UNSUPPORTED,
+                            "the %s backend does not implement the MTP head yet", m->be->ops->name);
+    if ((int64_t)o->max_num_seqs * (k + 1) > m->max_out)
+        return ds_error_set(err, DS_ERR_INVALID_ARG,
+                            "speculative decoding with %d draft tokens needs logits rows for "
+                            "max_num_seqs x %d = %d rows; the model was initialised for %d",
+                            k, k + 1, o->max_num_seqs * (k + 1), m->max_out);
+    return DS_OK;
+}
+
 static ds_status check_opts(const ds_model *m, const ds_engine_opts *o, ds_error *err) {
     if (o->max_num_seqs < 1 || o->max_model_len < 1 || o->max_num_batched_tokens < 1 ||
         o->max_queue < 1 || o->block_size < 1 || o->num_kv_blocks < 0)
@@ -231,7 +346,7 @@ static ds_status check_opts(const ds_model *m, const ds_engine_opts *o, ds_error
         return ds_error_set(err, DS_ERR_INVALID_ARG,
                             "max_model_len %d exceeds the model's max_position_embeddings %d",
                             o->max_model_len, m->cfg.max_position);
-    return DS_OK;
+    return check_spec_opts(m, o, err);
 }
 
 static void engine_free_parts(ds_engine *e) {
@@ -239,6 +354,7 @@ static void engine_free_parts(ds_engine *e) {
     ds_scheduler_free(&e->sched);
     ds_kv_blocks_free(&e->kv);
     ds_state_slots_free(&e->slots);
+    free(e->k_next);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     free(e);
@@ -272,9 +388,13 @@ ds_status ds_engine_create(ds_model *model, const ds_engine_opts *opts, ds_engin
     ds_kv_blocks_init(&e->kv, (int)n_blocks, o->block_size, o->max_num_seqs, (int)max_blocks);
     ds_state_slots_init(&e->slots, o->max_num_seqs);
     ds_scheduler_init(&e->sched, o->max_num_seqs, o->max_num_batched_tokens, &e->kv, &e->slots);
+    e->k = o->num_speculative_tokens;
+    ds_scheduler_set_spec(&e->sched, e->k);
+    e->counters.num_speculative_tokens = e->k;
+    e->k_next = ds_xcalloc((size_t)o->max_num_seqs, sizeof(int32_t));
 
-    st = ds_runner_init(&e->runner, model, o->max_num_seqs, o->max_num_batched_tokens,
-                        (int)n_blocks, o->block_size, (int)max_blocks, err);
+    st = ds_runner_init_spec(&e->runner, model, o->max_num_seqs, o->max_num_batched_tokens,
+                             (int)n_blocks, o->block_size, (int)max_blocks, e->k, err);
     if (st != DS_OK) {
         engine_free_parts(e);
         return st;
@@ -344,6 +464,8 @@ ds_status ds_engine_submit(ds_engine *e, const ds_request_desc *d, ds_request **
         return reject(e, ds_error_set(err, DS_ERR_NOMEM, "submit: out of memory for a request of "
                                       "%lld tokens", (long long)total));
     }
+    /* (the engine thread has not seen r yet) */
+    r->seq.spec = e->k > 0 && ds_spec_request_ok(&d->params);
 
     pthread_mutex_lock(&e->mu);
     int waiting = e->pub.waiting + e->n_sub;

@@ -23,6 +23,7 @@
 
 #include "core/status.h"
 #include "model/model.h"
+#include "runtime/spec.h"
 #include "sampling/sampler.h"
 
 typedef struct ds_engine ds_engine;
@@ -35,12 +36,19 @@ typedef struct ds_engine_opts {
     int max_queue;              /* waiting requests beyond which submit returns DS_ERR_BUSY */
     int block_size;             /* KV block size in tokens */
     int num_kv_blocks;          /* 0 = derive from max_num_seqs × max_model_len */
+    int num_speculative_tokens; /* MTP draft tokens per step (0 = off; 1..DS_SPEC_MAX_K): the
+                                   model needs an MTP head and max_out ≥ max_num_seqs · (k + 1) */
 } ds_engine_opts;
 
 void ds_engine_opts_default(ds_engine_opts *o);
 
 /* The model must be initialised with max_tokens ≥ max_num_batched_tokens and max_out ≥
- * max_num_seqs. The engine does not own the model. */
+ * max_num_seqs (· (k + 1) with speculative decoding). The engine does not own the model.
+ *
+ * Speculative decoding (num_speculative_tokens = k > 0, runtime/spec.h): every running decode
+ * is verified with the k tokens its MTP head drafted, in the same batch as everything else;
+ * greedy requests stay token-identical to plain decoding, sampled ones keep the target
+ * distribution (rejection sampling). Sampled requests that ask for logprobs do not speculate. */
 ds_status ds_engine_create(ds_model *model, const ds_engine_opts *opts, ds_engine **out,
                            ds_error *err);
 /* Cancels everything still running, joins the engine thread, frees the caches. */
@@ -83,6 +91,8 @@ typedef struct ds_engine_stats {
     int slots_total, slots_used;
     uint64_t requests_finished, requests_aborted, requests_rejected, preemptions;
     uint64_t prompt_tokens, generation_tokens, steps;
+    int num_speculative_tokens;   /* k (0: speculative decoding off) */
+    ds_spec_stats spec;           /* drafts, draft tokens, accepted tokens (per position) */
 } ds_engine_stats;
 
 void ds_engine_get_stats(ds_engine *e, ds_engine_stats *s);

@@ -3,29 +3,62 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/spec.h"
+
 ds_status ds_runner_init(ds_runner *r, ds_model *m, int max_seqs, int max_tokens, int n_blocks,
                          int block_size, int max_blocks, ds_error *err) {
+    return ds_runner_init_spec(r, m, max_seqs, max_tokens, n_blocks, block_size, max_blocks, 0,
+                               err);
+}
+
+ds_status ds_runner_init_spec(ds_runner *r, ds_model *m, int max_seqs, int max_tokens,
+                              int n_blocks, int block_size, int max_blocks, int k, ds_error *err) {
     *r = (ds_runner){.model = m, .max_seqs = max_seqs, .max_tokens = max_tokens,
-                     .max_blocks = max_blocks, .block_size = block_size, .vocab = m->cfg.vocab};
-    DS_ASSERT(max_seqs > 0 && max_tokens >= max_seqs && max_blocks > 0);
-    DS_ASSERT(max_tokens <= m->max_tokens && max_seqs <= m->max_out);
-    const size_t S = (size_t)max_seqs, T = (size_t)max_tokens;
+                     .max_blocks = max_blocks, .block_size = block_size, .vocab = m->cfg.vocab,
+                     .k = k, .max_out = max_seqs * (k + 1)};
+    DS_ASSERT(max_seqs > 0 && max_tokens >= max_seqs && max_blocks > 0 && k >= 0);
+    DS_ASSERT(max_tokens <= m->max_tokens && r->max_out <= m->max_out);
+    const size_t S = (size_t)max_seqs, T = (size_t)max_tokens, O = (size_t)r->max_out;
     r->tokens = malloc(T * sizeof(int32_t));
     r->positions = malloc(T * sizeof(int32_t));
     r->seq_start = malloc((S + 1) * sizeof(int32_t));
     r->seq_slot = malloc(S * sizeof(int32_t));
     r->seq_n_past = malloc(S * sizeof(int32_t));
     r->block_table = calloc(S * (size_t)max_blocks, sizeof(int32_t));
-    r->out_rows = malloc(S * sizeof(int32_t));
-    r->logits = malloc(S * (size_t)r->vocab * sizeof(float));
-    if (!r->tokens || !r->positions || !r->seq_start || !r->seq_slot || !r->seq_n_past ||
-        !r->block_table || !r->out_rows || !r->logits) {
+    r->out_rows = malloc(O * sizeof(int32_t));
+    r->logits = malloc(O * (size_t)r->vocab * sizeof(float));
+    bool ok = r->tokens && r->positions && r->seq_start && r->seq_slot && r->seq_n_past &&
+              r->block_table && r->out_rows && r->logits;
+    if (ok && k > 0) {
+        const size_t K = (size_t)k;
+        r->gdn_cur = malloc(S * sizeof(int32_t));
+        r->drafts = calloc(S * K, sizeof(int32_t));
+        r->state_out = malloc(T * sizeof(int32_t));
+        r->next = malloc(T * sizeof(int32_t));
+        r->ids = malloc(O * sizeof(int32_t));
+        r->row0 = malloc(S * sizeof(int32_t));
+        r->d_order = malloc(S * sizeof(int32_t));
+        r->d_k = malloc(S * sizeof(int32_t));
+        r->d_tokens = malloc(S * sizeof(int32_t));
+        r->d_pos = malloc(S * sizeof(int32_t));
+        r->d_start = malloc((S + 1) * sizeof(int32_t));
+        r->d_slot = malloc(S * sizeof(int32_t));
+        r->d_past = malloc(S * sizeof(int32_t));
+        r->d_table = calloc(S * (size_t)max_blocks, sizeof(int32_t));
+        ok = r->gdn_cur && r->drafts && r->state_out && r->next && r->ids && r->row0 &&
+             r->d_order && r->d_k && r->d_tokens && r->d_pos && r->d_start && r->d_slot &&
+             r->d_past && r->d_table;
+        for (int i = 0; ok && i < max_seqs; i++) r->gdn_cur[i] = i * (k + 2);
+    }
+    if (!ok) {
         ds_runner_free(r);
         return ds_error_set(err, DS_ERR_NOMEM, "runner: out of memory for the step buffers "
                             "(%d sequences x %d KV blocks, %d logits rows of %d)",
-                            max_seqs, max_blocks, max_seqs, r->vocab);
+                            max_seqs, max_blocks, (int)O, m->cfg.vocab);
     }
-    ds_cache_desc desc = {.n_slots = max_seqs, .n_blocks = n_blocks, .block_size = block_size};
+    /* Speculative: k + 2 GDN state slots per sequence (current + k + 1 spares). */
+    ds_cache_desc desc = {.n_slots = max_seqs * (k > 0 ? k + 2 : 1), .n_blocks = n_blocks,
+                          .block_size = block_size};
     ds_status st = m->be->ops->cache_create(m->be, &m->cfg, &desc, &r->cache, err);
     if (st != DS_OK) {
         r->cache = NULL;
@@ -37,44 +70,78 @@ ds_status ds_runner_init(ds_runner *r, ds_model *m, int max_seqs, int max_tokens
 
 void ds_runner_free(ds_runner *r) {
     if (r->cache) r->model->be->ops->cache_free(r->model->be, r->cache);
-    free(r->tokens);
-    free(r->positions);
-    free(r->seq_start);
-    free(r->seq_slot);
-    free(r->seq_n_past);
-    free(r->block_table);
-    free(r->out_rows);
-    free(r->logits);
+    void *bufs[] = {r->tokens,   r->positions, r->seq_start, r->seq_slot, r->seq_n_past,
+                    r->block_table, r->out_rows, r->logits, r->gdn_cur,  r->drafts,
+                    r->state_out, r->next,     r->ids,       r->row0,     r->d_order,
+                    r->d_k,      r->d_tokens,  r->d_pos,     r->d_start,  r->d_slot,
+                    r->d_past,   r->d_table};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     *r = (ds_runner){0};
+}
+
+/* Spare GDN slots of sequence slot `slot` (all of its group but the current one). */
+static int spare_slots(const ds_runner *r, int slot, int32_t *out) {
+    int n = 0;
+    for (int j = 0; j < r->k + 2; j++) {
+        int32_t g = slot * (r->k + 2) + j;
+        if (g != r->gdn_cur[slot]) out[n++] = g;
+    }
+    return n;
 }
 
 /* Fills the staging buffers from the plan; returns the batch that points at them. Sequence i
  * of the batch is plan item i: its tokens [n_computed, n_computed + n) at positions
- * n_computed.., its block-table row, and a logits row for its last token if it wants one. */
+ * n_computed.., then its drafts (speculative), its block-table row, and logits rows for its last
+ * known token (and each draft) if it wants them. */
 static ds_batch build_batch(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv) {
     ds_backend *be = r->model->be;
+    const bool spec = r->k > 0;
     int T = 0, n_out = 0;
     for (int i = 0; i < plan->n_items; i++) {
         const ds_sched_item *it = &plan->items[i];
         const ds_sched_seq *q = it->seq;
+        const int n = it->n_tokens + it->n_draft;
+        DS_ASSERT(it->n_draft == 0 || (spec && it->n_draft <= r->k));
+        const int32_t gdn = spec ? r->gdn_cur[q->slot] : q->slot;
         /* A slot keeps the recurrent state of its previous owner until cleared. */
-        if (it->fresh_slot) be->ops->cache_reset_slot(be, r->cache, q->slot);
+        if (it->fresh_slot) be->ops->cache_reset_slot(be, r->cache, gdn);
         r->seq_start[i] = T;
-        r->seq_slot[i] = q->slot;
+        r->seq_slot[i] = gdn;
         r->seq_n_past[i] = q->n_computed;
         memcpy(r->tokens + T, q->tokens + q->n_computed, (size_t)it->n_tokens * sizeof(int32_t));
-        for (int j = 0; j < it->n_tokens; j++) r->positions[T + j] = q->n_computed + j;
+        if (it->n_draft > 0)
+            memcpy(r->tokens + T + it->n_tokens, ds_runner_drafts(r, q->slot),
+                   (size_t)it->n_draft * sizeof(int32_t));
+        for (int j = 0; j < n; j++) r->positions[T + j] = q->n_computed + j;
         /* Only the blocks the sequence holds: the rest of the row is never read. */
         int held = ds_kv_blocks_held(kv, q->slot);
         DS_ASSERT(held <= r->max_blocks &&
-                  (int64_t)held * r->block_size >= (int64_t)q->n_computed + it->n_tokens);
+                  (int64_t)held * r->block_size >= (int64_t)q->n_computed + n);
         memcpy(r->block_table + (size_t)i * (size_t)r->max_blocks, ds_kv_blocks_table(kv, q->slot),
                (size_t)held * sizeof(int32_t));
-        T += it->n_tokens;
-        if (it->wants_logits) r->out_rows[n_out++] = T - 1;
+        if (spec) {
+            /* a verification keeps the state after each of its last known token and drafts in
+             * the spares; everything else updates its slot in place */
+            for (int j = 0; j < n; j++) r->state_out[T + j] = -1;
+            if (it->n_draft > 0) {
+                int32_t sp[DS_SPEC_MAX_K + 2];
+                int n_sp = spare_slots(r, q->slot, sp);
+                DS_ASSERT(n_sp >= it->n_draft + 1);
+                for (int j = 0; j <= it->n_draft; j++)
+                    r->state_out[T + it->n_tokens - 1 + j] = sp[j];
+            }
+            r->row0[i] = it->wants_logits ? n_out : -1;
+            if (it->wants_logits)
+                for (int j = 0; j <= it->n_draft; j++)
+                    r->out_rows[n_out++] = T + it->n_tokens - 1 + j;
+        } else if (it->wants_logits) {
+            r->out_rows[n_out++] = T + n - 1;
+        }
+        T += n;
     }
     r->seq_start[plan->n_items] = T;
-    DS_ASSERT(T == plan->n_tokens && T <= r->max_tokens && n_out == plan->n_out);
+    DS_ASSERT(T == plan->n_tokens && T <= r->max_tokens && n_out <= r->max_out);
+    DS_ASSERT(spec || n_out == plan->n_out);
     return (ds_batch){
         .n_tokens = T,
         .n_seqs = plan->n_items,
@@ -87,12 +154,13 @@ static ds_batch build_batch(ds_runner *r, const ds_sched_plan *plan, const ds_kv
         .max_blocks = r->max_blocks,
         .n_out = n_out,
         .out_rows = r->out_rows,
+        .state_out_slots = spec ? r->state_out : NULL,
     };
 }
 
 ds_status ds_runner_step(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
                          float **logits, ds_error *err) {
-    DS_ASSERT(plan->n_items > 0 && plan->n_items <= r->max_seqs);
+    DS_ASSERT(plan->n_items > 0 && plan->n_items <= r->max_seqs && r->k == 0);
     ds_model *m = r->model;
     const ds_backend_ops *op = m->be->ops;
     ds_batch b = build_batch(r, plan, kv);
@@ -105,4 +173,131 @@ ds_status ds_runner_step(ds_runner *r, const ds_sched_plan *plan, const ds_kv_bl
     if (st != DS_OK) return st;
     *logits = r->logits;
     return DS_OK;
+}
+
+/* ---- speculative steps ---------------------------------------------------------------------- */
+
+ds_status ds_runner_verify(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
+                           ds_error *err) {
+    DS_ASSERT(plan->n_items > 0 && plan->n_items <= r->max_seqs && r->k > 0);
+    ds_model *m = r->model;
+    const ds_backend_ops *op = m->be->ops;
+    r->batch = build_batch(r, plan, kv);
+    r->n_out = r->batch.n_out;
+    ds_status st = ds_model_forward(m, r->cache, &r->batch, err);
+    if (st != DS_OK) return st;
+    if (r->n_out > 0) {
+        /* greedy decisions need only these ids: no logits leave the device (catalogue 7-9) */
+        ds_tensor lg = ds_view2d(m->s.logits.data, DS_DTYPE_F32, r->n_out, r->vocab);
+        op->argmax(m->be, &lg, r->ids);
+    }
+    return op->synchronize(m->be, err);
+}
+
+float *ds_runner_logits(ds_runner *r, int row, int n, ds_error *err) {
+    DS_ASSERT(row >= 0 && n >= 1 && row + n <= r->n_out);
+    ds_model *m = r->model;
+    const size_t V = (size_t)r->vocab;
+    m->be->ops->download(m->be, r->logits + (size_t)row * V,
+                         (const float *)m->s.logits.data + (size_t)row * V,
+                         (size_t)n * V * sizeof(float));
+    if (m->be->ops->synchronize(m->be, err) != DS_OK) return NULL;
+    return r->logits + (size_t)row * V;
+}
+
+void ds_runner_commit(ds_runner *r, const ds_sched_plan *plan, int i, int n_emitted) {
+    const ds_sched_item *it = &plan->items[i];
+    if (r->k == 0 || it->n_draft == 0) return; /* in place: nothing to swap */
+    DS_ASSERT(n_emitted >= 1 && n_emitted <= it->n_draft + 1);
+    int row = r->seq_start[i] + it->n_tokens - 1 + n_emitted - 1;
+    DS_ASSERT(r->state_out[row] >= 0);
+    r->gdn_cur[it->seq->slot] = r->state_out[row];
+}
+
+ds_status ds_runner_draft(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
+                          const int32_t *k_next, ds_error *err) {
+    DS_ASSERT(r->k > 0);
+    ds_model *m = r->model;
+    const ds_backend_ops *op = m->be->ops;
+    const int V = r->vocab, H = m->cfg.hidden;
+    ds_batch mb = r->batch;
+    /* row t's token t+1, from the sequence's tokens as they are now (prompt, sampled and accepted
+     * tokens); rows past the last accepted one get the last token: their MTP KV is rewritten
+     * before any query reads it */
+    int n_d = 0, max_k = 0;
+    for (int i = 0; i < plan->n_items; i++) {
+        const ds_sched_seq *q = plan->items[i].seq;
+        const int c0 = r->seq_n_past[i];
+        for (int t = r->seq_start[i]; t < r->seq_start[i + 1]; t++) {
+            int idx = c0 + (t - r->seq_start[i]) + 1;
+            r->next[t] = q->tokens[idx < q->n_tokens ? idx : q->n_tokens - 1];
+        }
+        DS_ASSERT(k_next[i] >= 0 && k_next[i] <= r->k);
+        r->d_k[i] = k_next[i];
+        if (k_next[i] > 0) {
+            /* insertion by k_next descending (stable): each draft step's sequences are a prefix */
+            int p = n_d++;
+            while (p > 0 && r->d_k[r->d_order[p - 1]] < k_next[i]) {
+                r->d_order[p] = r->d_order[p - 1];
+                p--;
+            }
+            r->d_order[p] = i;
+            if (k_next[i] > max_k) max_k = k_next[i];
+        }
+    }
+    int32_t *out_rows = r->out_rows; /* the verification's rows are no longer needed */
+    for (int p = 0; p < n_d; p++) {
+        int i = r->d_order[p];
+        const ds_sched_seq *q = plan->items[i].seq;
+        int row = r->seq_start[i] + (q->n_computed - 1 - r->seq_n_past[i]);
+        DS_ASSERT(row >= r->seq_start[i] && row < r->seq_start[i + 1]);
+        out_rows[p] = row;
+    }
+    mb.tokens = r->next;
+    mb.state_out_slots = NULL;
+    mb.n_out = n_d;
+    mb.out_rows = out_rows;
+    ds_status st = ds_mtp_forward(m, r->cache, &mb, &m->s.normed, err);
+    if (st != DS_OK) return st;
+    if (n_d == 0) return op->synchronize(m->be, err);
+    ds_tensor lg = ds_view2d(m->s.logits.data, DS_DTYPE_F32, n_d, V);
+    op->argmax(m->be, &lg, r->d_tokens);
+    for (int p = 0; p < n_d; p++)
+        r->drafts[(size_t)plan->items[r->d_order[p]].seq->slot * (size_t)r->k] = r->d_tokens[p];
+
+    /* draft step j: each sequence with k_next > j at MTP position c' + j − 1 (c' = its n_computed,
+     * the position of its last emitted token), token = its draft j − 1, hidden = its MTP output
+     * row of step j − 1 */
+    for (int j = 1; j < max_k; j++) {
+        int n = 0;
+        while (n < n_d && r->d_k[r->d_order[n]] > j) n++;
+        DS_ASSERT(n > 0);
+        for (int p = 0; p < n; p++) {
+            const ds_sched_seq *q = plan->items[r->d_order[p]].seq;
+            const int32_t pos = q->n_computed + j - 1;
+            int held = ds_kv_blocks_held(kv, q->slot);
+            DS_ASSERT((int64_t)held * r->block_size > pos && held <= r->max_blocks);
+            r->d_tokens[p] = ds_runner_drafts(r, q->slot)[j - 1];
+            r->d_pos[p] = pos;
+            r->d_past[p] = pos;
+            r->d_start[p] = p;
+            r->d_slot[p] = r->gdn_cur[q->slot];
+            out_rows[p] = p;
+            memcpy(r->d_table + (size_t)p * (size_t)r->max_blocks, ds_kv_blocks_table(kv, q->slot),
+                   (size_t)held * sizeof(int32_t));
+        }
+        r->d_start[n] = n;
+        ds_batch db = {.n_tokens = n, .n_seqs = n, .tokens = r->d_tokens, .positions = r->d_pos,
+                       .seq_start = r->d_start, .seq_slot = r->d_slot, .seq_n_past = r->d_past,
+                       .block_table = r->d_table, .max_blocks = r->max_blocks, .n_out = n,
+                       .out_rows = out_rows};
+        ds_tensor hid = ds_view2d(m->mtp.out_h.data, m->mtp.out_h.dtype, n, H);
+        if ((st = ds_mtp_forward(m, r->cache, &db, &hid, err)) != DS_OK) return st;
+        ds_tensor lj = ds_view2d(m->s.logits.data, DS_DTYPE_F32, n, V);
+        op->argmax(m->be, &lj, r->d_tokens);
+        for (int p = 0; p < n; p++)
+            r->drafts[(size_t)plan->items[r->d_order[p]].seq->slot * (size_t)r->k + (size_t)j] =
+                r->d_tokens[p];
+    }
+    return op->synchronize(m->be, err);
 }

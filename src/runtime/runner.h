@@ -6,8 +6,16 @@
  * (catalogue items 2 and 3), so a device backend uploads them once in set_batch. The logits of
  * the sequences that want them come back in ONE device → host copy per step.
  *
- * Later (design.md): graph capture per decode shape, an argmax-on-device path for greedy
- * requests without logprobs/penalties, upload only what changed. */
+ * Speculative decoding (ds_runner_init_spec, k > 0; spec.h has the whole step): every sequence
+ * slot owns k + 2 GDN state slots of the cache; a verification item feeds [last token, drafts]
+ * with the state after each token written to the sequence's spare slots
+ * (ds_batch.state_out_slots), ds_runner_commit makes the spare after the last accepted token
+ * the current one (an index swap), and ds_runner_draft runs the MTP over the step's rows and
+ * k − 1 further one-token draft steps, keeping the drafts per slot. The step's greedy decisions
+ * come from argmax ids (ds_runner_ids); logits rows are downloaded only for the items that ask
+ * (ds_runner_logits).
+ *
+ * Later (design.md): graph capture per decode shape, upload only what changed. */
 #ifndef DS_RUNNER_H
 #define DS_RUNNER_H
 
@@ -30,8 +38,24 @@ typedef struct ds_runner {
     int32_t *seq_slot;    /* [max_seqs] */
     int32_t *seq_n_past;  /* [max_seqs] */
     int32_t *block_table; /* [max_seqs, max_blocks] */
-    int32_t *out_rows;    /* [max_seqs] */
-    float *logits;        /* [max_seqs, V] the step's logits rows */
+    int32_t *out_rows;    /* [max_seqs] (speculative: [max_out]) */
+    float *logits;        /* [max_seqs, V] the step's logits rows (speculative: [max_out, V]) */
+
+    /* speculative decoding (k = 0: none of these is allocated) */
+    int k;
+    int max_out;          /* logits rows per step: max_seqs · (k + 1) */
+    int32_t *gdn_cur;     /* [max_seqs] current GDN state slot of each sequence slot */
+    int32_t *drafts;      /* [max_seqs, k] drafts for each sequence slot's next verification */
+    int32_t *state_out;   /* [max_tokens] the step's ds_batch.state_out_slots */
+    int32_t *next;        /* [max_tokens] token t+1 of each row (the MTP's input) */
+    int32_t *ids;         /* [max_out] argmax of every logits row of the step */
+    int32_t *row0;        /* [max_seqs] first logits row of each plan item */
+    int32_t *d_order;     /* [max_seqs] plan items that draft, by k_next descending */
+    int32_t *d_k;         /* [max_seqs] k_next of each plan item (0: no drafts) */
+    int32_t *d_tokens, *d_pos, *d_start, *d_slot, *d_past; /* one draft step's batch */
+    int32_t *d_table;     /* [max_seqs, max_blocks] */
+    ds_batch batch;       /* the step's batch (the MTP re-runs its rows) */
+    int n_out;            /* logits rows of the step */
 } ds_runner;
 
 /* Creates the cache: max_seqs state slots, n_blocks KV blocks of block_size tokens; block-table
@@ -39,6 +63,9 @@ typedef struct ds_runner {
  * max_seqs logits rows). */
 ds_status ds_runner_init(ds_runner *r, ds_model *m, int max_seqs, int max_tokens, int n_blocks,
                          int block_size, int max_blocks, ds_error *err);
+/* Same with k draft tokens per step (the model needs an MTP head and max_out ≥ max_seqs·(k+1)). */
+ds_status ds_runner_init_spec(ds_runner *r, ds_model *m, int max_seqs, int max_tokens,
+                              int n_blocks, int block_size, int max_blocks, int k, ds_error *err);
 void ds_runner_free(ds_runner *r);
 
 /* Runs the plan (resetting the state slots it hands out fresh). On success *logits points at
@@ -46,5 +73,27 @@ void ds_runner_free(ds_runner *r);
  * overwrite them (the sampler does). */
 ds_status ds_runner_step(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
                          float **logits, ds_error *err);
+
+/* ---- speculative steps ----------------------------------------------------------------------
+ * ds_runner_verify runs the plan: item i feeds its known tokens and then its n_draft drafts
+ * (logits rows for all 1 + n_draft of them when it wants logits), and computes the argmax of every
+ * logits row. Item i's rows are [r->row0[i], r->row0[i] + 1 + n_draft). */
+ds_status ds_runner_verify(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
+                           ds_error *err);
+/* Host F32 logits rows [row, row + n) of the step (downloaded on demand). */
+float *ds_runner_logits(ds_runner *r, int row, int n, ds_error *err);
+/* After acceptance: item i emitted n_emitted tokens; a verification's GDN state becomes the one
+ * after its last accepted token. */
+void ds_runner_commit(ds_runner *r, const ds_sched_plan *plan, int i, int n_emitted);
+/* The drafts of slot `slot` (k entries). */
+static inline const int32_t *ds_runner_drafts(const ds_runner *r, int slot) {
+    return r->drafts + (size_t)slot * (size_t)r->k;
+}
+/* After every item was advanced (ds_sched_seq_advance*): the MTP over the step's rows (its KV
+ * filled at every fed position; row t's token t+1 read from the sequence's tokens), then
+ * k_next[i] − 1 more draft steps for each item with k_next[i] ≥ 1 (its last fed token must be
+ * its last accepted one). Drafts land in ds_runner_drafts(r, slot). */
+ds_status ds_runner_draft(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
+                          const int32_t *k_next, ds_error *err);
 
 #endif

@@ -24,6 +24,20 @@ void ds_sched_seq_advance(ds_sched_seq *q, int n_fed, bool sampled) {
     }
 }
 
+void ds_sched_seq_advance_spec(ds_sched_seq *q, int n_known, int n_emitted) {
+    DS_ASSERT(q->state == DS_SCHED_RUNNING && n_known > 0 && n_emitted >= 1 &&
+              q->n_computed + n_known == q->n_tokens);
+    q->n_computed += n_known + n_emitted - 1;
+    q->n_tokens += n_emitted;
+    q->n_draft = 0;
+    DS_ASSERT(q->n_computed + 1 == q->n_tokens && q->n_computed <= q->max_tokens);
+}
+
+void ds_sched_seq_set_drafts(ds_sched_seq *q, int n) {
+    DS_ASSERT(n >= 0 && q->n_computed + 1 == q->n_tokens && q->n_tokens + n <= q->max_tokens + 1);
+    q->n_draft = n;
+}
+
 /* ---- intrusive queues ----------------------------------------------------------------------- */
 
 static void queue_push_back(ds_sched_queue *l, ds_sched_seq *q) {
@@ -74,6 +88,11 @@ void ds_scheduler_free(ds_scheduler *s) {
     *s = (ds_scheduler){0};
 }
 
+void ds_scheduler_set_spec(ds_scheduler *s, int k) {
+    DS_ASSERT(k >= 0);
+    s->num_spec = k;
+}
+
 bool ds_scheduler_fits(const ds_scheduler *s, int64_t max_tokens) {
     int64_t blocks = ds_kv_blocks_for_tokens(s->kv, max_tokens);
     return blocks <= s->kv->n_blocks && blocks <= s->kv->max_blocks_per_seq;
@@ -112,22 +131,37 @@ static bool in_plan(const ds_scheduler *s, const ds_sched_seq *q) {
     return q->plan_step == s->step;
 }
 
-static void plan_add(ds_scheduler *s, ds_sched_seq *q, int n, bool fresh) {
+static void plan_add(ds_scheduler *s, ds_sched_seq *q, int n, int n_draft, bool fresh) {
     ds_sched_plan *p = &s->plan;
     bool logits = q->n_computed + n == q->n_tokens;
+    DS_ASSERT(n_draft == 0 || logits);
     q->plan_step = s->step;
     q->plan_index = p->n_items;
-    p->items[p->n_items++] =
-        (ds_sched_item){.seq = q, .n_tokens = n, .wants_logits = logits, .fresh_slot = fresh};
-    p->n_tokens += n;
+    p->items[p->n_items++] = (ds_sched_item){
+        .seq = q, .n_tokens = n, .n_draft = n_draft, .wants_logits = logits, .fresh_slot = fresh};
+    p->n_tokens += n + n_draft;
     p->n_out += logits;
+}
+
+/* KV positions a sequence must hold to feed n tokens now: the chunk itself, plus, when the chunk
+ * reaches the last known token of a speculating sequence, the MTP draft positions after it
+ * (spec.h: drafting for the next step writes the MTP's KV up to k − 1 positions past the last
+ * accepted token), capped at what the sequence can ever hold. */
+static int64_t kv_target(const ds_scheduler *s, const ds_sched_seq *q, int n_known, int n_fed) {
+    int64_t target = (int64_t)q->n_computed + n_fed;
+    if (s->num_spec > 0 && q->spec && q->n_computed + n_known == q->n_tokens) {
+        int64_t ahead = target + s->num_spec - 1;
+        if (ahead > q->max_tokens) ahead = q->max_tokens;
+        if (ahead > target) target = ahead;
+    }
+    return target;
 }
 
 static void plan_drop(ds_scheduler *s, ds_sched_seq *q) {
     ds_sched_plan *p = &s->plan;
     int i = q->plan_index;
     DS_ASSERT(i >= 0 && i < p->n_items && p->items[i].seq == q);
-    p->n_tokens -= p->items[i].n_tokens;
+    p->n_tokens -= p->items[i].n_tokens + p->items[i].n_draft;
     p->n_out -= p->items[i].wants_logits;
     memmove(&p->items[i], &p->items[i + 1], (size_t)(p->n_items - i - 1) * sizeof p->items[0]);
     p->n_items--;
@@ -141,16 +175,18 @@ static void preempt(ds_scheduler *s, ds_sched_seq *q) {
     queue_unlink(&s->running, q);
     release_caches(s, q);
     q->n_computed = 0;
+    q->n_draft = 0;
     q->state = DS_SCHED_WAITING;
     queue_push_front(&s->waiting, q);
     s->n_preemptions++;
     s->plan.n_preempted++;
 }
 
-/* Gives running sequence q the blocks for n more tokens, preempting the newest running
- * sequences as needed. Returns false when q itself had to be preempted. */
-static bool reserve_running(ds_scheduler *s, ds_sched_seq *q, int n) {
-    int64_t target = (int64_t)q->n_computed + n;
+/* Gives running sequence q the blocks for n_fed more tokens (n_known of them known, the rest
+ * drafts) and the speculative lookahead, preempting the newest running sequences as needed.
+ * Returns false when q itself had to be preempted. */
+static bool reserve_running(ds_scheduler *s, ds_sched_seq *q, int n_known, int n_fed) {
+    int64_t target = kv_target(s, q, n_known, n_fed);
     while (!ds_kv_blocks_can_append(s->kv, q->slot, target)) {
         ds_sched_seq *victim = s->running.tail;
         DS_ASSERT(victim != NULL);
@@ -165,8 +201,13 @@ static bool reserve_running(ds_scheduler *s, ds_sched_seq *q, int n) {
 /* Plans the running sequences of one kind: decodes (1 token left) or prefills (more). */
 static void plan_running(ds_scheduler *s, bool decodes, int *budget) {
     /* Snapshot: preemption unlinks sequences from the running queue while we walk it. */
-    int n = 0;
-    for (ds_sched_seq *q = s->running.head; q; q = q->next) s->snap[n++] = q;
+    int n = 0, n_dec = 0;
+    for (ds_sched_seq *q = s->running.head; q; q = q->next) {
+        s->snap[n++] = q;
+        n_dec += q->n_tokens - q->n_computed == 1;
+    }
+    /* Draft tokens only from the budget left once every decode has its one token. */
+    int spare = decodes && *budget > n_dec ? *budget - n_dec : 0;
     for (int i = 0; i < n && *budget > 0; i++) {
         ds_sched_seq *q = s->snap[i];
         if (q->state != DS_SCHED_RUNNING || in_plan(s, q)) continue; /* preempted / planned */
@@ -174,12 +215,16 @@ static void plan_running(ds_scheduler *s, bool decodes, int *budget) {
         DS_ASSERT(left >= 1);
         if ((left == 1) != decodes) continue;
         int take = left < *budget ? left : *budget;
+        int n_draft = decodes && s->num_spec > 0 ? q->n_draft : 0;
+        if (n_draft > spare) n_draft = spare;
+        if (n_draft > *budget - take) n_draft = *budget - take;
         int before = s->plan.n_tokens;
-        if (!reserve_running(s, q, take)) continue;
+        if (!reserve_running(s, q, take, take + n_draft)) continue;
         /* Victims dropped from the plan gave their tokens back. */
         *budget += before - s->plan.n_tokens;
-        plan_add(s, q, take, false);
-        *budget -= take;
+        plan_add(s, q, take, n_draft, false);
+        *budget -= take + n_draft;
+        spare -= n_draft;
     }
 }
 
@@ -188,18 +233,19 @@ static void plan_waiting(ds_scheduler *s, int *budget) {
         ds_sched_seq *q = s->waiting.head;
         DS_ASSERT(q->n_computed == 0);
         int take = q->n_tokens < *budget ? q->n_tokens : *budget;
+        int64_t target = kv_target(s, q, take, take);
         if (ds_state_slots_n_free(s->slots) == 0 ||
-            ds_kv_blocks_for_tokens(s->kv, take) > ds_kv_blocks_n_free(s->kv))
+            ds_kv_blocks_for_tokens(s->kv, target) > ds_kv_blocks_n_free(s->kv))
             break; /* strict FCFS: nobody overtakes the head */
         int slot = ds_state_slots_alloc(s->slots);
         DS_ASSERT(slot >= 0 && ds_kv_blocks_held(s->kv, slot) == 0);
-        bool ok = ds_kv_blocks_append(s->kv, slot, take);
+        bool ok = ds_kv_blocks_append(s->kv, slot, target);
         DS_ASSERT(ok);
         queue_unlink(&s->waiting, q);
         q->slot = slot;
         q->state = DS_SCHED_RUNNING;
         queue_push_back(&s->running, q);
-        plan_add(s, q, take, true);
+        plan_add(s, q, take, 0, true);
         *budget -= take;
     }
 }

@@ -8,12 +8,17 @@
  * A sequence knows n_tokens tokens (prompt + generated so far) of which n_computed are in its
  * caches; the remaining n_tokens − n_computed ≥ 1 are fed next (a decode has exactly 1: the
  * token sampled last step). One step (ds_scheduler_schedule):
- *  1. running decodes, in admission order, 1 token each;
+ *  1. running decodes, in admission order, 1 token each, plus (speculative decoding,
+ *     ds_scheduler_set_spec) the n_draft draft tokens the sequence holds, as far as the budget
+ *     allows once every decode has its one token;
  *  2. running sequences still in (chunked) prefill, in admission order, as many tokens as the
  *     step's budget (max_num_batched_tokens) leaves;
  *  3. unless someone was preempted this step: waiting sequences in FCFS order while a state slot
  *     and the KV blocks of their first chunk are free and the budget lasts. The queue is strict
  *     FCFS: when its head cannot be admitted, nobody behind it is.
+ * With speculative decoding a chunk that reaches the last known token also reserves KV blocks
+ * for the MTP's draft positions after it (lookahead of k − 1 positions past the chunk, capped at
+ * the sequence's max_tokens), so drafting never needs blocks outside the plan.
  * A running sequence that needs blocks the pool does not have preempts the most recently
  * admitted running sequence (itself, if it is the newest): the victim's blocks and slot are
  * freed, its n_computed drops to 0 and it goes back to the FRONT of the waiting queue; its
@@ -44,6 +49,8 @@ typedef struct ds_sched_seq {
     int n_computed;   /* tokens already in the caches */
     int max_tokens;   /* most tokens it will ever hold in the caches (prompt + max_tokens − 1) */
     int slot;         /* state slot / KV table row while running, else -1 */
+    bool spec;        /* speculates (drafts, lookahead blocks) when the scheduler does */
+    int n_draft;      /* draft tokens the runner holds for the next verification (0: none) */
     const int32_t *tokens; /* [n_tokens] the known tokens (owned by the engine's request; the
                               scheduler never reads them, the runner feeds them) */
     ds_sched_state state;
@@ -60,10 +67,17 @@ void ds_sched_seq_init(ds_sched_seq *q, const int32_t *tokens, int n_prompt, int
 
 /* After the step ran: n fed tokens are in the caches; `sampled` when a token was appended. */
 void ds_sched_seq_advance(ds_sched_seq *q, int n_fed, bool sampled);
+/* After a step that sampled: the n_known fed tokens plus the n_emitted − 1 accepted drafts are
+ * in the caches and n_emitted ≥ 1 tokens were appended (the last one is fed next). Clears the
+ * drafts (n_draft = 0). */
+void ds_sched_seq_advance_spec(ds_sched_seq *q, int n_known, int n_emitted);
+/* The runner drafted n tokens for the sequence's next verification. */
+void ds_sched_seq_set_drafts(ds_sched_seq *q, int n);
 
 typedef struct ds_sched_item {
     ds_sched_seq *seq;
-    int n_tokens;      /* tokens fed this step: [n_computed, n_computed + n_tokens) */
+    int n_tokens;      /* known tokens fed this step: [n_computed, n_computed + n_tokens) */
+    int n_draft;       /* draft tokens fed after them (a verification); 0 otherwise */
     bool wants_logits; /* the chunk reaches the last known token: sample after it */
     bool fresh_slot;   /* admitted by this plan: the engine must reset the slot's state */
 } ds_sched_item;
@@ -71,7 +85,7 @@ typedef struct ds_sched_item {
 typedef struct ds_sched_plan {
     int n_items;          /* sequences in the step, decodes first */
     ds_sched_item *items; /* [max_num_seqs] */
-    int n_tokens;         /* Σ items[i].n_tokens ≤ max_num_batched_tokens */
+    int n_tokens;         /* Σ items[i].n_tokens + n_draft ≤ max_num_batched_tokens */
     int n_out;            /* items that want logits */
     int n_preempted;      /* sequences preempted while planning this step */
 } ds_sched_plan;
@@ -84,6 +98,7 @@ typedef struct ds_sched_queue {
 typedef struct ds_scheduler {
     int max_num_seqs;
     int max_num_batched_tokens;
+    int num_spec;           /* draft tokens per step (0: no speculative decoding) */
     ds_kv_blocks *kv;       /* borrowed */
     ds_state_slots *slots;  /* borrowed */
     ds_sched_queue waiting; /* FCFS; preempted sequences re-enter at the head */
@@ -98,6 +113,9 @@ typedef struct ds_scheduler {
 void ds_scheduler_init(ds_scheduler *s, int max_num_seqs, int max_num_batched_tokens,
                        ds_kv_blocks *kv, ds_state_slots *slots);
 void ds_scheduler_free(ds_scheduler *s);
+
+/* Speculative decoding with up to k draft tokens per sequence and step (0 = off). */
+void ds_scheduler_set_spec(ds_scheduler *s, int k);
 
 /* True when a sequence that may hold max_tokens positions fits the KV pool on its own (and its
  * table row); requests that fail this can never run and must be refused at submission. */

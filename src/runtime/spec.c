@@ -1,0 +1,125 @@
+/* spec.c — acceptance of draft tokens (greedy from argmax ids, rejection sampling otherwise) and
+ * the speculative-decoding counters. See spec.h for the whole step. */
+#include "runtime/spec.h"
+
+#include <string.h>
+
+/* ---- statistics ------------------------------------------------------------------------------ */
+
+void ds_spec_stats_add(ds_spec_stats *s, int n_draft, int n_accepted) {
+    DS_ASSERT(n_draft >= 0 && n_draft <= DS_SPEC_MAX_K && n_accepted >= 0 &&
+              n_accepted <= n_draft);
+    if (n_draft == 0) return;
+    s->n_drafts++;
+    s->n_draft_tokens += (uint64_t)n_draft;
+    s->n_accepted_tokens += (uint64_t)n_accepted;
+    for (int i = 0; i < n_draft; i++) {
+        s->drafted_per_pos[i]++;
+        if (i < n_accepted) s->accepted_per_pos[i]++;
+    }
+}
+
+void ds_spec_stats_merge(ds_spec_stats *dst, const ds_spec_stats *src) {
+    dst->n_drafts += src->n_drafts;
+    dst->n_draft_tokens += src->n_draft_tokens;
+    dst->n_accepted_tokens += src->n_accepted_tokens;
+    for (int i = 0; i < DS_SPEC_MAX_K; i++) {
+        dst->accepted_per_pos[i] += src->accepted_per_pos[i];
+        dst->drafted_per_pos[i] += src->drafted_per_pos[i];
+    }
+}
+
+double ds_spec_acceptance_rate(const ds_spec_stats *s) {
+    return s->n_draft_tokens ? (double)s->n_accepted_tokens / (double)s->n_draft_tokens : 0.0;
+}
+
+double ds_spec_mean_accepted_len(const ds_spec_stats *s) {
+    return s->n_drafts ? 1.0 + (double)s->n_accepted_tokens / (double)s->n_drafts : 0.0;
+}
+
+double ds_spec_pos_rate(const ds_spec_stats *s, int i) {
+    DS_ASSERT(i >= 0 && i < DS_SPEC_MAX_K);
+    return s->drafted_per_pos[i] ? (double)s->accepted_per_pos[i] / (double)s->drafted_per_pos[i]
+                                 : 0.0;
+}
+
+/* ---- acceptance ------------------------------------------------------------------------------ */
+
+bool ds_spec_request_ok(const ds_sampling_params *p) {
+    return ds_sampling_params_is_greedy(p) || p->logprobs < 0;
+}
+
+bool ds_spec_argmax_suffices(const ds_sampler *s, int n_generated) {
+    const ds_sampling_params *p = &s->params;
+    return ds_sampling_params_is_greedy(p) && p->logprobs < 0 && p->presence_penalty == 0.0f &&
+           p->frequency_penalty == 0.0f && p->repetition_penalty == 1.0f &&
+           n_generated >= p->min_tokens;
+}
+
+static void plain_result(ds_sample_result *r, int token) {
+    memset(r, 0, sizeof *r);
+    r->token = token;
+}
+
+/* Index drawn from probs[0..n) (sums to ~total) with d excluded: inverse CDF of p − p(d)·δ_d,
+ * i.e. the residual distribution max(0, p − q) of a one-hot proposal q = δ_d. Returns d itself
+ * only if nothing else has mass (then p(d) was 1 and d is accepted anyway). */
+static int draw_residual(const float *probs, int n, int d, double u) {
+    double total = 0.0;
+    for (int i = 0; i < n; i++)
+        if (i != d) total += probs[i];
+    if (!(total > 0.0)) return d;
+    double target = u * total, acc = 0.0;
+    int last = -1;
+    for (int i = 0; i < n; i++) {
+        if (i == d || probs[i] <= 0.0f) continue;
+        acc += probs[i];
+        last = i;
+        if (acc > target) return i;
+    }
+    return last; /* rounding: the last token with mass */
+}
+
+ds_status ds_spec_verify(ds_sampler *s, int n_generated, const int32_t *drafts, int n_draft,
+                         const int32_t *target_ids, float *logits, int vocab, int32_t *tokens,
+                         ds_sample_result *res, ds_spec_result *out, ds_error *err) {
+    DS_ASSERT(n_draft >= 0 && n_draft <= DS_SPEC_MAX_K && vocab == s->vocab);
+    DS_ASSERT(target_ids || logits);
+    const bool greedy = ds_sampling_params_is_greedy(&s->params);
+    *out = (ds_spec_result){.stop_token = -1};
+    for (int i = 0; i <= n_draft; i++) {
+        const int gen = n_generated + i; /* output tokens before this one */
+        const bool has_draft = i < n_draft;
+        const int d = has_draft ? drafts[i] : -1;
+        float *row = logits ? logits + (size_t)i * (size_t)vocab : NULL;
+        int tok;
+        bool accepted;
+        ds_status st;
+        if (target_ids) {
+            tok = target_ids[i];
+            plain_result(&res[i], tok);
+            accepted = has_draft && tok == d;
+        } else if (greedy || !has_draft) {
+            /* greedy (penalties / min_tokens / logprobs: the sampler decides) or the bonus row */
+            if ((st = ds_sampler_sample(s, row, gen, &res[i], err)) != DS_OK) return st;
+            tok = res[i].token;
+            accepted = has_draft && tok == d;
+        } else {
+            /* rejection sampling with a deterministic proposal d: accept with p(d), else draw
+             * from the residual (p without d, renormalised) */
+            if ((st = ds_sampler_probs(s, row, gen, err)) != DS_OK) return st;
+            DS_ASSERT(d >= 0 && d < vocab);
+            double u = ds_rng_uniform(&s->rng);
+            accepted = u < (double)row[d];
+            tok = accepted ? d : draw_residual(row, vocab, d, ds_rng_uniform(&s->rng));
+            plain_result(&res[i], tok);
+        }
+        if ((st = ds_sampler_accept(s, tok, err)) != DS_OK) return st;
+        tokens[i] = tok;
+        out->n_emitted = i + 1;
+        if (accepted) out->n_accepted++;
+        out->reason = ds_sampler_finish_reason(s, tok, gen + 1, &out->stop_token);
+        if (out->reason != DS_FINISH_NONE || !accepted) break;
+    }
+    return DS_OK;
+}

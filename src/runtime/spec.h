@@ -1,0 +1,129 @@
+/* spec.h — MTP speculative decoding: acceptance of draft tokens, its statistics, and a driver
+ * for one sequence of a ds_session (deltaserve generate, bench, tests).
+ *
+ * One speculative step for a sequence whose last emitted token x sits at position c (not yet in
+ * the caches) and which holds n ≤ k draft tokens d1..dn from the MTP head:
+ *  1. verify: ONE target forward over [x, d1..dn] at positions c..c+n; the GDN state after each
+ *     of the n+1 tokens goes to a spare state slot (ds_batch.state_out_slots), attention KV is
+ *     simply written at those positions;
+ *  2. accept (ds_spec_verify): row i of the target's output decides token c+i+1; while it equals
+ *     d_{i+1} the draft is accepted and checking goes on; the first mismatch (or row n) yields
+ *     the target's own token (correction / bonus). m = accepted + 1 tokens are emitted; greedy
+ *     requests decide from the pre-sampled argmax ids alone (no logits leave the device), sampled
+ *     ones use the standard rejection rule for a deterministic (greedy) proposal: accept d with
+ *     probability p(d), else draw from p with d removed — the output is distributed exactly as
+ *     the target model's p (p = the request's processed distribution: penalties, temperature,
+ *     top-k/p, min-p, min_tokens);
+ *  3. roll back: the sequence's current GDN slot becomes the spare that holds the state after
+ *     token m−1 (a swap of slot ids, no copy); KV beyond c+m−1 is garbage nobody reads (the next
+ *     step writes those positions before any query reaches them); the old slot becomes a spare;
+ *  4. draft: the MTP head runs over the same rows as the verify batch (its KV is filled at every
+ *     verified position, h_t = the target's final-normed hidden state, token t+1 = the accepted
+ *     token / bonus), its row c+m−1 drafts d1' for position c+m+1; each further draft step feeds
+ *     the MTP's own post-norm output and the previous draft (k_next − 1 more one-token steps).
+ * The prompt fills the MTP's KV the same way: every prefill chunk is followed by an MTP pass
+ * over its rows (token t+1 is the next prompt token, or the first sampled token). */
+#ifndef DS_SPEC_H
+#define DS_SPEC_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "runtime/session.h"
+#include "sampling/sampler.h"
+
+#define DS_SPEC_MAX_K 8 /* most draft tokens per step */
+
+/* Counters of a run (vLLM's spec_decode metrics). */
+typedef struct ds_spec_stats {
+    uint64_t n_drafts;          /* verification steps that checked at least one draft token */
+    uint64_t n_draft_tokens;    /* draft tokens checked */
+    uint64_t n_accepted_tokens; /* draft tokens accepted */
+    uint64_t accepted_per_pos[DS_SPEC_MAX_K]; /* accepted at draft position i (0 = first) */
+    uint64_t drafted_per_pos[DS_SPEC_MAX_K];  /* checked at draft position i */
+} ds_spec_stats;
+
+/* Records one verification of n_draft tokens of which the first n_accepted were accepted. */
+void ds_spec_stats_add(ds_spec_stats *s, int n_draft, int n_accepted);
+void ds_spec_stats_merge(ds_spec_stats *dst, const ds_spec_stats *src);
+/* accepted / checked draft tokens (0 when none). */
+double ds_spec_acceptance_rate(const ds_spec_stats *s);
+/* tokens emitted per verification step = 1 + accepted / steps (0 when none). */
+double ds_spec_mean_accepted_len(const ds_spec_stats *s);
+/* accepted_per_pos[i] / drafted_per_pos[i] (0 when none). */
+double ds_spec_pos_rate(const ds_spec_stats *s, int i);
+
+/* False for requests that must not speculate: sampled (temperature > 0) requests that ask for
+ * logprobs (the rejection path does not compute them). */
+bool ds_spec_request_ok(const ds_sampling_params *p);
+
+/* True when the target's argmax ids alone decide rows n_generated.. of a greedy request: greedy,
+ * no penalties, no logprobs, min_tokens already reached (catalogue item 9). */
+bool ds_spec_argmax_suffices(const ds_sampler *s, int n_generated);
+
+typedef struct ds_spec_result {
+    int n_emitted;           /* tokens emitted (≥ 1): accepted drafts, then correction/bonus */
+    int n_accepted;          /* draft tokens among them */
+    ds_finish_reason reason; /* finish after the last emitted token (NONE: keep going) */
+    int stop_token;          /* the stop_token_id that finished it, else -1 */
+} ds_spec_result;
+
+/* Decides the tokens of one verification (step 2 above) for a request that has emitted
+ * n_generated tokens, and records each in the sampler (ds_sampler_accept). drafts [n_draft];
+ * target_ids [n_draft + 1] the target's argmax per row (only when ds_spec_argmax_suffices), or
+ * NULL: then logits [n_draft + 1, vocab] host F32 rows (clobbered). Stops early at a finish
+ * (EOS / stop id / max_tokens). tokens / res receive up to n_draft + 1 entries. */
+ds_status ds_spec_verify(ds_sampler *s, int n_generated, const int32_t *drafts, int n_draft,
+                         const int32_t *target_ids, float *logits, int vocab, int32_t *tokens,
+                         ds_sample_result *res, ds_spec_result *out, ds_error *err);
+
+/* ---- one sequence of a ds_session ------------------------------------------------------------
+ * The session must come from ds_session_init_spec with n_spec ≥ k, on a model with an MTP head
+ * and max_out ≥ k + 1. Token streams are token-identical to plain decoding for greedy requests. */
+
+/* Test hook: may overwrite the MTP's n_draft drafts (e.g. an oracle that knows the reference
+ * continuation). n_generated = tokens emitted so far; drafts[i] proposes output token
+ * n_generated + i. */
+typedef void (*ds_spec_draft_hook)(void *ctx, int n_generated, int n_draft, int32_t *drafts);
+
+typedef struct ds_spec_gen {
+    ds_session *sess;  /* borrowed */
+    int slot;
+    int k;             /* draft tokens per step */
+    ds_sampler *sampler; /* borrowed */
+    int n_generated;   /* tokens emitted */
+    int32_t pending;   /* the last emitted token: next to be fed, at position n_past[slot] */
+    int32_t drafts[DS_SPEC_MAX_K];
+    int n_draft;
+    bool finished;
+    ds_finish_reason reason;
+    int stop_token;
+    ds_spec_stats stats;
+    double t_verify, t_draft; /* seconds in verification (target forward + acceptance) and in
+                                 the MTP (catch-up + draft steps) */
+    ds_spec_draft_hook hook;
+    void *hook_ctx;
+    /* host staging */
+    float *logits;          /* [k + 1, V] */
+    int32_t *ids;           /* [k + 1] */
+    int32_t *tokens;        /* [max_tokens] tokens of the current batch */
+    int32_t *next;          /* [max_tokens] token t+1 of each row (MTP input) */
+    int32_t *out_slots;     /* [k + 1] state snapshot slots */
+} ds_spec_gen;
+
+ds_status ds_spec_gen_init(ds_spec_gen *g, ds_session *s, int slot, int k, ds_sampler *sampler,
+                           ds_error *err);
+void ds_spec_gen_free(ds_spec_gen *g);
+
+/* Resets the slot, feeds the prompt (filling the MTP's KV over it), samples the first token and
+ * drafts the next ones. tokens/res receive the emitted tokens (*n_out = 1). */
+ds_status ds_spec_gen_prefill(ds_spec_gen *g, const int32_t *prompt, int n_prompt,
+                              int32_t *tokens, ds_sample_result *res, int *n_out, ds_error *err);
+
+/* One speculative step: emits 1 .. n_draft + 1 tokens into tokens/res ([k + 1] each). Sets
+ * g->finished (and reason) when generation ends. */
+ds_status ds_spec_gen_step(ds_spec_gen *g, int32_t *tokens, ds_sample_result *res, int *n_out,
+                           ds_error *err);
+
+#endif

@@ -1,0 +1,483 @@
+/* test_spec_engine.c — MTP speculative decoding in the serving engine (CPU backend).
+ *
+ * Reference: each request alone through ds_session with plain decoding and its own ds_sampler.
+ * With num_speculative_tokens = k, greedy requests (plain, with logprobs, with penalties /
+ * min_tokens / EOS) must come out token-identical (and logprob-identical) while 16 requests run
+ * concurrently from 4 submitting threads, with chunked prefill mixed into verification steps,
+ * for k = 1..4 on the trained demo model (its MTP head is often right, so accepted lengths 0..k
+ * all occur and the per-sequence GDN slot swap is exercised) and on the MoE / dense fixtures.
+ * Sampled requests that ask for logprobs do not speculate and must equal their solo runs too;
+ * other sampled requests only have to keep the channel contract (their RNG draws differ from a
+ * plain run by design; test_spec.c checks their distribution). Also: preemption under KV
+ * pressure with the speculative lookahead, cancellation freeing all caches, the acceptance
+ * counters in the stats, and the option checks. The GDN op is forced to the token-by-token
+ * recurrence (as in test_engine.c), whose result does not depend on how prompts are chunked. */
+#include "testlib.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/cpu/cpu_backend.h"
+#include "model/loader.h"
+#include "model/model.h"
+#include "runtime/engine.h"
+#include "runtime/session.h"
+
+#define MAX_PROMPT 256
+#define MAX_OUT 512
+#define MODEL_MAX_TOKENS 256
+#define MODEL_MAX_OUT 48
+#define N_REQ 16
+
+typedef struct fixture {
+    ds_config cfg;
+    ds_model_weights host;
+    ds_backend *be;
+    ds_model model;
+} fixture;
+
+static void fixture_open(fixture *f, const char *name) {
+    char dir[1024];
+    if (!strcmp(name, "demo"))
+        snprintf(dir, sizeof dir, "%s/../../models/qwen35-demo", test_data_dir());
+    else
+        snprintf(dir, sizeof dir, "%s/models/%s", test_data_dir(), name);
+    ds_error err = {0};
+    if (ds_model_load(dir, &f->cfg, &f->host, &err) != DS_OK) fail_msg("load %s: %s", dir, err.msg);
+    if (ds_backend_cpu_create(2, &f->be, &err) != DS_OK) fail_msg("cpu backend: %s", err.msg);
+    ds_cpu_set_gdn_mode(f->be, DS_CPU_GDN_RECURRENT);
+    if (ds_model_init(&f->model, f->be, &f->cfg, &f->host, MODEL_MAX_TOKENS, MODEL_MAX_OUT, &err) !=
+        DS_OK)
+        fail_msg("model init: %s", err.msg);
+}
+
+static void fixture_close(fixture *f) {
+    ds_model_free(&f->model);
+    f->be->ops->destroy(f->be);
+    ds_model_weights_free(&f->host);
+}
+
+typedef struct spec {
+    int32_t prompt[MAX_PROMPT];
+    int n_prompt;
+    ds_sampling_params params;
+    int stop_ids[2];
+    bool compare; /* must equal its solo run */
+} spec;
+
+typedef struct result {
+    int32_t toks[MAX_OUT];
+    float logprob[MAX_OUT];
+    int n;
+    ds_finish_reason reason;
+    int stop_token;
+    bool finished;
+    char err[DS_ERROR_MSG_MAX + 64];
+} result;
+
+static int rnd_int(test_rng *g, int lo, int hi) {
+    float u = (test_rng_uniform(g) + 1.0f) * 0.5f;
+    int v = lo + (int)(u * (float)(hi - lo + 1));
+    return v > hi ? hi : v;
+}
+
+/* 16 requests, prompts 1..200 tokens, outputs 1..48: greedy in several flavours, plus sampled. */
+static void make_workload(spec *w, int vocab, uint64_t seed, bool with_sampled) {
+    test_rng g = {seed};
+    for (int i = 0; i < N_REQ; i++) {
+        spec *s = &w[i];
+        memset(s, 0, sizeof *s);
+        s->n_prompt = i == 0 ? 1 : i == 1 ? 200 : rnd_int(&g, 1, 200);
+        for (int t = 0; t < s->n_prompt; t++) s->prompt[t] = rnd_int(&g, 0, vocab < 600 ? 509 : 5000);
+        ds_sampling_params_init(&s->params);
+        s->params.max_tokens = i == 2 ? 1 : i == 3 ? 2 : rnd_int(&g, 8, 48);
+        s->params.temperature = 0.0f;
+        s->params.ignore_eos = i % 2 == 0;
+        s->compare = true;
+        switch (i % 8) {
+        case 1: s->params.logprobs = 2; break;                /* greedy general path */
+        case 3: s->params.repetition_penalty = 1.3f; break;   /* penalties: general path */
+        case 5: s->params.min_tokens = 4; break;
+        case 7:
+            if (with_sampled) { /* sampled with logprobs: no speculation, equals solo */
+                s->params.temperature = 0.8f;
+                s->params.has_seed = true;
+                s->params.seed = 100 + (uint64_t)i;
+                s->params.logprobs = 1;
+            }
+            break;
+        default: break;
+        }
+        if (with_sampled && (i == 4 || i == 12)) { /* plain sampled: contract only */
+            s->params.temperature = 0.9f;
+            s->params.top_k = 40;
+            s->params.has_seed = true;
+            s->params.seed = 7 + (uint64_t)i;
+            s->compare = false;
+        }
+    }
+}
+
+static void solo_run(fixture *f, ds_session *ss, const spec *sp, result *out) {
+    const int V = f->cfg.vocab;
+    ds_error err = {0};
+    ds_sampler smp;
+    if (ds_sampler_init(&smp, &sp->params, V, f->cfg.eos_ids, f->cfg.n_eos, &err) != DS_OK ||
+        ds_sampler_add_prompt(&smp, sp->prompt, sp->n_prompt, &err) != DS_OK)
+        fail_msg("sampler: %s", err.msg);
+    float *logits = malloc((size_t)V * sizeof(float));
+    ds_session_reset(ss, 0);
+    if (ds_session_feed(ss, 0, sp->prompt, sp->n_prompt, false, logits, &err) != DS_OK)
+        fail_msg("feed: %s", err.msg);
+    memset(out, 0, sizeof *out);
+    out->stop_token = -1;
+    for (;;) {
+        ds_sample_result res;
+        if (ds_sampler_sample(&smp, logits, out->n, &res, &err) != DS_OK ||
+            ds_sampler_accept(&smp, res.token, &err) != DS_OK)
+            fail_msg("sample: %s", err.msg);
+        out->logprob[out->n] = res.logprob;
+        out->toks[out->n++] = res.token;
+        int stop = -1;
+        ds_finish_reason reason = ds_sampler_finish_reason(&smp, res.token, out->n, &stop);
+        if (reason != DS_FINISH_NONE) {
+            out->reason = reason;
+            out->stop_token = reason == DS_FINISH_STOP ? stop : -1;
+            break;
+        }
+        int32_t t = res.token;
+        if (ds_session_feed(ss, 0, &t, 1, false, logits, &err) != DS_OK)
+            fail_msg("feed: %s", err.msg);
+    }
+    out->finished = true;
+    free(logits);
+    ds_sampler_free(&smp);
+}
+
+static void solo_all(fixture *f, const spec *w, int n, result *out) {
+    ds_session ss;
+    ds_error err = {0};
+    if (ds_session_init(&ss, &f->model, 1, MAX_PROMPT + MAX_OUT, &err) != DS_OK)
+        fail_msg("session: %s", err.msg);
+    for (int i = 0; i < n; i++) solo_run(f, &ss, &w[i], &out[i]);
+    ds_session_free(&ss);
+}
+
+/* Worker-thread side: no cmocka assertions, violations go to out->err. */
+static void drain_soft(ds_request *r, int n_prompt, result *out) {
+    memset(out, 0, sizeof *out);
+    out->stop_token = -1;
+    ds_request_event ev;
+#define SOFT_CHECK(cond)                                                                        \
+    if (!(cond)) {                                                                              \
+        if (!out->err[0]) snprintf(out->err, sizeof out->err, "line %d: %s", __LINE__, #cond); \
+        continue;                                                                               \
+    }
+    while (ds_request_next(r, &ev, -1)) {
+        SOFT_CHECK(!out->finished);
+        SOFT_CHECK(ev.n_tokens >= 0 && ev.n_tokens <= 16);
+        SOFT_CHECK(ev.n_tokens >= 1 || ev.finished);
+        SOFT_CHECK(ev.n_prompt_tokens == n_prompt);
+        SOFT_CHECK(out->n + ev.n_tokens <= MAX_OUT);
+        for (int i = 0; i < ev.n_tokens; i++) {
+            out->logprob[out->n] = ev.samples[i].logprob;
+            out->toks[out->n++] = ev.tokens[i];
+        }
+        SOFT_CHECK(ev.n_generated == out->n);
+        if (ev.finished) {
+            out->finished = true;
+            out->reason = ev.reason;
+            out->stop_token = ev.stop_token;
+        }
+    }
+#undef SOFT_CHECK
+    if (!out->finished && !out->err[0]) snprintf(out->err, sizeof out->err, "no finished event");
+}
+
+static ds_request *submit_retry(ds_engine *e, const spec *s, result *out) {
+    ds_request_desc d = {.prompt = s->prompt, .n_prompt = s->n_prompt, .params = s->params};
+    for (;;) {
+        ds_request *r = NULL;
+        ds_error err = {0};
+        ds_status st = ds_engine_submit(e, &d, &r, &err);
+        if (st == DS_OK) return r;
+        if (st != DS_ERR_BUSY) {
+            snprintf(out->err, sizeof out->err, "submit: %s", err.msg);
+            return NULL;
+        }
+        usleep(1000);
+    }
+}
+
+typedef struct worker {
+    ds_engine *e;
+    const spec *specs;
+    result *res;
+    int first, step, n;
+} worker;
+
+static void *worker_main(void *arg) {
+    worker *w = arg;
+    ds_request *reqs[N_REQ * 2];
+    for (int k = 0; k < w->n; k++) {
+        int i = w->first + k * w->step;
+        reqs[k] = submit_retry(w->e, &w->specs[i], &w->res[i]);
+    }
+    for (int k = 0; k < w->n; k++) {
+        int i = w->first + k * w->step;
+        if (!reqs[k]) continue;
+        drain_soft(reqs[k], w->specs[i].n_prompt, &w->res[i]);
+        ds_request_release(reqs[k]);
+    }
+    return NULL;
+}
+
+static void engine_run(fixture *f, const ds_engine_opts *o, const spec *w, int n, int n_threads,
+                       result *out, ds_engine_stats *stats) {
+    ds_engine *e;
+    ds_error err = {0};
+    if (ds_engine_create(&f->model, o, &e, &err) != DS_OK) fail_msg("engine: %s", err.msg);
+    pthread_t th[8];
+    worker wk[8];
+    assert_true(n_threads <= 8 && n % n_threads == 0);
+    for (int t = 0; t < n_threads; t++) {
+        wk[t] = (worker){.e = e, .specs = w, .res = out, .first = t, .step = n_threads,
+                         .n = n / n_threads};
+        assert_int_equal(pthread_create(&th[t], NULL, worker_main, &wk[t]), 0);
+    }
+    for (int t = 0; t < n_threads; t++) pthread_join(th[t], NULL);
+    ds_engine_get_stats(e, stats);
+    ds_engine_destroy(e);
+    for (int i = 0; i < n; i++)
+        if (out[i].err[0]) fail_msg("request %d: %s", i, out[i].err);
+}
+
+static void expect_same(const spec *w, const result *solo, const result *eng, int n, int k) {
+    for (int i = 0; i < n; i++) {
+        const result *a = &solo[i], *b = &eng[i];
+        assert_true(b->finished);
+        assert_true(b->n >= 1 && b->n <= w[i].params.max_tokens);
+        if (!w[i].compare) continue;
+        bool same = a->n == b->n && a->reason == b->reason && a->stop_token == b->stop_token &&
+                    memcmp(a->toks, b->toks, (size_t)a->n * sizeof a->toks[0]) == 0;
+        if (same && w[i].params.logprobs >= 0)
+            same = memcmp(a->logprob, b->logprob, (size_t)a->n * sizeof a->logprob[0]) == 0;
+        if (!same) {
+            int j = 0;
+            while (j < a->n && j < b->n && a->toks[j] == b->toks[j]) j++;
+            fail_msg("k=%d request %d (prompt %d, max_tokens %d): solo %d tokens (%s), engine %d "
+                     "(%s), first difference at %d",
+                     k, i, w[i].n_prompt, w[i].params.max_tokens, a->n,
+                     ds_finish_reason_name(a->reason), b->n, ds_finish_reason_name(b->reason), j);
+        }
+    }
+}
+
+static void check_counters(const spec *w, const result *res, int n, const ds_engine_stats *s,
+                           int k) {
+    uint64_t prompt = 0, gen = 0;
+    for (int i = 0; i < n; i++) {
+        prompt += (uint64_t)w[i].n_prompt;
+        gen += (uint64_t)res[i].n;
+    }
+    assert_int_equal(s->requests_finished, n);
+    assert_int_equal(s->requests_aborted, 0);
+    assert_int_equal(s->prompt_tokens, prompt);
+    assert_int_equal(s->generation_tokens, gen);
+    assert_int_equal(s->kv_blocks_used, 0);
+    assert_int_equal(s->slots_used, 0);
+    assert_int_equal(s->num_speculative_tokens, k);
+    const ds_spec_stats *p = &s->spec;
+    assert_true(p->n_drafts > 0);
+    assert_true(p->n_accepted_tokens <= p->n_draft_tokens && p->n_draft_tokens <= p->n_drafts * k);
+    uint64_t acc = 0, dr = 0;
+    for (int i = 0; i < DS_SPEC_MAX_K; i++) {
+        acc += p->accepted_per_pos[i];
+        dr += p->drafted_per_pos[i];
+        if (i >= k) assert_int_equal(p->drafted_per_pos[i], 0);
+        if (i > 0) assert_true(p->accepted_per_pos[i] <= p->accepted_per_pos[i - 1]);
+    }
+    assert_int_equal(acc, p->n_accepted_tokens);
+    assert_int_equal(dr, p->n_draft_tokens);
+}
+
+static void base_opts(ds_engine_opts *o, int k) {
+    ds_engine_opts_default(o);
+    o->max_num_seqs = 8;
+    o->max_model_len = 512;
+    o->max_num_batched_tokens = 64; /* small: prompts are chunked and mixed with verifications */
+    o->max_queue = 64;
+    o->block_size = 16;
+    o->num_speculative_tokens = k;
+}
+
+static void run_equivalence(const char *model, int k_min, int k_max, uint64_t seed) {
+    fixture f;
+    fixture_open(&f, model);
+    spec *w = calloc(N_REQ, sizeof *w);
+    result *solo = calloc(N_REQ, sizeof *solo), *eng = calloc(N_REQ, sizeof *eng);
+    make_workload(w, f.cfg.vocab, seed, true);
+    solo_all(&f, w, N_REQ, solo);
+    for (int k = k_min; k <= k_max; k++) {
+        ds_engine_opts o;
+        base_opts(&o, k);
+        ds_engine_stats st;
+        engine_run(&f, &o, w, N_REQ, 4, eng, &st);
+        expect_same(w, solo, eng, N_REQ, k);
+        check_counters(w, eng, N_REQ, &st, k);
+        printf("  %s k=%d: %llu steps for %llu tokens; acceptance %.2f, mean accepted length "
+               "%.2f, per position:",
+               model, k, (unsigned long long)st.steps, (unsigned long long)st.generation_tokens,
+               ds_spec_acceptance_rate(&st.spec), ds_spec_mean_accepted_len(&st.spec));
+        for (int i = 0; i < k; i++) printf(" %.2f", ds_spec_pos_rate(&st.spec, i));
+        printf("\n");
+        if (!strcmp(model, "demo")) assert_true(st.spec.accepted_per_pos[k - 1] > 0);
+    }
+    free(w);
+    free(solo);
+    free(eng);
+    fixture_close(&f);
+}
+
+static void test_demo_k1_to_k4(void **state) {
+    (void)state;
+    run_equivalence("demo", 1, 4, 0x5bec1ull);
+}
+
+static void test_moe_fixture(void **state) {
+    (void)state;
+    run_equivalence("tiny-moe-mtp", 2, 3, 0x5bec2ull);
+}
+
+static void test_dense_fixture(void **state) {
+    (void)state;
+    run_equivalence("tiny-dense-mtp", 1, 4, 0x5bec3ull);
+}
+
+static void test_preemption(void **state) {
+    (void)state;
+    fixture f;
+    fixture_open(&f, "demo");
+    enum { N = N_REQ };
+    spec *w = calloc(N, sizeof *w);
+    result *solo = calloc(N, sizeof *solo), *eng = calloc(N, sizeof *eng);
+    make_workload(w, f.cfg.vocab, 0x9e11ull, false);
+    solo_all(&f, w, N, solo);
+    ds_engine_opts o;
+    base_opts(&o, 3);
+    o.max_model_len = 256;
+    o.block_size = 8;
+    o.num_kv_blocks = 40; /* 320 positions for 8 sequences of up to 248 */
+    ds_engine_stats st;
+    engine_run(&f, &o, w, N, 4, eng, &st);
+    expect_same(w, solo, eng, N, 3);
+    check_counters(w, eng, N, &st, 3);
+    printf("  preemption: %llu preemptions in %llu steps\n", (unsigned long long)st.preemptions,
+           (unsigned long long)st.steps);
+    assert_true(st.preemptions > 0);
+    free(w);
+    free(solo);
+    free(eng);
+    fixture_close(&f);
+}
+
+static void test_cancel_frees_caches(void **state) {
+    (void)state;
+    fixture f;
+    fixture_open(&f, "demo");
+    ds_engine_opts o;
+    base_opts(&o, 4);
+    ds_engine *e;
+    ds_error err = {0};
+    if (ds_engine_create(&f.model, &o, &e, &err) != DS_OK) fail_msg("engine: %s", err.msg);
+    spec s;
+    memset(&s, 0, sizeof s);
+    s.n_prompt = 30;
+    for (int i = 0; i < 30; i++) s.prompt[i] = 100 + i;
+    ds_sampling_params_init(&s.params);
+    s.params.temperature = 0.0f;
+    s.params.max_tokens = 400;
+    s.params.ignore_eos = true;
+    ds_request *r[3];
+    for (int i = 0; i < 3; i++) {
+        ds_request_desc d = {.prompt = s.prompt, .n_prompt = s.n_prompt, .params = s.params};
+        assert_int_equal(ds_engine_submit(e, &d, &r[i], &err), DS_OK);
+    }
+    ds_request_event ev;
+    int got = 0;
+    while (got < 10 && ds_request_next(r[0], &ev, -1)) got += ev.n_tokens;
+    for (int i = 0; i < 3; i++) ds_request_cancel(r[i]);
+    bool fin = false;
+    while (ds_request_next(r[0], &ev, -1)) {
+        got += ev.n_tokens;
+        if (ev.finished) {
+            fin = true;
+            assert_int_equal(ev.reason, DS_FINISH_NONE);
+            assert_int_equal(ev.n_generated, got);
+        }
+    }
+    assert_true(fin && got < 400);
+    ds_request_release(r[0]);
+    for (int i = 1; i < 3; i++) {
+        result res;
+        drain_soft(r[i], s.n_prompt, &res);
+        if (!(res.finished && res.reason == DS_FINISH_NONE && res.n < 400))
+            fail_msg("request %d: finished %d reason %d n %d err %s", i, res.finished, res.reason,
+                     res.n, res.err);
+        ds_request_release(r[i]);
+    }
+    ds_engine_stats st;
+    ds_engine_get_stats(e, &st);
+    assert_int_equal(st.kv_blocks_used, 0);
+    assert_int_equal(st.slots_used, 0);
+    assert_int_equal(st.requests_aborted, 3);
+    ds_engine_destroy(e);
+    fixture_close(&f);
+}
+
+static void test_options(void **state) {
+    (void)state;
+    fixture f;
+    ds_engine *e = NULL;
+    ds_error err = {0};
+    ds_engine_opts o;
+    /* no MTP head */
+    fixture_open(&f, "tiny-moe");
+    base_opts(&o, 2);
+    assert_int_equal(ds_engine_create(&f.model, &o, &e, &err), DS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "MTP"));
+    fixture_close(&f);
+    fixture_open(&f, "tiny-moe-mtp");
+    /* too many logits rows for the model */
+    memset(&err, 0, sizeof err);
+    base_opts(&o, 6);
+    assert_int_equal(ds_engine_create(&f.model, &o, &e, &err), DS_ERR_INVALID_ARG);
+    memset(&err, 0, sizeof err);
+    base_opts(&o, DS_SPEC_MAX_K + 1);
+    assert_int_equal(ds_engine_create(&f.model, &o, &e, &err), DS_ERR_INVALID_ARG);
+    /* k = 0 on a model with a head: plain engine */
+    memset(&err, 0, sizeof err);
+    base_opts(&o, 0);
+    assert_int_equal(ds_engine_create(&f.model, &o, &e, &err), DS_OK);
+    ds_engine_stats st;
+    ds_engine_get_stats(e, &st);
+    assert_int_equal(st.num_speculative_tokens, 0);
+    ds_engine_destroy(e);
+    fixture_close(&f);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_options),
+        cmocka_unit_test(test_demo_k1_to_k4),
+        cmocka_unit_test(test_moe_fixture),
+        cmocka_unit_test(test_dense_fixture),
+        cmocka_unit_test(test_preemption),
+        cmocka_unit_test(test_cancel_frees_caches),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
