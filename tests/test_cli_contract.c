@@ -116,11 +116,63 @@ static void test_score(void **st) {
     cJSON_Delete(ref);
 }
 
+/* The bundled demo model (models/qwen35-demo) against transformers' own greedy generations of
+ * the same checkpoint (fp32 from the bf16 files): deltaserve on the CPU must produce the same ids,
+ * and its tokenizer must give transformers' prompt ids for the prompt texts. */
+static void test_demo_model_matches_transformers(void **st) {
+    (void)st;
+    char *text = test_read_file("models/qwen35-demo/reference_greedy.json", NULL);
+    assert_non_null(text);
+    cJSON *ref = cJSON_Parse(text);
+    free(text);
+    assert_non_null(ref);
+    const cJSON *g;
+    int n_cases = 0;
+    cJSON_ArrayForEach(g, cJSON_GetObjectItem(ref, "greedy")) {
+        char prompt[16384], want[4096], cmd[32768];
+        ids_to_csv(cJSON_GetObjectItem(g, "prompt"), prompt, sizeof prompt);
+        ids_to_csv(cJSON_GetObjectItem(g, "generated"), want, sizeof want);
+        int n = cJSON_GetArraySize(cJSON_GetObjectItem(g, "generated"));
+        snprintf(cmd, sizeof cmd,
+                 "%s generate -m models/qwen35-demo --tokens %s -n %d --ignore-eos --print-ids "
+                 "--device cpu 2>/dev/null",
+                 test_bin(), prompt, n);
+        char *out = run_capture(cmd);
+        out[strcspn(out, "\n")] = 0;
+        if (strcmp(out, want) != 0)
+            fail_msg("%s: got %s want %s", cJSON_GetObjectItem(g, "name")->valuestring, out, want);
+        free(out);
+        /* the prompt text tokenises to transformers' ids */
+        const cJSON *pt = cJSON_GetObjectItem(g, "prompt_text");
+        if (cJSON_IsString(pt)) {
+            char path[] = "/tmp/ds_demo_prompt_XXXXXX";
+            int fd = mkstemp(path);
+            assert_true(fd >= 0);
+            size_t len = strlen(pt->valuestring);
+            assert_int_equal(write(fd, pt->valuestring, len), (ssize_t)len);
+            close(fd);
+            snprintf(cmd, sizeof cmd,
+                     "%s tokenize --tokenizer models/qwen35-demo --text-file %s", test_bin(), path);
+            out = run_capture(cmd);
+            unlink(path);
+            char want_ids[16384];
+            snprintf(want_ids, sizeof want_ids, "[%s]", prompt);
+            out[strcspn(out, "\n")] = 0;
+            assert_string_equal(out, want_ids);
+            free(out);
+        }
+        n_cases++;
+    }
+    assert_true(n_cases >= 3);
+    cJSON_Delete(ref);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_generate_moe),
         cmocka_unit_test(test_generate_dense),
         cmocka_unit_test(test_score),
+        cmocka_unit_test(test_demo_model_matches_transformers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
