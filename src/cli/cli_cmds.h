@@ -8,7 +8,7 @@ int ds_cmd_tokenize(int argc, char **argv);
 int ds_cmd_detokenize(int argc, char **argv);
 int ds_cmd_info(int argc, char **argv);
 int ds_cmd_serve(int argc, char **argv);
-/* argv[0] = "serve": `deltaserve bench serve` (cmd_bench.c forwards) or `bench-serve`. */
+/* argv[0] = "serve": `deltaserve bench serve` (cmd_bench.c forwards). */
 int ds_cmd_bench_serve(int argc, char **argv);
 int ds_cmd_bench(int argc, char **argv);
 int ds_cmd_render_chat(int argc, char **argv);

@@ -15,9 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <pthread.h>
-#ifdef DS_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
 
 #include <cjson/cJSON.h>
 
@@ -168,20 +165,12 @@ static int parse_args(int argc, char **argv, serve_args *a) {
     return 0;
 }
 
-/* Bytes free for caches on the backend's memory (0 when unknown). */
-static size_t free_memory(const ds_backend *be, char *device_name, size_t cap) {
-#ifdef DS_HAVE_CUDA
-    if (!strcmp(be->ops->name, "cuda")) {
-        size_t fr = 0, total = 0;
-        struct cudaDeviceProp p;
-        int drv = 0;
-        if (cudaGetDeviceProperties(&p, 0) == cudaSuccess && cudaDriverGetVersion(&drv) == cudaSuccess)
-            snprintf(device_name, cap, "%.200s (driver %d.%d)", p.name, drv / 1000, (drv % 1000) / 10);
-        if (cudaMemGetInfo(&fr, &total) == cudaSuccess) return fr;
-        return 0;
-    }
-#endif
-    snprintf(device_name, cap, "cpu");
+/* Bytes free for caches on the backend's memory (0 when unknown): the backend's free_memory op,
+ * else (the CPU backend) the host's MemAvailable. */
+static size_t free_memory(ds_backend *be, char *device_name, size_t cap) {
+    const char *dn = be->ops->device_name ? be->ops->device_name(be) : NULL;
+    snprintf(device_name, cap, "%.200s", dn ? dn : be->ops->name);
+    if (be->ops->free_memory) return be->ops->free_memory(be);
     FILE *f = fopen("/proc/meminfo", "r");
     if (!f) return 0;
     char line[256];
@@ -231,9 +220,15 @@ int ds_cmd_serve(int argc, char **argv) {
     ds_model model;
     ds_engine *eng = NULL;
     ds_server *srv = NULL;
+    ds_chat_formatter *chat = NULL;
     char *info = NULL;
     rc = 1;
     if (ds_tokenizer_load(a.model_dir, &tok, &err) != DS_OK) goto fail;
+    /* The checkpoint's chat template (or the built-in Qwen3.5 one); a template that does not
+     * compile stops the server here rather than failing every chat request. */
+    if (ds_chat_formatter_from_dir(a.model_dir, &chat, &err) != DS_OK) goto fail;
+    fprintf(stderr, "deltaserve serve: chat template: %s (tool calls: %s form)\n", chat->name,
+            chat->tool_format == DS_TOOL_FORMAT_XML ? "XML" : "JSON");
     if (ds_model_load(a.model_dir, &cfg, &host, &err) != DS_OK) goto fail;
     host_ok = true;
     if ((int)ds_tokenizer_vocab_size(tok) > cfg.vocab)
@@ -320,6 +315,7 @@ int ds_cmd_serve(int argc, char **argv) {
         .vocab = cfg.vocab,
         .info_json = info,
         .defaults = defaults,
+        .chat = chat,
     };
     for (int i = 0; i < a.n_names; i++) so.served_names[i] = a.names[i];
     if (ds_server_start(eng, tok, &so, &srv, &err) != DS_OK) goto fail;
@@ -352,5 +348,6 @@ done:
     if (be) be->ops->destroy(be);
     if (host_ok) ds_model_weights_free(&host);
     ds_tokenizer_free(tok);
+    ds_chat_formatter_free(chat);
     return rc;
 }

@@ -8,7 +8,6 @@ const ds_cli_command ds_cli_commands[] = {
     {"detokenize", ds_cmd_detokenize},
     {"info", ds_cmd_info},
     {"serve", ds_cmd_serve},
-    {"bench-serve", ds_cmd_bench_serve},
     {"bench", ds_cmd_bench},
     {"render-chat", ds_cmd_render_chat},
     {0, 0},

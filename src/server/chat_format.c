@@ -180,6 +180,7 @@ static const ds_chat_formatter qwen35 = {
     .name = "qwen3.5",
     .reasoning_end = "</think>",
     .render = qwen35_render,
+    .tool_format = DS_TOOL_FORMAT_JSON,
     .impl = NULL,
 };
 

@@ -26,6 +26,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "chat/tool_calls.h"
 #include "core/status.h"
 #include "server/strbuf.h"
 
@@ -41,6 +42,10 @@ typedef struct ds_chat_opts {
     bool continue_final_message;  /* leave the last (assistant) message open instead */
     bool enable_thinking;         /* chat_template_kwargs.enable_thinking (default true) */
     const cJSON *tools;           /* array of tool definitions or NULL */
+    /* For template formatters: the request's "messages" and "chat_template_kwargs" as sent
+     * (NULL when absent); msgs[] carries the mapped roles and joined contents. */
+    const cJSON *messages_json;
+    const cJSON *kwargs;
 } ds_chat_opts;
 
 typedef struct ds_chat_formatter ds_chat_formatter;
@@ -54,10 +59,20 @@ struct ds_chat_formatter {
     ds_status (*render)(const ds_chat_formatter *f, const ds_chat_message *msgs, int n_msgs,
                         const ds_chat_opts *o, ds_strbuf *out, bool *reasoning_open,
                         ds_error *err);
+    /* The tool-call form the format teaches the model (prefill for a named tool_choice). */
+    ds_tool_format tool_format;
     void *impl;
 };
 
-/* The built-in Qwen3.5 formatter (static; never freed). */
+/* The built-in Qwen3.5 formatter (static; never freed). Used only when the server is started
+ * without a formatter; `serve` always builds one with ds_chat_formatter_from_dir. */
 const ds_chat_formatter *ds_chat_formatter_qwen35(void);
+
+/* A formatter rendering the model directory's chat template (chat_template.jinja or
+ * tokenizer_config.json, plus its "tool_use" template when it has one) with the Jinja engine,
+ * or the built-in Qwen3.5 Jinja template when the checkpoint has none. Compile errors are
+ * DS_ERR_FORMAT naming the template's origin. Free with ds_chat_formatter_free. */
+ds_status ds_chat_formatter_from_dir(const char *model_dir, ds_chat_formatter **out, ds_error *err);
+void ds_chat_formatter_free(ds_chat_formatter *f);
 
 #endif

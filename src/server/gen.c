@@ -16,11 +16,15 @@ bool ds_gen_init(ds_gen *g, ds_request *req, const ds_gen_opts *o) {
     g->o = *o;
     g->stop_token = -1;
     g->stop_index = -1;
+    g->o.chat = NULL; /* the options need not outlive init */
     ds_detok_init(&g->detok, o->tok, o->skip_special);
-    ds_reasoning_init(&g->rs, o->reasoning_end, o->split_reasoning);
     ds_strbuf_init(&g->content);
     ds_strbuf_init(&g->reasoning);
     ds_error err = {0};
+    if (o->chat && ds_tool_parser_create(o->chat, &g->tp, &err) != DS_OK) {
+        g->failed = true;
+        return false;
+    }
     if (ds_stop_matcher_init_params(&g->stop, o->sp, &err) != DS_OK) {
         g->failed = true;
         return false;
@@ -33,9 +37,12 @@ void ds_gen_free(ds_gen *g) {
     g->req = NULL;
     ds_detok_free(&g->detok);
     ds_stop_matcher_free(&g->stop);
-    ds_reasoning_free(&g->rs);
+    ds_tool_parser_free(g->tp);
+    g->tp = NULL;
     ds_strbuf_free(&g->content);
     ds_strbuf_free(&g->reasoning);
+    cJSON_Delete(g->tool_deltas);
+    g->tool_deltas = NULL;
     free(g->toks);
     g->toks = NULL;
 }
@@ -43,18 +50,85 @@ void ds_gen_free(ds_gen *g) {
 void ds_gen_clear_step(ds_gen *g) {
     ds_strbuf_clear(&g->content);
     ds_strbuf_clear(&g->reasoning);
+    cJSON_Delete(g->tool_deltas);
+    g->tool_deltas = NULL;
     g->n_toks = 0;
 }
 
-/* Released text goes through the reasoning splitter into content / reasoning. */
+/* A CALL_BEGIN / CALL_ARGS event as a delta.tool_calls item; argument fragments of the same
+ * call within one step are merged into one item. False on OOM. */
+static bool add_call_delta(ds_gen *g, const ds_tc_event *ev) {
+    if (!g->tool_deltas && !(g->tool_deltas = cJSON_CreateArray())) return false;
+    if (ev->kind == DS_TC_CALL_ARGS) {
+        cJSON *last = cJSON_GetArrayItem(g->tool_deltas, cJSON_GetArraySize(g->tool_deltas) - 1);
+        const cJSON *idx = cJSON_GetObjectItemCaseSensitive(last, "index");
+        cJSON *fn = cJSON_GetObjectItemCaseSensitive(last, "function");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+        if (cJSON_IsNumber(idx) && idx->valueint == ev->index && cJSON_IsString(args)) {
+            size_t a = strlen(args->valuestring);
+            char *joined = malloc(a + ev->len + 1);
+            if (!joined) return false;
+            memcpy(joined, args->valuestring, a);
+            memcpy(joined + a, ev->text, ev->len);
+            joined[a + ev->len] = 0;
+            cJSON *ns = cJSON_CreateString(joined);
+            free(joined);
+            return ns && cJSON_ReplaceItemInObjectCaseSensitive(fn, "arguments", ns);
+        }
+    }
+    cJSON *d = cJSON_CreateObject();
+    if (!d || !cJSON_AddItemToArray(g->tool_deltas, d)) {
+        cJSON_Delete(d);
+        return false;
+    }
+    cJSON_AddNumberToObject(d, "index", ev->index);
+    if (ev->kind == DS_TC_CALL_BEGIN) {
+        cJSON_AddStringToObject(d, "id", ev->id);
+        cJSON_AddStringToObject(d, "type", "function");
+    }
+    cJSON *fn = cJSON_AddObjectToObject(d, "function");
+    if (!fn) return false;
+    if (ev->kind == DS_TC_CALL_BEGIN) cJSON_AddStringToObject(fn, "name", ev->name);
+    return cJSON_AddStringToObject(fn, "arguments", ev->kind == DS_TC_CALL_ARGS ? ev->text : "") != NULL;
+}
+
+/* Released text (after stop strings) goes through the response parser into content,
+ * reasoning and tool-call deltas; end: the output is complete. */
+void ds_gen_feed_text(ds_gen *g, const char *text, size_t len, bool end) {
+    if (!g->tp) {
+        ds_strbuf_append(&g->content, text, len);
+        return;
+    }
+    const ds_tc_event *ev = NULL;
+    size_t n = 0;
+    ds_error err = {0};
+    ds_status st = end ? ds_tool_parser_finish(g->tp, &ev, &n, &err)
+                       : ds_tool_parser_push(g->tp, text, len, &ev, &n, &err);
+    if (st != DS_OK) {
+        g->failed = true;
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        switch (ev[i].kind) {
+        case DS_TC_CONTENT: ds_strbuf_append(&g->content, ev[i].text, ev[i].len); break;
+        case DS_TC_REASONING: ds_strbuf_append(&g->reasoning, ev[i].text, ev[i].len); break;
+        case DS_TC_CALL_BEGIN:
+        case DS_TC_CALL_ARGS:
+            if (!add_call_delta(g, &ev[i])) g->failed = true;
+            break;
+        case DS_TC_CALL_END: break;
+        }
+    }
+}
+
 static void release(ds_gen *g, const ds_stop_result *sr) {
-    if (sr->len) ds_reasoning_feed(&g->rs, sr->text, sr->len, &g->reasoning, &g->content);
+    if (sr->len) ds_gen_feed_text(g, sr->text, sr->len, false);
 }
 
 static void finish(ds_gen *g, const char *reason) {
     g->finished = true;
     g->finish_reason = reason;
-    ds_reasoning_flush(&g->rs, &g->reasoning, &g->content);
+    ds_gen_feed_text(g, NULL, 0, true);
     if (g->o.metrics && g->n_generated > 0) {
         ds_metrics_finish why = !strcmp(reason, "stop")     ? DS_METRICS_FINISH_STOP
                                 : !strcmp(reason, "length") ? DS_METRICS_FINISH_LENGTH

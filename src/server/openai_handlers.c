@@ -26,6 +26,7 @@ typedef struct ds_job {
     ds_gen g;
     bool gen_ready;
     char *echo_text;        /* completions with echo: the prompt text */
+    char *prefill;          /* chat with a named tool_choice: the call opener ending the prompt */
     int32_t *ids;           /* [n_ids] the prompt's token ids */
     int n_ids;
     /* streaming */
@@ -41,6 +42,7 @@ static void job_free(ds_job *j) {
     }
     ds_oai_request_free(&j->rq);
     free(j->echo_text);
+    free(j->prefill);
     free(j->ids);
     ds_strbuf_free(&j->out);
     free(j);
@@ -90,15 +92,28 @@ static bool prompt_ids(ds_job *j, int32_t **ids, size_t *n, bool *reasoning_open
         ds_strbuf_init(&text);
         ds_status st = s->chat->render(s->chat, rq->messages, rq->n_messages, &rq->chat, &text,
                                        reasoning_open, &err);
+        /* A named tool_choice: the prompt ends inside a call of that function (no constrained
+         * decoding; the parser is told the prefill so the call is reported whole). */
+        if (st == DS_OK && rq->tool_choice.mode == DS_TOOL_CHOICE_NAMED) {
+            j->prefill = ds_tool_call_prefill(s->chat->tool_format, rq->tool_choice.name,
+                                              *reasoning_open);
+            if (!j->prefill) st = ds_error_set(&err, DS_ERR_NOMEM, "chat prompt: out of memory");
+            else ds_strbuf_puts(&text, j->prefill);
+            if (st == DS_OK && !ds_strbuf_ok(&text))
+                st = ds_error_set(&err, DS_ERR_NOMEM, "chat prompt: out of memory");
+        }
+        /* parse_special: the template's <|im_start|> etc. are the special tokens */
         if (st == DS_OK)
             st = ds_tokenizer_encode(s->tok, text.data ? text.data : "", text.len, true, ids, n, &err);
         ds_strbuf_free(&text);
         if (st != DS_OK) {
-            char param[64];
-            param_from_message(err.msg, param, sizeof param);
-            ds_oai_error_set(e, st == DS_ERR_INVALID_ARG ? 400 : 500,
-                             st == DS_ERR_INVALID_ARG ? "invalid_request_error" : "server_error",
-                             NULL, st == DS_ERR_INVALID_ARG ? param : NULL, "%s", err.msg);
+            /* the conversation (or a template's raise_exception) is the client's problem */
+            bool client = st == DS_ERR_INVALID_ARG || st == DS_ERR_FORMAT;
+            char param[64] = "messages";
+            if (st == DS_ERR_INVALID_ARG) param_from_message(err.msg, param, sizeof param);
+            ds_oai_error_set(e, client ? 400 : 500,
+                             client ? "invalid_request_error" : "server_error", NULL,
+                             client ? param : NULL, "%s", err.msg);
             return false;
         }
     } else if (rq->prompt_text) {
@@ -195,13 +210,21 @@ static bool submit(ds_job *j, double t_arrival, ds_oai_error *e) {
         return false;
     }
 
+    /* Tool-call ids: unique per request (the server's salt and request counter). */
+    unsigned long long seq = atomic_fetch_add(&s->next_id, 1);
+    ds_tool_parser_opts po = {
+        .parse_calls = rq->tool_choice.mode != DS_TOOL_CHOICE_NONE,
+        .in_reasoning = reasoning_open,
+        .tools = rq->tools,
+        .id_seed = (seq + s->id_salt) * 0x9E3779B97F4A7C15ull ^ (unsigned long long)(t_arrival * 1e9),
+        .prefill = j->prefill,
+    };
     ds_gen_opts go = {
         .tok = s->tok,
         .sp = &rq->sp,
         .skip_special = rq->skip_special_tokens,
         .want_tokens = rq->logprobs >= 0 || rq->return_token_ids,
-        .split_reasoning = reasoning_open,
-        .reasoning_end = s->chat->reasoning_end,
+        .chat = rq->kind == DS_OAI_CHAT ? &po : NULL,
         .metrics = &s->metrics,
         .t_arrival = t_arrival,
     };
@@ -218,12 +241,14 @@ static bool submit(ds_job *j, double t_arrival, ds_oai_error *e) {
 static ds_oai_result result_of(const ds_job *j, const char *text, const char *reasoning,
                                const ds_gen_token *toks, int n_toks) {
     const ds_gen *g = &j->g;
+    const char *fr = ds_oai_finish_reason(g->finish_reason, g->tp);
     return (ds_oai_result){
         .text = text,
         .reasoning = reasoning,
         .toks = toks,
         .n_toks = n_toks,
-        .finish_reason = g->finish_reason,
+        .finish_reason = fr,
+        .tools = g->tp,
         .stop_str = g->stop_index >= 0 ? j->rq.sp.stop[g->stop_index] : NULL,
         .stop_token = g->stop_token,
         .n_prompt = g->n_prompt,
@@ -330,9 +355,13 @@ static void produce(ds_job *j) {
                      g->n_generated);
         n_toks = 0; /* the logprobs went with the first chunk of this step */
     }
-    if (g->content.len || n_toks > 0)
+    if (g->content.len || (n_toks > 0 && !g->tool_deltas)) {
         ds_oai_chunk(&j->out, c, false, NULL, g->content.data ? g->content.data : "", toks, n_toks,
                      NULL, g->n_prompt, g->n_generated);
+        n_toks = 0;
+    }
+    if (g->tool_deltas)
+        ds_oai_tool_chunk(&j->out, c, g->tool_deltas, toks, n_toks, g->n_prompt, g->n_generated);
     if (g->finished) {
         if (g->failed || !strcmp(g->finish_reason, "abort")) {
             ds_oai_error e;

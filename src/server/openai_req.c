@@ -295,20 +295,20 @@ static bool parse_chat_options(const cJSON *root, ds_oai_request *r, ds_oai_erro
         }
     }
     const cJSON *tools = field(root, "tools");
-    if (tools) {
-        if (!cJSON_IsArray(tools)) return bad(e, "tools", "tools must be an array");
-        int k = 0;
-        for (const cJSON *t = tools->child; t; t = t->next, k++)
-            if (!cJSON_IsObject(t)) return bad(e, "tools", "tools[%d] must be an object", k);
-        r->chat.tools = tools;
+    ds_error err = {0};
+    if (ds_tools_validate(tools, &err) != DS_OK) return bad(e, "tools", "%s", err.msg);
+    if (ds_tool_choice_parse(field(root, "tool_choice"), tools, &r->tool_choice, &err) != DS_OK)
+        return bad(e, "tool_choice", "%s", err.msg);
+    r->tools = tools;
+    /* The prompt lists every tool, or only the one tool_choice names. */
+    r->prompt_tools = ds_tools_for_prompt(tools, &r->tool_choice);
+    if (tools && !r->prompt_tools && cJSON_GetArraySize(tools) > 0) {
+        ds_oai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        return false;
     }
-    const cJSON *tc = field(root, "tool_choice");
-    if (tc) {
-        bool ok = cJSON_IsString(tc) && (!strcmp(tc->valuestring, "none") ||
-                                         !strcmp(tc->valuestring, "auto"));
-        if (!ok)
-            return bad(e, "tool_choice", "tool_choice: only \"none\" and \"auto\" are supported");
-    }
+    r->chat.tools = r->prompt_tools;
+    r->chat.kwargs = kw;
+    r->chat.messages_json = field(root, "messages");
     const cJSON *rf = field(root, "response_format");
     if (rf) {
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(rf, "type");
@@ -577,6 +577,7 @@ void ds_oai_request_free(ds_oai_request *r) {
     free(r->messages);
     free(r->prompt_ids);
     free(r->stop_ids);
+    cJSON_Delete(r->prompt_tools);
     cJSON_Delete(r->root);
     memset(r, 0, sizeof *r);
 }

@@ -17,6 +17,7 @@
 
 #include "core/status.h"
 #include "sampling/params.h"
+#include "chat/tool_calls.h"
 #include "server/chat_format.h"
 
 typedef enum ds_oai_kind { DS_OAI_COMPLETIONS = 0, DS_OAI_CHAT = 1 } ds_oai_kind;
@@ -50,6 +51,9 @@ typedef struct ds_oai_request {
     int n_messages;
     char **joined;                /* [n_messages] contents joined from text parts (owned) */
     ds_chat_opts chat;
+    const cJSON *tools;           /* the request's tools (validated), NULL when absent */
+    cJSON *prompt_tools;          /* the tools the prompt lists (owned; chat.tools points here) */
+    ds_tool_choice tool_choice;   /* parsed tool_choice (NONE without tools) */
 
     bool stream;
     bool include_usage;           /* stream_options.include_usage */

@@ -172,6 +172,12 @@ static char *print_free(cJSON *o) {
     return s;
 }
 
+const char *ds_oai_finish_reason(const char *reason, const ds_tool_parser *tools) {
+    if (reason && !strcmp(reason, "stop") && tools && ds_tool_parser_n_calls(tools) > 0)
+        return "tool_calls";
+    return reason;
+}
+
 char *ds_oai_response_json(const ds_oai_resp_ctx *c, const ds_oai_result *r) {
     bool chat = c->kind == DS_OAI_CHAT;
     cJSON *o = envelope(c, chat ? "chat.completion" : "text_completion");
@@ -181,10 +187,23 @@ char *ds_oai_response_json(const ds_oai_resp_ctx *c, const ds_oai_result *r) {
     if (chat) {
         cJSON *m = cJSON_AddObjectToObject(ch, "message");
         cJSON_AddStringToObject(m, "role", "assistant");
-        cJSON_AddStringToObject(m, "content", r->text ? r->text : "");
+        size_t n_calls = r->tools ? ds_tool_parser_n_calls(r->tools) : 0;
+        /* content is null when the model only called tools */
+        if (n_calls && (!r->text || !r->text[0])) cJSON_AddNullToObject(m, "content");
+        else cJSON_AddStringToObject(m, "content", r->text ? r->text : "");
         if (r->reasoning) cJSON_AddStringToObject(m, "reasoning_content", r->reasoning);
         else cJSON_AddNullToObject(m, "reasoning_content");
-        cJSON_AddArrayToObject(m, "tool_calls");
+        cJSON *calls = cJSON_AddArrayToObject(m, "tool_calls");
+        for (size_t i = 0; i < n_calls; i++) {
+            const ds_tool_call *tc = ds_tool_parser_call(r->tools, i);
+            cJSON *call = cJSON_CreateObject();
+            cJSON_AddStringToObject(call, "id", tc->id);
+            cJSON_AddStringToObject(call, "type", "function");
+            cJSON *fn = cJSON_AddObjectToObject(call, "function");
+            cJSON_AddStringToObject(fn, "name", tc->name);
+            cJSON_AddStringToObject(fn, "arguments", tc->arguments);
+            cJSON_AddItemToArray(calls, call);
+        }
     } else {
         cJSON_AddStringToObject(ch, "text", r->text ? r->text : "");
     }
@@ -232,6 +251,24 @@ void ds_oai_chunk(ds_strbuf *out, const ds_oai_resp_ctx *c, bool role, const cha
     if (n_toks > 0 && c->logprobs >= 0) cJSON_AddItemToObject(ch, "logprobs", logprobs_json(c, toks, n_toks));
     else cJSON_AddNullToObject(ch, "logprobs");
     add_finish(ch, fin);
+    if (c->return_token_ids) cJSON_AddItemToObject(ch, "token_ids", tok_ids(toks, n_toks));
+    cJSON_AddItemToArray(choices, ch);
+    if (c->continuous_usage) cJSON_AddItemToObject(o, "usage", usage_json(n_prompt, n_gen));
+    else if (c->include_usage) cJSON_AddNullToObject(o, "usage");
+    sse_append(out, o);
+}
+
+void ds_oai_tool_chunk(ds_strbuf *out, const ds_oai_resp_ctx *c, const cJSON *deltas,
+                       const ds_gen_token *toks, int n_toks, int n_prompt, int n_gen) {
+    cJSON *o = envelope(c, "chat.completion.chunk");
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    cJSON *ch = cJSON_CreateObject();
+    cJSON_AddNumberToObject(ch, "index", 0);
+    cJSON *d = cJSON_AddObjectToObject(ch, "delta");
+    cJSON_AddItemToObject(d, "tool_calls", cJSON_Duplicate(deltas, true));
+    if (n_toks > 0 && c->logprobs >= 0) cJSON_AddItemToObject(ch, "logprobs", logprobs_json(c, toks, n_toks));
+    else cJSON_AddNullToObject(ch, "logprobs");
+    add_finish(ch, NULL);
     if (c->return_token_ids) cJSON_AddItemToObject(ch, "token_ids", tok_ids(toks, n_toks));
     cJSON_AddItemToArray(choices, ch);
     if (c->continuous_usage) cJSON_AddItemToObject(o, "usage", usage_json(n_prompt, n_gen));

@@ -35,6 +35,7 @@ typedef struct ds_oai_resp_ctx {
 typedef struct ds_oai_result {
     const char *text;       /* content (completions: the text) */
     const char *reasoning;  /* chat: reasoning_content, NULL if none */
+    const ds_tool_parser *tools; /* chat: the parsed tool calls (NULL: none) */
     const ds_gen_token *toks;
     int n_toks;
     const char *finish_reason;
@@ -46,6 +47,10 @@ typedef struct ds_oai_result {
 /* Appends `s` (n bytes) to out with each invalid UTF-8 sequence replaced by U+FFFD. */
 void ds_utf8_lossy(ds_strbuf *out, const char *s, size_t n);
 
+/* The finish_reason reported: "tool_calls" for a normal stop after calls (as vLLM does), else
+ * reason unchanged ("length" stays "length": the last call may be cut off). */
+const char *ds_oai_finish_reason(const char *reason, const ds_tool_parser *tools);
+
 char *ds_oai_response_json(const ds_oai_resp_ctx *c, const ds_oai_result *r);
 
 /* One SSE event ("data: {...}\n\n") appended to out. Chat: role → the first delta carries the
@@ -53,6 +58,10 @@ char *ds_oai_response_json(const ds_oai_resp_ctx *c, const ds_oai_result *r);
 void ds_oai_chunk(ds_strbuf *out, const ds_oai_resp_ctx *c, bool role, const char *reasoning,
                   const char *content, const ds_gen_token *toks, int n_toks,
                   const ds_oai_result *fin, int n_prompt, int n_gen);
+/* A chat chunk whose delta carries tool_calls (the items of `deltas`, an array of
+ * {index, id?, type?, function: {name?, arguments}}). */
+void ds_oai_tool_chunk(ds_strbuf *out, const ds_oai_resp_ctx *c, const cJSON *deltas,
+                       const ds_gen_token *toks, int n_toks, int n_prompt, int n_gen);
 /* The final usage chunk (choices: []). */
 void ds_oai_usage_chunk(ds_strbuf *out, const ds_oai_resp_ctx *c, int n_prompt, int n_gen);
 /* data: {"error": {...}} */

@@ -169,16 +169,44 @@ done
 post /v1/completions '{"prompt":"Once upon a time","max_tokens":40,"temperature":0.9,"top_p":0.95,"top_k":50,"seed":4321,"return_token_ids":true}'
 check "another seed, other tokens" [ "$(js 'd.choices[0].token_ids.join(",")' <"$tmp/out")" != "$(js 'd.choices[0].token_ids.join(",")' <"$tmp/whole_completions")" ]
 
-# ---- chat prompt = the tokenised Qwen3.5 template; greedy chat = generate on those ids ----------
+# ---- chat prompt = the tokenised chat template; greedy chat = generate on those ids -------------
+# The server renders the checkpoint's own template; the expected text comes from Python's jinja2
+# (an independent renderer, as transformers sets it up). A model without a template gets the
+# built-in Qwen3.5 one, whose text is written out literally (also checked below on tiny-moe-tok).
+has_template() { [ -f "$1/chat_template.jinja" ] || node -e 'process.exit(require(process.argv[1]+"/tokenizer_config.json").chat_template?0:1)' "$(cd "$1" && pwd)" 2>/dev/null; }
+# expected_prompt DIR KWARGS_JSON → the user "hi" conversation rendered with add_generation_prompt
+expected_prompt() {
+  if has_template "$1"; then
+    python3 - "$1" "$2" <<'PY'
+import json, os, sys
+import jinja2
+d, kw = sys.argv[1], json.loads(sys.argv[2])
+p = os.path.join(d, "chat_template.jinja")
+if os.path.exists(p): src = open(p).read()
+else: src = json.load(open(os.path.join(d, "tokenizer_config.json")))["chat_template"]
+env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+sys.stdout.write(env.from_string(src).render(messages=[{"role": "user", "content": "hi"}],
+                                             add_generation_prompt=True, **kw))
+PY
+  elif [ "$2" = '{}' ]; then printf '<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n'
+  else printf '<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n'; fi; }
+HAVE_JINJA=1
+if has_template "$MODEL" && ! python3 -c 'import jinja2' 2>/dev/null; then HAVE_JINJA=0; echo "SKIP: chat template checks need python3 jinja2"; fi
 post /v1/chat/completions '{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":12,"temperature":0,"return_token_ids":true}'
-"$BIN" tokenize --tokenizer "$MODEL" --text $'<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n' >"$tmp/tpl_ids"
-check "chat prompt ids = tokenize(template)" [ "$(js 'JSON.stringify(d.prompt_token_ids)' <"$tmp/out")" = "$(tr -d ' \n' <"$tmp/tpl_ids")" ]
+if [ $HAVE_JINJA = 1 ]; then
+  T=$(expected_prompt "$MODEL" '{}'; printf x)
+  "$BIN" tokenize --tokenizer "$MODEL" --text "${T%x}" >"$tmp/tpl_ids"
+  check "chat prompt ids = tokenize(template)" [ "$(js 'JSON.stringify(d.prompt_token_ids)' <"$tmp/out")" = "$(tr -d ' \n' <"$tmp/tpl_ids")" ]
+fi
 CHAT_IDS=$(js 'd.prompt_token_ids.join(",")' <"$tmp/out")
 "$BIN" generate -m "$MODEL" --device cpu --tokens "$CHAT_IDS" -n 12 --print-ids 2>/dev/null >"$tmp/gen_chat"
 check "greedy chat ids = generate" [ "$(js 'd.choices[0].token_ids.join(",")' <"$tmp/out")" = "$(cat "$tmp/gen_chat")" ]
 post /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"temperature":0,"return_token_ids":true,"chat_template_kwargs":{"enable_thinking":false}}'
-"$BIN" tokenize --tokenizer "$MODEL" --text $'<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n' >"$tmp/tpl_ids2"
-check "chat prompt ids, thinking off" [ "$(js 'JSON.stringify(d.prompt_token_ids)' <"$tmp/out")" = "$(tr -d ' \n' <"$tmp/tpl_ids2")" ]
+if [ $HAVE_JINJA = 1 ]; then
+  T=$(expected_prompt "$MODEL" '{"enable_thinking":false}'; printf x)
+  "$BIN" tokenize --tokenizer "$MODEL" --text "${T%x}" >"$tmp/tpl_ids2"
+  check "chat prompt ids, thinking off" [ "$(js 'JSON.stringify(d.prompt_token_ids)' <"$tmp/out")" = "$(tr -d ' \n' <"$tmp/tpl_ids2")" ]
+fi
 check "thinking off: no reasoning_content" [ "$(js 'd.choices[0].message.reasoning_content' <"$tmp/out")" = null ]
 
 # ---- stop_token_ids / stop strings ----------------------------------------------------------------
@@ -247,7 +275,84 @@ check "server still healthy after bad input" [ "$(curl -s -o /dev/null -w '%{htt
 curl -s "$U/metrics" >"$tmp/metrics2"
 check "nothing left running or holding caches" grep -q '^deltaserve:kv_cache_blocks_used{model_name="tiny"} 0$' "$tmp/metrics2"
 check "400s counted" grep -q '^deltaserve:http_requests_total{model_name="tiny",code="400"} [1-9]' "$tmp/metrics2"
+TOOLS='[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}]'
+expect_error 400 tool_choice null $H "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":$TOOLS,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"nope\"}}}"
+expect_error 400 tool_choice null $H "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":$TOOLS,\"tool_choice\":\"sometimes\"}"
+expect_error 400 tools null $H '{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"description":"no name"}}]}'
+expect_error 400 tools null $H '{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"a b"}}]}'
 stop_server "$MAIN_PID"
+
+# ---- chat templates: the built-in fallback, a checkpoint's XML tool template, tool calls -------
+# Model directories made from tiny-moe-tok (which has no chat template of its own).
+TINY=$DATA/models/tiny-moe-tok
+mkdir -p "$tmp/xml" "$tmp/broken"
+cp "$TINY"/config.json "$TINY"/model.safetensors "$TINY"/tokenizer.json "$TINY"/tokenizer_config.json "$tmp/xml/"
+cp "$tmp/xml"/* "$tmp/broken/"
+cp "$DATA/server/xml_tools.jinja" "$tmp/xml/chat_template.jinja"
+printf '{%% for m in messages %%}{{ m.content }' >"$tmp/broken/chat_template.jinja"
+cli 1 "chat template" -m "$tmp/broken" --port 0 --device cpu
+# fallback: no template → the built-in Qwen3.5 one (generation prompt opens <think>)
+MODEL=$TINY start_server fallback --served-model-name tiny --max-model-len 256
+check "fallback template announced" grep -q "chat template: built-in" "$tmp/fallback.log"
+post /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"max_tokens":2,"temperature":0,"return_token_ids":true}'
+"$BIN" tokenize --tokenizer "$TINY" --text $'<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n' >"$tmp/fb_ids"
+check "fallback prompt ids = Qwen3.5 ChatML" [ "$(js 'JSON.stringify(d.prompt_token_ids)' <"$tmp/out")" = "$(tr -d ' \n' <"$tmp/fb_ids")" ]
+check "fallback: output is reasoning (prompt opened <think>)" [ "$(js 'd.choices[0].message.content' <"$tmp/out")" = "" ]
+post /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"max_tokens":2,"temperature":0,"return_token_ids":true,"chat_template_kwargs":{"enable_thinking":false}}'
+"$BIN" tokenize --tokenizer "$TINY" --text $'<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n' >"$tmp/fb_ids2"
+check "fallback prompt ids, thinking off" [ "$(js 'JSON.stringify(d.prompt_token_ids)' <"$tmp/out")" = "$(tr -d ' \n' <"$tmp/fb_ids2")" ]
+stop_server "$SPID"
+# XML tool template: a named tool_choice prefills "<tool_call>\n<function=get_weather>\n"; one
+# generated token cannot complete a parameter, so whatever the (untrained) model emits, the
+# response holds exactly that call with no arguments, cut off by max_tokens.
+MODEL=$tmp/xml start_server xml --served-model-name tiny --max-model-len 512
+check "XML tool form detected" grep -q "tool calls: XML form" "$tmp/xml.log"
+NAMED="\"tools\":$TOOLS,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}"
+post /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"weather?\"}],$NAMED,\"max_tokens\":1,\"temperature\":0,\"return_token_ids\":true}"
+check "named tool_choice: 200" [ "$CODE" = 200 ]
+check "named tool_choice: one call" [ "$(js 'd.choices[0].message.tool_calls.map(c=>c.type+":"+c.function.name+":"+c.function.arguments).join()' <"$tmp/out")" = 'function:get_weather:{}' ]
+check "named tool_choice: call id" [ "$(js '/^call_[A-Za-z0-9]{24}$/.test(d.choices[0].message.tool_calls[0].id)' <"$tmp/out")" = true ]
+check "named tool_choice: content null" [ "$(js 'd.choices[0].message.content' <"$tmp/out")" = null ]
+check "named tool_choice: cut by max_tokens" [ "$(js 'd.choices[0].finish_reason' <"$tmp/out")" = length ]
+# the prompt = the tokenised template (rendered by jinja2) + the prefill
+if python3 -c 'import jinja2' 2>/dev/null; then
+  T=$(python3 - "$tmp/xml/chat_template.jinja" "$TOOLS" <<'PY'
+import json, sys
+import jinja2
+env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+env.filters["tojson"] = lambda v: json.dumps(v, ensure_ascii=False)
+tools = json.loads(sys.argv[2])
+sys.stdout.write(env.from_string(open(sys.argv[1]).read()).render(
+    messages=[{"role": "user", "content": "weather?"}], tools=tools, add_generation_prompt=True))
+sys.stdout.write("<tool_call>\n<function=get_weather>\n")
+PY
+  printf x)
+  "$BIN" tokenize --tokenizer "$tmp/xml" --text "${T%x}" >"$tmp/xml_ids"
+  check "named tool_choice: prompt = template + prefill" [ "$(js 'JSON.stringify(d.prompt_token_ids)' <"$tmp/out")" = "$(tr -d ' \n' <"$tmp/xml_ids")" ]
+fi
+CODE=$(curl -sN --max-time 60 -o "$tmp/xml_stream" -w '%{http_code}' "http://127.0.0.1:$PORT/v1/chat/completions" -H 'Content-Type: application/json' \
+       -d "{\"messages\":[{\"role\":\"user\",\"content\":\"weather?\"}],$NAMED,\"max_tokens\":1,\"temperature\":0,\"stream\":true}")
+check "stream named tool_choice: 200" [ "$CODE" = 200 ]
+node -e 'const fs=require("fs");const calls=[];let fin=null;
+  for (const l of fs.readFileSync(process.argv[1],"utf8").split("\n")) {
+    if (!l.startsWith("data: ")||l==="data: [DONE]") continue; const c=JSON.parse(l.slice(6)).choices[0];
+    for (const t of (c.delta.tool_calls||[])) { calls[t.index]=calls[t.index]||{id:"",name:"",args:""};
+      if (t.id) calls[t.index].id=t.id; if (t.function&&t.function.name) calls[t.index].name+=t.function.name;
+      if (t.function&&t.function.arguments) calls[t.index].args+=t.function.arguments; }
+    if (c.finish_reason) fin=c.finish_reason; }
+  process.stdout.write(calls.map(c=>c.name+":"+c.args+":"+/^call_/.test(c.id)).join()+"/"+fin)' "$tmp/xml_stream" >"$tmp/xml_s"
+check "stream named tool_choice: deltas assemble the call" [ "$(cat "$tmp/xml_s")" = 'get_weather:{}:true/length' ]
+# tool_choice none: no prefill, calls are not parsed (the text stays content)
+post /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"weather?\"}],\"tools\":$TOOLS,\"tool_choice\":\"none\",\"max_tokens\":2,\"temperature\":0}"
+check "tool_choice none: no calls" [ "$(js 'd.choices[0].message.tool_calls.length' <"$tmp/out")" = 0 ]
+# an assistant tool call in the history (arguments as JSON text) renders through the template
+post /v1/chat/completions "{\"messages\":[{\"role\":\"user\",\"content\":\"w\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"sunny\"}],\"tools\":$TOOLS,\"max_tokens\":1,\"temperature\":0,\"return_token_ids\":true}"
+check "tool history: 200" [ "$CODE" = 200 ]
+"$BIN" detokenize --tokenizer "$tmp/xml" --tokens "$(js 'd.prompt_token_ids.join(",")' <"$tmp/out")" >"$tmp/hist_text" 2>/dev/null
+check "tool history: arguments rendered as parameters" grep -q "<parameter=city>" "$tmp/hist_text"
+# a template's raise_exception / bad conversation is the client's error
+expect_error 400 continue_final_message null /v1/chat/completions '{"messages":[{"role":"user","content":"x"},{"role":"user","content":"y"}],"continue_final_message":true,"add_generation_prompt":false}'
+stop_server "$SPID"
 
 # ---- API key and body size limit (second server) ------------------------------------------------
 start_server auth --api-key s3cret --max-body-bytes 4096 --max-model-len 128

@@ -20,8 +20,7 @@ js() { node -e 'const d=JSON.parse(require("fs").readFileSync(0,"utf8"));
   const v=(new Function("d","return ("+process.argv[1]+")"))(d);
   process.stdout.write(v===undefined?"undefined":typeof v==="string"?v:JSON.stringify(v))' "$1"; }
 
-# `bench serve` once cmd_bench.c forwards "serve"; `bench-serve` until then
-if "$BIN" bench serve --help 2>/dev/null | grep -q "bench serve"; then BENCH=(bench serve); else BENCH=(bench-serve); fi
+BENCH=(bench serve)
 
 "$BIN" serve -m "$MODEL" --port 0 --device cpu --threads 2 --max-model-len 512 --max-num-seqs 8 \
   --served-model-name tiny >"$tmp/server.log" 2>&1 &

@@ -6,7 +6,8 @@
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, execFileSync } from 'node:child_process';
-import { existsSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdtempSync, rmSync } from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import OpenAI from 'openai';
@@ -20,8 +21,8 @@ const MODEL = process.env.DS_SERVER_TEST_MODEL ||
 const servers = new Set();
 
 /** Starts `deltaserve serve` on an ephemeral port; resolves once it listens (30 s at most). */
-function startServer(extra = []) {
-  const args = ['serve', '-m', MODEL, '--port', '0', '--device', 'cpu', '--threads', '2',
+function startServer(extra = [], model = MODEL) {
+  const args = ['serve', '-m', model, '--port', '0', '--device', 'cpu', '--threads', '2',
     '--served-model-name', 'tiny', ...extra];
   const proc = spawn(BIN, args, { stdio: ['ignore', 'ignore', 'pipe'] });
   servers.add(proc);
@@ -238,4 +239,64 @@ test('queue full: 503 + Retry-After, and retrying clients all get through', asyn
   for (const r of all) assert.deepEqual(r.choices[0].token_ids, solo.slice(0, 20));
   assert.ok(await waitIdle(s));
   assert.equal(await stopServer(s), 0);
+});
+
+// Tool calls. No model here emits calls reliably, so the route is made deterministic: tiny-moe-tok
+// with a chat template that teaches the XML call form (tests/data/server/xml_tools.jinja) and a
+// named tool_choice. The server then ends the prompt with "<tool_call>\n<function=get_weather>\n"
+// and, with max_tokens 1, no generated token can complete a parameter: whatever the untrained
+// model emits, the response is that one call with no arguments, cut off by max_tokens.
+test('tool calls through the OpenAI client', async (t) => {
+  const tiny = path.join(ROOT, 'tests/data/models/tiny-moe-tok');
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'ds-e2e-xml-'));
+  for (const f of ['config.json', 'model.safetensors', 'tokenizer.json', 'tokenizer_config.json'])
+    copyFileSync(path.join(tiny, f), path.join(dir, f));
+  copyFileSync(path.join(ROOT, 'tests/data/server/xml_tools.jinja'), path.join(dir, 'chat_template.jinja'));
+  const s = await startServer(['--max-model-len', '512'], dir);
+  const client = new OpenAI({ baseURL: s.baseURL, apiKey: 'none', maxRetries: 0, timeout: 60000 });
+  const tools = [{ type: 'function', function: { name: 'get_weather', description: 'weather of a city',
+    parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
+  const base = { model: 'tiny', messages: [{ role: 'user', content: 'Weather in Paris?' }], tools,
+    tool_choice: { type: 'function', function: { name: 'get_weather' } }, max_tokens: 1, temperature: 0 };
+  try {
+    await t.test('non-streaming: message.tool_calls', async () => {
+      const r = await client.chat.completions.create(base);
+      const c = r.choices[0];
+      assert.equal(c.message.content, null);
+      assert.equal(c.finish_reason, 'length');
+      assert.equal(c.message.tool_calls.length, 1);
+      const call = c.message.tool_calls[0];
+      assert.equal(call.type, 'function');
+      assert.match(call.id, /^call_[A-Za-z0-9]{24}$/);
+      assert.equal(call.function.name, 'get_weather');
+      assert.deepEqual(JSON.parse(call.function.arguments), {});
+    });
+    await t.test('streaming: the client assembles the same call from the deltas', async () => {
+      const stream = client.chat.completions.stream({ ...base, stream: true });
+      const done = await stream.finalChatCompletion();
+      const c = done.choices[0];
+      assert.equal(c.finish_reason, 'length');
+      assert.equal(c.message.tool_calls.length, 1);
+      assert.equal(c.message.tool_calls[0].function.name, 'get_weather');
+      assert.deepEqual(JSON.parse(c.message.tool_calls[0].function.arguments), {});
+      assert.match(c.message.tool_calls[0].id, /^call_/);
+    });
+    await t.test('a tool call in the history renders; the answer is a normal message', async () => {
+      const r = await client.chat.completions.create({
+        model: 'tiny', tools, max_tokens: 2, temperature: 0,
+        messages: [{ role: 'user', content: 'Weather in Paris?' },
+          { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function',
+            function: { name: 'get_weather', arguments: '{"city": "Paris"}' } }] },
+          { role: 'tool', tool_call_id: 'call_1', content: 'sunny' }] });
+      assert.ok(Array.isArray(r.choices[0].message.tool_calls));
+    });
+    await t.test('an unknown named function is a 400 on tool_choice', async () => {
+      await assert.rejects(client.chat.completions.create({ ...base,
+        tool_choice: { type: 'function', function: { name: 'nope' } } }),
+      (e) => e.status === 400 && e.param === 'tool_choice');
+    });
+  } finally {
+    assert.equal(await stopServer(s), 0);
+    rmSync(dir, { recursive: true, force: true });
+  }
 });

@@ -254,6 +254,12 @@ static ds_status cu_synchronize(ds_backend *be, ds_error *err) {
 
 static const char *cu_device_name(ds_backend *be) { return ds_cuda_ctx_of(be)->name; }
 
+static size_t cu_free_memory(ds_backend *be) {
+    (void)be;
+    size_t fr = 0, total = 0;
+    return cudaMemGetInfo(&fr, &total) == cudaSuccess ? fr : 0;
+}
+
 static uint64_t cu_take_launch_count(ds_backend *be) {
     ds_cuda_ctx *c = ds_cuda_ctx_of(be);
     const uint64_t n = c->n_launches;
@@ -443,6 +449,7 @@ static const ds_backend_ops cuda_ops = {
     .graph_begin = ds_cuda_graph_begin,
     .graph_end = ds_cuda_graph_end,
     .graph_launch = ds_cuda_graph_launch,
+    .free_memory = cu_free_memory,
 };
 
 #define CREATE_CHECK(call)                                                                      \
