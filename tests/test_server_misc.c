@@ -1,5 +1,4 @@
 /* test_server_misc.c — the server's small parts against independent references:
- *  - reasoning split: hand-worked expectations, and the same result for every chunking;
  *  - json_py: Python's json.dumps spellings (strings copied from CPython 3 output);
  *  - metrics: Prometheus histogram lines (cumulative buckets, le bounds, sum, count);
  *  - bench statistics: numpy.percentile's linear interpolation (values from numpy docs /
@@ -16,74 +15,6 @@
 #include "bench/bench_serve.h"
 #include "server/json_py.h"
 #include "server/metrics.h"
-#include "server/reasoning.h"
-
-/* ---- reasoning ----------------------------------------------------------------------------- */
-
-typedef struct split_case {
-    const char *out;       /* model output text */
-    bool open;             /* prompt left the model inside <think> */
-    const char *reasoning; /* expected */
-    const char *content;
-} split_case;
-
-static const split_case SPLITS[] = {
-    {"I think so.\n</think>\n\nYes.", true, "I think so.", "Yes."},
-    {"\n\nplan\n\n</think>\n\n\nA\n\nB\n", true, "plan", "A\n\nB\n"},
-    {"a\nb</think>c</think>d", true, "a\nb", "c</think>d"},
-    {"no tag at all\n\n", true, "no tag at all", ""},
-    {"</think>direct", true, "", "direct"},
-    {"ends with partial </thi", true, "ends with partial </thi", ""},
-    {"x </ think> y</think>z", true, "x </ think> y", "z"},
-    {"plain <think>content</think>", false, "", "plain <think>content</think>"},
-    {"\n\nleading newlines kept in content", false, "", "\n\nleading newlines kept in content"},
-};
-
-static void run_split(const split_case *c, const size_t *cuts, int n_cuts, ds_strbuf *r,
-                      ds_strbuf *t) {
-    ds_reasoning_split s;
-    ds_reasoning_init(&s, "</think>", c->open);
-    size_t prev = 0, n = strlen(c->out);
-    for (int i = 0; i <= n_cuts; i++) {
-        size_t end = i < n_cuts ? cuts[i] : n;
-        ds_reasoning_feed(&s, c->out + prev, end - prev, r, t);
-        prev = end;
-    }
-    ds_reasoning_flush(&s, r, t);
-    ds_reasoning_free(&s);
-}
-
-static void test_reasoning_split(void **state) {
-    (void)state;
-    test_rng rng = {12345};
-    for (size_t k = 0; k < sizeof SPLITS / sizeof SPLITS[0]; k++) {
-        const split_case *c = &SPLITS[k];
-        size_t n = strlen(c->out);
-        /* whole, every single cut, every byte separately, and random cuts */
-        for (int mode = 0; mode < 40; mode++) {
-            size_t cuts[256];
-            int nc = 0;
-            if (mode == 1) {
-                for (size_t i = 1; i < n && nc < 256; i++) cuts[nc++] = i;
-            } else if (mode >= 2 && mode < 2 + (int)n && mode - 1 < (int)n) {
-                cuts[nc++] = (size_t)(mode - 1);
-            } else if (mode >= 2) {
-                for (size_t i = 1; i < n && nc < 256; i++)
-                    if (test_rng_uniform(&rng) > 0.5f) cuts[nc++] = i;
-            }
-            ds_strbuf r, t;
-            ds_strbuf_init(&r);
-            ds_strbuf_init(&t);
-            run_split(c, cuts, nc, &r, &t);
-            const char *gr = r.data ? r.data : "", *gt = t.data ? t.data : "";
-            if (strcmp(gr, c->reasoning) || strcmp(gt, c->content))
-                fail_msg("case %zu mode %d: reasoning '%s' content '%s' (want '%s' / '%s')", k,
-                         mode, gr, gt, c->reasoning, c->content);
-            ds_strbuf_free(&r);
-            ds_strbuf_free(&t);
-        }
-    }
-}
 
 /* ---- json_py ------------------------------------------------------------------------------- */
 
@@ -240,7 +171,6 @@ static void test_sse_reader(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_reasoning_split),
         cmocka_unit_test(test_json_py),
         cmocka_unit_test(test_metrics_render),
         cmocka_unit_test(test_percentile),

@@ -3,7 +3,7 @@
  *       [--dataset random|jsonl] [--dataset-path FILE] [--num-prompts N]
  *       [--random-input-len N] [--random-output-len N] [--random-range-ratio R]
  *       [--max-concurrency 1,4,8] [--request-rate R] [--seed S] [--result-json FILE] ...
- * argv[0] is "serve" (reached through `deltaserve bench serve`) or "bench-serve". */
+ * argv[0] is "serve" (reached through `deltaserve bench serve`). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
