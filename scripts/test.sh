@@ -4,7 +4,7 @@
 # then short fuzz runs of the parsers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+DS_SETUP_TESTS=1 bash scripts/setup.sh
 
 echo "== chat-template reference outputs are current (@huggingface/jinja)"
 node tests/jinja/make_expected.mjs --check
