@@ -155,7 +155,7 @@ static void test_demo_model_matches_transformers(void **st) {
                      "%s tokenize --tokenizer models/qwen35-demo --text-file %s", test_bin(), path);
             out = run_capture(cmd);
             unlink(path);
-            char want_ids[16384];
+            char want_ids[sizeof prompt + 3]; /* "[" + prompt + "]" */
             snprintf(want_ids, sizeof want_ids, "[%s]", prompt);
             out[strcspn(out, "\n")] = 0;
             assert_string_equal(out, want_ids);
