@@ -155,7 +155,10 @@ typedef struct ds_backend_ops {
      * replays key's recording; it returns false, doing nothing, when key has no graph or b's
      * shape (tokens, sequences, outputs, block-table width, tokens per sequence) differs from
      * the captured batch's. A replay reads the same backend buffers and writes host outputs
-     * (argmax_logits ids) to the same host memory as the captured ops did. */
+     * (argmax_logits ids) to the same host memory as the captured ops did, so the key must
+     * name everything the recording depends on besides the batch shape (model, cache, host
+     * output buffer): one key space per backend, chosen by its single user. Freeing any
+     * backend buffer (free, cache_free, release_weights) drops every graph. */
     ds_status (*graph_begin)(ds_backend *be, uint64_t key, ds_error *err);
     ds_status (*graph_end)(ds_backend *be, ds_error *err);
     bool (*graph_launch)(ds_backend *be, uint64_t key, const ds_batch *b);

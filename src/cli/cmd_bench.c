@@ -46,6 +46,25 @@ typedef struct bench_args {
     bool graphs; /* --graphs: replay decode steps from step graphs when the backend has them */
 } bench_args;
 
+extern char **environ;
+
+/* The optimisation switches in effect (DS_OPT_* variables, README "Switches") as
+ * "NAME=value,..." or "defaults", for the report and the JSON lines. */
+static const char *bench_switches(void) {
+    static char buf[512];
+    size_t n = 0;
+    buf[0] = 0;
+    for (char **e = environ; e && *e; e++) {
+        if (strncmp(*e, "DS_OPT_", 7) != 0) continue;
+        const int w = snprintf(buf + n, sizeof buf - n, "%s%s", n ? "," : "", *e);
+        if (w < 0 || (size_t)w >= sizeof buf - n) break;
+        n += (size_t)w;
+    }
+    for (size_t i = 0; i < n; i++) /* JSON-safe: switch values are plain words */
+        if (buf[i] == '"' || buf[i] == '\\' || (unsigned char)buf[i] < 0x20) buf[i] = '_';
+    return n ? buf : "defaults";
+}
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -537,6 +556,7 @@ int ds_cmd_bench(int argc, char **argv) {
     double copy_gbps = op->copy_bandwidth_gbps ? op->copy_bandwidth_gbps(b.be) : 0.0;
     fprintf(stderr, "bench: %s on %s, weights ready in %.1f s, copy bandwidth %.0f GB/s\n",
             a.model_dir, device, t_load, copy_gbps);
+    fprintf(stderr, "bench: switches: %s\n", bench_switches());
 
     const int V = b.cfg.vocab;
     tokens = malloc(sizeof(int32_t) * (size_t)a.prompt_len);
@@ -610,12 +630,12 @@ int ds_cmd_bench(int argc, char **argv) {
                     "\"step_ms\":%.4f,\"step_ms_p10\":%.4f,\"step_ms_p90\":%.4f,\"ttft_ms\":%.3f,"
                     "\"kernels_per_step\":%llu,\"bytes_per_step\":%.6g,\"achieved_gbps\":%.2f,"
                     "\"copy_gbps\":%.2f,\"ratio\":%.4f,\"graph\":%s,\"fused_argmax\":%s,"
-                    "\"date\":%lld}\n",
+                    "\"switches\":\"%s\",\"date\":%lld}\n",
                     DS_GIT_COMMIT, device, op->name, a.model_dir, a.dummy ? "true" : "false", B,
                     a.prompt_len, a.steps, med, p10, p90, ttft_ms, (unsigned long long)launches,
                     bytes, gbps, copy_gbps, ratio,
                     B <= BENCH_MAX_BATCH && bs.graph_state[B] == 1 ? "true" : "false",
-                    op->argmax_logits ? "true" : "false", (long long)time(NULL));
+                    op->argmax_logits ? "true" : "false", bench_switches(), (long long)time(NULL));
     }
     if (a.graphs && op->graph_launch) { /* which decode shapes ran from graphs */
         fprintf(stderr, "bench: decode steps from CUDA graphs:");

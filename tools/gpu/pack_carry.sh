@@ -20,18 +20,21 @@ if [ ! -f "$BUILD/CMakeCache.txt" ]; then
 fi
 grep -q '^DS_NATIVE:BOOL=OFF' "$BUILD/CMakeCache.txt" || { echo "$BUILD: configure with -DDS_NATIVE=OFF" >&2; exit 1; }
 grep -q '^DS_CUDA:STRING=ON' "$BUILD/CMakeCache.txt" || { echo "$BUILD: configure with -DDS_CUDA=ON" >&2; exit 1; }
-cmake --build "$BUILD" -j2 --target test_cuda_ops test_cuda_model deltaserve
+# test_cuda_spec (MTP on CUDA) travels when the tree has it
+BINS="test_cuda_ops test_cuda_model deltaserve"
+[ -f tests/test_cuda_spec.c ] && [ -z "${DS_PACK_NO_SPEC:-}" ] && BINS="$BINS test_cuda_spec"
+cmake --build "$BUILD" -j2 --target $BINS
 
 STAGE=$(mktemp -d)
 trap 'rm -rf "$STAGE"' EXIT
 mkdir -p "$STAGE/lib"
-for b in test_cuda_ops test_cuda_model deltaserve; do
+for b in $BINS; do
     cp "$BUILD/$b" "$STAGE/"
     strip "$STAGE/$b"
 done
 # every shared library the binaries need except glibc's, the C++ runtime (the image's is used,
 # as in phase 1) and cuBLAS (in the image)
-for b in test_cuda_ops test_cuda_model deltaserve; do
+for b in $BINS; do
     ldd "$BUILD/$b" | awk '$3 ~ /^\// {print $1, $3}'
 done | sort -u | while read -r name path; do
     case "$name" in
@@ -41,7 +44,7 @@ done | sort -u | while read -r name path; do
 done
 rm -rf .carry/gpu
 mkdir -p .carry/gpu
-tar -C "$STAGE" -cf - test_cuda_ops test_cuda_model deltaserve lib |
+tar -C "$STAGE" -cf - $BINS lib |
     xz -9 --lzma2=dict=64MiB -T1 > .carry/gpu/bin.tar.xz
 ls -la .carry/gpu
 ls "$STAGE/lib"

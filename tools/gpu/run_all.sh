@@ -9,7 +9,8 @@
 #                        graphs on then off (one JSON line per batch size and mode)
 #   bench.log            the two bench runs' tables and start-up reports
 #   profile.log          per-kernel event timings of eager decode steps (DS_CUDA_PROFILE=1)
-#   ncu.csv              Nsight Compute metrics of one batch-1 decode step, if time is left
+#   serve_bench.*        tools/gpu/serve_bench.sh: bench serve against the server (issue 4)
+#   spec_checks.*        tools/gpu/spec_checks.sh: MTP speculative decoding on CUDA (issue 5)
 #   summary.md           the verdicts and tables, for docs/cuda_notes.md
 # Time: about 4 minutes expected; each part has its own timeout and the whole stays under 9.
 set -uo pipefail
@@ -48,40 +49,62 @@ log "test_cuda_model"
 timeout 120 "${DSENV[@]}" "$BIN/test_cuda_model" > "$OUT/test_cuda_model.log" 2>&1
 rc=$?; log "test_cuda_model rc=$rc"; [ $rc -eq 0 ] || rc_all=1
 
-# ---- 3. bench, graphs on then off ----------------------------------------------------------------
-BENCH=("${DSENV[@]}" "$BIN/deltaserve" bench -m configs/qwen3.5-35b-a3b --dummy-weights --device cuda
+# ---- 3. bench: graphs, every switch on; then this session's switches off (before/after from
+#         one run); then graphs off --------------------------------------------------------------
+BENCH=("$BIN/deltaserve" bench -m configs/qwen3.5-35b-a3b --dummy-weights --device cuda
        --prompt-len 1024 --steps 512 --batch 1,4,8 --json-out "$OUT/bench.jsonl")
-for g in 1 0; do
+OFF_SWITCHES=${DS_GPU_OFF_SWITCHES:-DS_OPT_MOE_FAST_ROUTE=0 DS_OPT_SHARED_EXPERT=0}
+for variant in "graphs 1" "graphs 1 switches off" "graphs 0"; do
     t=$(left); [ "$t" -gt 150 ] && t=150
-    if [ "$t" -lt 30 ]; then log "bench --graphs $g skipped (time)"; continue; fi
-    log "bench --graphs $g (timeout $t s)"
-    echo "### deltaserve bench ... --graphs $g" >> "$OUT/bench.log"
-    timeout "$t" "${BENCH[@]}" --graphs $g >> "$OUT/bench.log" 2>&1
-    rc=$?; log "bench --graphs $g rc=$rc"; [ $rc -eq 0 ] || rc_all=1
+    if [ "$t" -lt 30 ]; then log "bench ($variant) skipped (time)"; continue; fi
+    g=${variant#graphs }; g=${g%% *}
+    envs=()
+    case "$variant" in *"switches off"*) read -ra envs <<< "$OFF_SWITCHES" ;; esac
+    log "bench ($variant) (timeout $t s)"
+    echo "### deltaserve bench ... --graphs $g ${envs[*]}" >> "$OUT/bench.log"
+    timeout "$t" env "${envs[@]}" "${DSENV[@]}" "${BENCH[@]}" --graphs "$g" >> "$OUT/bench.log" 2>&1
+    rc=$?; log "bench ($variant) rc=$rc"; [ $rc -eq 0 ] || rc_all=1
 done
 
 # ---- 4. per-kernel profile of eager decode steps (events) ---------------------------------------
 t=$(left); [ "$t" -gt 90 ] && t=90
 if [ "$t" -ge 30 ]; then
-    log "profile (DS_CUDA_PROFILE=1, eager, batch 1 and 8)"
-    DS_CUDA_PROFILE=1 timeout "$t" "${DSENV[@]}" "$BIN/deltaserve" bench -m configs/qwen3.5-35b-a3b --dummy-weights \
-        --device cuda --prompt-len 1024 --steps 32 --warmup 4 --batch 1,8 --graphs 0 \
-        > "$OUT/profile.log" 2>&1
+    log "profile (DS_CUDA_PROFILE=1, eager with a head start, batch 1, then 8)"
+    for pb in 1 8; do
+        echo "### batch $pb" >> "$OUT/profile.log"
+        DS_CUDA_PROFILE=1 timeout $((t / 2)) "${DSENV[@]}" "$BIN/deltaserve" bench -m configs/qwen3.5-35b-a3b --dummy-weights \
+            --device cuda --prompt-len 1024 --steps 32 --warmup 4 --batch $pb --graphs 0 \
+            >> "$OUT/profile.log" 2>&1
+    done
     log "profile rc=$?"
 fi
 
-# ---- 5. Nsight Compute on one batch-1 decode step, if time is left ---------------------------------
-t=$(($(left) - 15))
+# ---- 4b. Nsight Compute: device durations of the decode kernels (batch 1), few launches ----------
+t=$(left); [ "$t" -gt 100 ] && t=100
 if command -v ncu > /dev/null && [ "$t" -ge 60 ]; then
-    log "ncu (one decode step, timeout $t s)"
-    DS_CUDA_PROFILER_STEP=6 timeout "$t" ncu --profile-from-start off --clock-control none --csv \
-        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size \
+    log "ncu (decode kernels of batch-1 steps, timeout $t s)"
+    timeout "$t" ncu --clock-control none --csv --launch-skip 600 --launch-count 60 \
+        --kernel-name regex:'moe_|add_rmsnorm|gemv_|gdn_kernel|attn_' \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
         "${DSENV[@]}" "$BIN/deltaserve" bench -m configs/qwen3.5-35b-a3b --dummy-weights --device cuda \
-        --prompt-len 1024 --steps 8 --warmup 0 --batch 1 --graphs 0 > "$OUT/ncu.csv" 2>&1
+        --prompt-len 16 --steps 16 --warmup 2 --batch 1 --graphs 0 > "$OUT/ncu.csv" 2>&1
     log "ncu rc=$?"
 else
-    log "ncu skipped ($(left) s left)"
+    log "ncu skipped"
 fi
+
+# ---- 5. serving and speculative decoding on the GPU (scripts of their own, if present) ------------
+for part in serve_bench spec_checks; do
+    t=$(left)
+    if [ -f "tools/gpu/$part.sh" ] && [ "$t" -ge 60 ]; then
+        log "$part.sh ($t s left)"
+        BIN=$BIN OUT=$OUT DS_PART_BUDGET_S=$((t > 170 ? 170 : t - 10)) timeout $((t > 180 ? 180 : t)) \
+            bash "tools/gpu/$part.sh" >> "$OUT/gpu.txt" 2>&1
+        rc=$?; log "$part.sh rc=$rc"; [ $rc -eq 0 ] || rc_all=1
+    else
+        log "$part.sh skipped ($t s left or absent)"
+    fi
+done
 
 # ---- summary ---------------------------------------------------------------------------------------
 {
@@ -95,8 +118,15 @@ fi
     echo '```'; echo; echo "## deltaserve bench (35B-A3B dummy weights)"; echo '```'
     grep -hE "^###|^prefill|^ *batch|^ *[0-9]+ +[0-9.]+ |bench: " "$OUT/bench.log" 2>/dev/null
     echo '```'; echo; echo "## Decode-step profile (eager, events)"; echo '```'
-    grep -A40 "CUDA profile, decode" "$OUT/profile.log" 2>/dev/null | head -60
+    grep -hE -A32 "^### batch|CUDA profile, decode" "$OUT/profile.log" 2>/dev/null | grep -vE "^(bench|prefill|batch|  *[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+e)" | head -90
+    echo '```'; echo; echo "## Nsight Compute, decode kernels at batch 1 (device time)"; echo '```'
+    python3 tools/gpu/ncu_summary.py "$OUT/ncu.csv" 2>&1 | head -30
+    echo '```'; echo; echo "## Serving and speculative decoding"; echo '```'
+    for f in serve_bench.log spec_checks.log; do [ -f "$OUT/$f" ] && { echo "--- $f"; tail -40 "$OUT/$f"; }; done
     echo '```'; echo; echo "## Timeline"; echo '```'; grep "^\[" "$OUT/gpu.txt"; echo '```'
 } > "$OUT/summary.md"
 log "done, rc=$rc_all"
+# at most 8 files come back: everything but the summary travels as one archive
+(cd "$OUT" && tar -czf logs.tar.gz --exclude=summary.md --exclude=logs.tar.gz ./* && \
+    find . -maxdepth 1 -type f ! -name summary.md ! -name logs.tar.gz ! -name bench.jsonl -delete)
 exit $rc_all

@@ -79,8 +79,11 @@ int ds_cuda_refuse_in_capture(ds_cuda_ctx *ctx, const char *what) {
 
 /* ---- profile (DS_CUDA_PROFILE=1) ------------------------------------------------------------
  * Each eager step (set_batch to set_batch) records an event after every kernel; the time from
- * the previous event (the step's start for the first kernel) is charged to the kernel, so gaps
- * between launches count with the kernel that follows them. Printed at destroy. */
+ * the previous event (the step's start for the first kernel) is charged to the kernel. A spin
+ * kernel queued before the step's start event gives the host a head start, so the kernels run
+ * back to back as in a graph replay and what is charged is device time (kernel + the device's
+ * own launch latency), not the host's launch pace. Printed at destroy. */
+#define DS_CUDA_PROF_HEAD_START_US 15000.0
 
 static void prof_add(ds_cuda_ctx *c, const char *name, int64_t a, int64_t b, int decode, double ms) {
     for (int i = 0; i < c->prof_tab_n; i++) {
@@ -118,6 +121,9 @@ static void prof_open(ds_cuda_ctx *c, int decode) {
     c->prof_open = 1;
     c->prof_n = 0;
     c->prof_decode = decode;
+    /* head start: the host enqueues the whole step (kernels + events, ~5 ms at 35B-A3B) while
+     * the device spins, so the events measure device time without host launch gaps */
+    ds_cuda_spin(c, DS_CUDA_PROF_HEAD_START_US);
     DS_CU(c, cudaEventRecord(c->prof_start, c->stream));
 }
 
@@ -137,7 +143,7 @@ static void prof_print(ds_cuda_ctx *c) {
         double total = 0;
         for (int i = 0; i < c->prof_tab_n; i++)
             if (c->prof_tab[i].decode == d) total += c->prof_tab[i].ms;
-        fprintf(stderr, "CUDA profile, %s steps (%.0f): %.1f us per step (kernels + gaps)\n",
+        fprintf(stderr, "CUDA profile, %s steps (%.0f): %.1f us per step (device time, kernels back to back)\n",
                 d ? "decode" : "other", steps, total * 1e3 / steps);
         fprintf(stderr, "  %-32s %10s %10s %12s %7s\n", "kernel", "shape a", "shape b",
                 "us per step", "calls");
@@ -148,6 +154,12 @@ static void prof_print(ds_cuda_ctx *c) {
                     (long long)e->b, e->ms * 1e3 / steps, (double)e->count / steps);
         }
     }
+}
+
+/* An optimisation switch: on unless the variable is "0" (or "off"). */
+static int ds_cuda_env_switch(const char *name) {
+    const char *v = getenv(name);
+    return !(v && (!strcmp(v, "0") || !strcmp(v, "off")));
 }
 
 /* ---- lifetime ---------------------------------------------------------------------------- */
@@ -218,6 +230,7 @@ static void *cu_alloc(ds_backend *be, size_t bytes) {
 static void cu_free(ds_backend *be, void *p) {
     if (!p) return;
     ds_cuda_ctx *c = ds_cuda_ctx_of(be);
+    ds_cuda_graphs_free(c); /* a graph may read or write p */
     DS_CU(c, cudaFree(p)); /* cudaFree waits for the device: never inside a step */
 }
 
@@ -485,6 +498,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
     {
         const char *rows = getenv("DS_CUDA_GEMV_ROWS"); /* measurement knob, see cuda_notes.md */
         c->gemv_rows = rows ? atoi(rows) : 2;
+        c->opt.moe_fast_route = ds_cuda_env_switch("DS_OPT_MOE_FAST_ROUTE");
+        c->opt.moe_fuse_shared = ds_cuda_env_switch("DS_OPT_SHARED_EXPERT");
     }
     CREATE_CHECK(cudaSetDevice(device));
     struct cudaDeviceProp prop;

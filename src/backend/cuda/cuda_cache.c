@@ -119,6 +119,7 @@ void ds_cuda_cache_free(ds_backend *be, ds_cache *c) {
     if (!c) return;
     ds_cuda_ctx *ctx = ds_cuda_ctx_of(be);
     DS_CU(ctx, cudaStreamSynchronize(ctx->stream));
+    ds_cuda_graphs_free(ctx); /* graphs read and write this cache */
     cudaFree(c->kv);
     cudaFree(c->state);
     cudaFree(c->conv);

@@ -147,6 +147,14 @@ typedef struct ds_cuda_ctx {
     /* GEMV: output rows per warp (1, 2 or 4; env DS_CUDA_GEMV_ROWS at create, default 2) */
     int gemv_rows;
 
+    /* Optimisation switches (catalogue items; env at create, README "Switches"), 1 = on:
+     * moe_fast_route   DS_OPT_MOE_FAST_ROUTE: decode routing from shared memory
+     * moe_fuse_shared  DS_OPT_SHARED_EXPERT: the shared expert's down projection in the routed
+     *                  experts' launch (catalogue item 1, fused variant) */
+    struct {
+        int moe_fast_route, moe_fuse_shared;
+    } opt;
+
     /* GEMV split-K */
     float *d_splitk_ws;           /* [DS_CUDA_SPLITK_WS_FLOATS] */
     int *d_splitk_cnt;            /* [DS_CUDA_SPLITK_COUNTERS], zero between launches */
@@ -205,6 +213,8 @@ void ds_cuda_add_rmsnorm(ds_cuda_ctx *ctx, void *residual, const void *delta, co
 void ds_cuda_silu_mul(ds_cuda_ctx *ctx, const void *gu, int64_t R, int64_t I, void *out);
 void ds_cuda_gather_rows(ds_cuda_ctx *ctx, const void *x, int64_t H, int elem_size, void *out);
 void ds_cuda_argmax(ds_cuda_ctx *ctx, const float *logits, int R, int64_t V, int32_t *d_ids);
+/* a one-thread kernel that keeps the stream busy for us microseconds (profiling head start) */
+void ds_cuda_spin(ds_cuda_ctx *ctx, double us);
 /* d_ids[r] = argmax_n Σ_k x[r, k]·W[n, k] for r < R (any R; chunks of 8), without writing
  * logits: one GEMV pass with a per-block (max, index) and a last-block reduction per chunk.
  * Same dot products as ds_cuda_gemv (no split-K), lowest index on ties, NaN never wins. */

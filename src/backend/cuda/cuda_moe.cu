@@ -70,21 +70,18 @@ extern "C" size_t ds_cuda_moe_scratch_bytes(int H, int E, int top_k, int I, int 
 
 /* ---- 2. route ------------------------------------------------------------------------------ */
 
-/* Routes token t with one warp: softmax over the E router logits (fp32), top-k by repeated warp
- * argmax (ties → lowest expert id), renormalised weights; the shared expert's SiLU(g)·u and
- * sigmoid gate. pr: this warp's [E] scratch in shared memory. ids_s (may be NULL): a shared
- * copy of the token's k expert ids. */
-static __device__ void route_token(int t, int E, int k, int Is, int norm_topk, const moe_scratch &sc,
-                                   float *pr, int32_t *ids_s) {
+/* Routes token t with one warp from its E router logits in shared memory (pr, overwritten):
+ * softmax (fp32), top-k by repeated warp argmax (ties → lowest expert id), renormalised
+ * weights → sc.ids / sc.wts, and ids_s (may be NULL), a shared copy of the k expert ids. */
+static __device__ void route_from_shared(int t, int E, int k, int norm_topk, const moe_scratch &sc,
+                                         float *pr, int32_t *ids_s) {
     const int lane = threadIdx.x & 31;
-    const int64_t NL = (int64_t)E + 2 * Is + (Is ? 1 : 0);
-    const float *Lr = sc.L + (int64_t)t * NL;
     float mx = -INFINITY;
-    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, Lr[e]);
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, pr[e]);
     mx = warp_max(mx);
     float sum = 0.f;
     for (int e = lane; e < E; e += 32) {
-        const float p = expf(Lr[e] - mx);
+        const float p = expf(pr[e] - mx);
         pr[e] = p;
         sum += p;
     }
@@ -119,6 +116,18 @@ static __device__ void route_token(int t, int E, int k, int Is, int norm_topk, c
         sc.wts[(int64_t)t * k + lane] = norm_topk ? wsel / wsum : wsel;
         if (ids_s) ids_s[t * k + lane] = isel;
     }
+}
+
+/* Token t with one warp: its router logits from global memory into pr, routed; the shared
+ * expert's SiLU(g)·u and sigmoid gate. */
+static __device__ void route_token(int t, int E, int k, int Is, int norm_topk, const moe_scratch &sc,
+                                   float *pr, int32_t *ids_s) {
+    const int lane = threadIdx.x & 31;
+    const int64_t NL = (int64_t)E + 2 * Is + (Is ? 1 : 0);
+    const float *Lr = sc.L + (int64_t)t * NL;
+    for (int e = lane; e < E; e += 32) pr[e] = Lr[e];
+    __syncwarp();
+    route_from_shared(t, E, k, norm_topk, sc, pr, ids_s);
     if (Is > 0) {
         for (int i = lane; i < Is; i += 32)
             sc.sh_act[(int64_t)t * Is + i] = __float2bfloat16_rn(silu_f(Lr[E + i]) * Lr[E + Is + i]);
@@ -217,6 +226,39 @@ __global__ void __launch_bounds__(1024)
     group_from_shared(T * k, E, ids_s, cnt, wsum, sc);
 }
 
+/* Decode steps with T·E ≤ ROUTE_FAST_LOGITS: the same routing as moe_route_group_kernel (same
+ * arithmetic, same results), with the latency taken out. The slow kernel's routing warps walk
+ * the router logits and the shared expert's 2·Is gate/up values with one dependent L2 round
+ * trip per loop iteration (~17 µs per layer at Qwen3.5-35B-A3B); here all 1024 threads first
+ * stage the T·E logits in shared memory and compute the shared expert's activations with
+ * independent loads, then one warp per token routes from shared memory. */
+#define ROUTE_FAST_LOGITS 4096
+__global__ void __launch_bounds__(1024)
+    moe_route_group_fast_kernel(int T, int E, int k, int Is, int norm_topk, moe_scratch sc) {
+    __shared__ float lg[ROUTE_FAST_LOGITS]; /* [T, E] router logits, then probabilities */
+    __shared__ int32_t ids_s[MOE_FUSED_A];
+    __shared__ int cnt[MOE_MAX_E];
+    __shared__ int wsum[32];
+    const int64_t NL = (int64_t)E + 2 * Is + (Is ? 1 : 0);
+    for (int i = threadIdx.x; i < T * E; i += blockDim.x) {
+        const int t = i / E;
+        lg[i] = sc.L[(int64_t)t * NL + (i - t * E)];
+    }
+    if (Is > 0) {
+        for (int i = threadIdx.x; i < T * Is; i += blockDim.x) {
+            const int t = i / Is, j = i - t * Is;
+            const float *Lr = sc.L + (int64_t)t * NL + E;
+            sc.sh_act[(int64_t)t * Is + j] = __float2bfloat16_rn(silu_f(Lr[j]) * Lr[Is + j]);
+        }
+        if (threadIdx.x < T) sc.sg[threadIdx.x] = sigmoid_f(sc.L[(int64_t)threadIdx.x * NL + E + 2 * Is]);
+    }
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int t = warp; t < T; t += nw) route_from_shared(t, E, k, norm_topk, sc, lg + t * E, ids_s);
+    __syncthreads();
+    group_from_shared(T * k, E, ids_s, cnt, wsum, sc);
+}
+
 /* ---- 4/5. grouped expert GEMV --------------------------------------------------------------- */
 
 #define MOE_WARPS 8
@@ -257,11 +299,53 @@ static __device__ __forceinline__ void moe_chunk(const bf16 *W, int64_t N, int64
     }
 }
 
+/* The shared expert's down projection for tokens [t0, t0 + R): ysh[t] = W_sh · sh_act[t]. */
+template <int ROWS, int UNROLL, int R>
+static __device__ __forceinline__ void shared_down_chunk(const bf16 *W, int64_t N, int64_t K,
+                                                         int64_t n0, int t0, const moe_scratch &sc) {
+    const int lane = threadIdx.x & 31;
+    float acc[ROWS][R];
+#pragma unroll
+    for (int rr = 0; rr < ROWS; rr++)
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[rr][r] = 0.f;
+    XRows<R> xs;
+#pragma unroll
+    for (int r = 0; r < R; r++) xs.base[r] = sc.sh_act + (int64_t)(t0 + r) * K;
+    gemv_warp_partial<R, ROWS, UNROLL, true>(W, K, n0, N, xs, 0, K, acc);
+    gemv_warp_reduce<R, ROWS>(acc);
+    if (lane == 0) {
+#pragma unroll
+        for (int rr = 0; rr < ROWS; rr++) {
+            if (n0 + rr >= N) continue;
+#pragma unroll
+            for (int r = 0; r < R; r++) sc.ysh[(int64_t)(t0 + r) * N + n0 + rr] = acc[rr][r];
+        }
+    }
+}
+
+/* Blocks (active expert i, 16·ROWS output rows). With w_sh (down only, catalogue item 1 fused:
+ * the shared expert runs concurrently with the routed ones, in the same launch), the last
+ * column of blocks (blockIdx.x == gridDim.x - 1) computes the shared expert's down projection
+ * for all T tokens instead. */
 template <bool DOWN, int ROWS, int UNROLL>
 __global__ void __launch_bounds__(MOE_WARPS * 32)
     moe_expert_kernel(const bf16 *__restrict__ Wall, int H, int I, int k,
-                      const bf16 *__restrict__ x, moe_scratch sc) {
+                      const bf16 *__restrict__ x, moe_scratch sc, const bf16 *__restrict__ w_sh,
+                      int Is, int T) {
     const int i = blockIdx.x;
+    if (DOWN && w_sh && i == (int)gridDim.x - 1) {
+        const int64_t n0 = ((int64_t)blockIdx.y * MOE_WARPS + (threadIdx.x >> 5)) * ROWS;
+        if (n0 >= H) return;
+        for (int t = 0; t < T;) {
+            const int left = T - t;
+            if (left >= 8) { shared_down_chunk<ROWS, UNROLL, 8>(w_sh, H, Is, n0, t, sc); t += 8; }
+            else if (left >= 4) { shared_down_chunk<ROWS, UNROLL, 4>(w_sh, H, Is, n0, t, sc); t += 4; }
+            else if (left >= 2) { shared_down_chunk<ROWS, UNROLL, 2>(w_sh, H, Is, n0, t, sc); t += 2; }
+            else { shared_down_chunk<ROWS, UNROLL, 1>(w_sh, H, Is, n0, t, sc); t += 1; }
+        }
+        return;
+    }
     if (i >= *sc.n_act) return;
     const int e = sc.act[i];
     const int a0 = sc.off[i], a1 = sc.off[i + 1];
@@ -365,9 +449,13 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
     /* 1. router | shared gate_up | shared gate */
     if (T <= DS_CUDA_GEMV_MAX_ROWS) ds_cuda_gemv(ctx, a->w_in, NL, H, a->x, H, T, sc.L, NL, 1);
     else ds_cuda_gemm_lt(ctx, a->w_in, NL, H, a->x, H, T, sc.L, NL, 1);
-    /* 2. route, 3. group: one launch for small steps, else a route grid and a group block with
-     * the ids staged in dynamic shared memory */
-    if (A <= MOE_FUSED_A) {
+    /* 2. route, 3. group: one launch for small steps (the fast kernel when the router logits
+     * fit in shared memory), else a route grid and a group block with the ids staged in
+     * dynamic shared memory */
+    if (A <= MOE_FUSED_A && T * E <= ROUTE_FAST_LOGITS && ctx->opt.moe_fast_route) {
+        moe_route_group_fast_kernel<<<1, 1024, 0, ctx->stream>>>(T, E, k, Is, a->norm_topk, sc);
+        DS_CU_LAUNCHED2(ctx, "moe_route_group_fast_kernel", T, E);
+    } else if (A <= MOE_FUSED_A) {
         moe_route_group_kernel<<<1, 1024, 0, ctx->stream>>>(T, E, k, Is, a->norm_topk, sc);
         DS_CU_LAUNCHED2(ctx, "moe_route_group_kernel", T, E);
     } else {
@@ -383,24 +471,27 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
         moe_group_kernel<<<1, 1024, smem, ctx->stream>>>(A, E, sc);
         DS_CU_LAUNCHED2(ctx, "moe_group_kernel", A, E);
     }
-    /* 4. gate_up, 5. down */
+    /* 4. gate_up, 5. down (+ 6. the shared expert's down in the same launch for GEMV-sized
+     * steps when ctx->opt.moe_fuse_shared) */
     const int nblk = A < E ? A : E;
+    const bool fuse_sh = Is > 0 && T <= DS_CUDA_GEMV_MAX_ROWS && ctx->opt.moe_fuse_shared;
     {
         constexpr int ROWS = 2;
         dim3 grid(nblk, DS_DIV_UP(2 * I, MOE_WARPS * ROWS));
         moe_expert_kernel<false, ROWS, 4><<<grid, MOE_WARPS * 32, 0, ctx->stream>>>(
-            (const bf16 *)a->w_gu, H, I, k, (const bf16 *)a->x, sc);
+            (const bf16 *)a->w_gu, H, I, k, (const bf16 *)a->x, sc, NULL, 0, T);
         DS_CU_LAUNCHED2(ctx, "moe_expert_kernel<gate_up>", T, 2 * I);
     }
     {
         constexpr int ROWS = 4;
-        dim3 grid(nblk, DS_DIV_UP(H, MOE_WARPS * ROWS));
+        dim3 grid(nblk + (fuse_sh ? 1 : 0), DS_DIV_UP(H, MOE_WARPS * ROWS));
         moe_expert_kernel<true, ROWS, 2><<<grid, MOE_WARPS * 32, 0, ctx->stream>>>(
-            (const bf16 *)a->w_down, H, I, k, (const bf16 *)a->x, sc);
-        DS_CU_LAUNCHED2(ctx, "moe_expert_kernel<down>", T, H);
+            (const bf16 *)a->w_down, H, I, k, (const bf16 *)a->x, sc,
+            fuse_sh ? (const bf16 *)a->w_sh_down : NULL, Is, T);
+        DS_CU_LAUNCHED2(ctx, fuse_sh ? "moe_expert_kernel<down+shared>" : "moe_expert_kernel<down>", T, H);
     }
     /* 6. shared expert down */
-    if (Is > 0) {
+    if (Is > 0 && !fuse_sh) {
         if (T <= DS_CUDA_GEMV_MAX_ROWS) ds_cuda_gemv(ctx, a->w_sh_down, H, Is, sc.sh_act, Is, T, sc.ysh, H, 1);
         else ds_cuda_gemm_lt(ctx, a->w_sh_down, H, Is, sc.sh_act, Is, T, sc.ysh, H, 1);
     }

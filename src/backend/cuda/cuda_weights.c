@@ -293,6 +293,7 @@ void ds_cuda_release_weights(ds_backend *be, ds_model_weights *w) {
     wpriv *p = w->owner;
     if (p) {
         DS_CU(ctx, cudaStreamSynchronize(ctx->stream));
+        ds_cuda_graphs_free(ctx); /* graphs read these weights */
         cudaFree(p->arena);
         for (int i = 0; i < p->n_expert_arrays; i++) free(p->experts[i]);
         free(p->experts);
