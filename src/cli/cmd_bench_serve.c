@@ -3,12 +3,21 @@
  *       [--dataset random|jsonl] [--dataset-path FILE] [--num-prompts N]
  *       [--random-input-len N] [--random-output-len N] [--random-range-ratio R]
  *       [--max-concurrency 1,4,8] [--request-rate R] [--seed S] [--result-json FILE] ...
- * argv[0] is "serve" (reached through `deltaserve bench serve`). */
+ * argv[0] is "serve" (reached through `deltaserve bench serve`).
+ *
+ * Speculative decoding: when the server's /metrics has vLLM's vllm:spec_decode_* counters, they
+ * are scraped before and after the run; the difference gives the acceptance rate (accepted /
+ * draft tokens) and the mean accepted length (1 + accepted / drafts, tokens per verification),
+ * printed after the tables and added to --result-json as "spec_decode". The difference covers
+ * the whole invocation (every level, and the warm-up request). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
+#include "bench/bench_client.h"
 #include "bench/bench_serve.h"
 #include "cli/args.h"
 #include "cli/cli_cmds.h"
@@ -54,6 +63,101 @@ static bool parse_levels(const char *v, ds_bench_opts *o) {
         return false;
     }
     return true;
+}
+
+/* The server's speculative-decoding counters (summed over label sets). */
+typedef struct spec_counters {
+    bool ok; /* the counters were there */
+    double drafts, draft_tokens, accepted;
+} spec_counters;
+
+/* Value of the samples of metric `name` (name{...} v or name v lines), summed; false if absent. */
+static bool metric_sum(const char *text, const char *name, double *out) {
+    const size_t n = strlen(name);
+    bool found = false;
+    *out = 0;
+    for (const char *p = text; p && *p;) {
+        const char *eol = strchr(p, '\n');
+        if (!strncmp(p, name, n) && (p[n] == '{' || p[n] == ' ')) {
+            const char *sp = p + n;
+            if (*sp == '{') sp = strchr(sp, '}');
+            if (sp && (!eol || sp < eol)) {
+                char *end;
+                double v = strtod(sp + 1, &end);
+                if (end != sp + 1) {
+                    *out += v;
+                    found = true;
+                }
+            }
+        }
+        p = eol ? eol + 1 : NULL;
+    }
+    return found;
+}
+
+static spec_counters scrape_spec(const ds_bench_opts *o) {
+    spec_counters c = {0};
+    char url[600], err[256];
+    snprintf(url, sizeof url, "%s/metrics", o->base_url);
+    char *body = NULL;
+    long code = ds_bench_http_get(url, o->api_key, 10.0, &body, err, sizeof err);
+    if (code == 200 && body) {
+        c.ok = metric_sum(body, "vllm:spec_decode_num_drafts_total", &c.drafts) &&
+               metric_sum(body, "vllm:spec_decode_num_draft_tokens_total", &c.draft_tokens) &&
+               metric_sum(body, "vllm:spec_decode_num_accepted_tokens_total", &c.accepted);
+    }
+    free(body);
+    return c;
+}
+
+/* Prints the run's speculative-decoding summary and adds it to the result file. */
+static void report_spec(const ds_bench_opts *o, const spec_counters *a, const spec_counters *b) {
+    const double drafts = b->drafts - a->drafts, dt = b->draft_tokens - a->draft_tokens,
+                 acc = b->accepted - a->accepted;
+    const double rate = dt > 0 ? acc / dt : 0, mean_len = drafts > 0 ? 1 + acc / drafts : 0;
+    printf("---------------Speculative Decoding---------------\n");
+    printf("%-40s %-10.2f\n", "Acceptance rate (%):", rate * 100);
+    printf("%-40s %-10.2f\n", "Acceptance length:", mean_len);
+    printf("%-40s %-10.0f\n", "Drafts:", drafts);
+    printf("%-40s %-10.0f\n", "Draft tokens:", dt);
+    printf("%-40s %-10.0f\n", "Accepted tokens:", acc);
+    printf("==================================================\n");
+    if (!o->result_json) return;
+    FILE *f = fopen(o->result_json, "rb");
+    if (!f) return; /* the run wrote none (it failed) */
+    char *text = NULL;
+    size_t n = 0, cap = 0, got;
+    do {
+        if (n + 4096 > cap) {
+            char *t = realloc(text, cap = cap ? 2 * cap : 65536);
+            if (!t) break;
+            text = t;
+        }
+        got = fread(text + n, 1, cap - n - 1, f);
+        n += got;
+    } while (got > 0);
+    fclose(f);
+    cJSON *root = text ? cJSON_ParseWithLength(text, n) : NULL;
+    free(text);
+    if (!root) {
+        fprintf(stderr, "bench serve: cannot add the speculative-decoding summary to %s\n",
+                o->result_json);
+        return;
+    }
+    cJSON *sd = cJSON_AddObjectToObject(root, "spec_decode");
+    cJSON_AddNumberToObject(sd, "num_drafts", drafts);
+    cJSON_AddNumberToObject(sd, "num_draft_tokens", dt);
+    cJSON_AddNumberToObject(sd, "num_accepted_tokens", acc);
+    cJSON_AddNumberToObject(sd, "acceptance_rate", rate);
+    cJSON_AddNumberToObject(sd, "mean_accepted_length", mean_len);
+    char *s = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (s && (f = fopen(o->result_json, "w"))) {
+        fputs(s, f);
+        fputc('\n', f);
+        fclose(f);
+    }
+    free(s);
 }
 
 int ds_cmd_bench_serve(int argc, char **argv) {
@@ -150,7 +254,12 @@ int ds_cmd_bench_serve(int argc, char **argv) {
         }
         o.command_line = cl;
     }
+    const spec_counters before = scrape_spec(&o);
     int rc = ds_bench_serve_run(&o);
+    if (before.ok && rc == 0) {
+        const spec_counters after = scrape_spec(&o);
+        if (after.ok) report_spec(&o, &before, &after);
+    }
     free(cl);
     return rc;
 }

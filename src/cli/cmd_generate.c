@@ -1,10 +1,12 @@
 /* deltaserve generate — stream a continuation of a prompt:
  *   deltaserve generate -m DIR (-p TEXT | --tokens 1,2,3) [-n N] [sampling options]
  *                       [--num-speculative-tokens K] [--print-ids] [--device D] [--threads N]
+ *                       [--tensor-parallel-size N]
  * Text streams to stdout as it is generated (never half a UTF-8 character); with --print-ids
  * stdout gets the generated ids instead, one line, comma-separated. Timing goes to stderr, and
  * with --num-speculative-tokens (MTP speculative decoding, runtime/spec.h) the acceptance rate
- * and mean accepted length. */
+ * and mean accepted length. With --tensor-parallel-size N > 1 the model runs as N
+ * tensor-parallel ranks on the CPU backend (parallel/tp.h); the CUDA path is not built yet. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +15,8 @@
 #include "cli/args.h"
 #include "cli/cli_cmds.h"
 #include "cli/engine.h"
+#include "model/loader.h"
+#include "parallel/tp.h"
 #include "runtime/spec.h"
 #include "sampling/sampler.h"
 #include "sampling/stop.h"
@@ -32,7 +36,9 @@ static void usage(FILE *f) {
             "  --num-speculative-tokens K  MTP speculative decoding, K draft tokens a step\n"
             "                           (1..%d; needs a checkpoint with an MTP head)\n"
             "  --print-ids              print the generated ids (one line) instead of text\n"
-            "  --device cpu|cuda|auto   --threads N\n",
+            "  --device cpu|cuda|auto   --threads N\n"
+            "  --tensor-parallel-size N run as N tensor-parallel ranks (CPU backend only;\n"
+            "                           --threads is split among them)\n",
             DS_SPEC_MAX_K);
 }
 
@@ -47,6 +53,7 @@ typedef struct gen_args {
     const char *prompt, *tokens;
     bool print_ids;
     int n_spec; /* --num-speculative-tokens (0 = off) */
+    int tp;     /* --tensor-parallel-size (1 = off) */
     ds_sampling_params sp;
     const char *stops[GEN_MAX_STOPS];
 } gen_args;
@@ -58,6 +65,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
     ds_sampling_params_init(&a->sp);
     a->sp.temperature = 0.0f;
     a->sp.max_tokens = 64;
+    a->tp = 1;
     for (int i = 1; i < argc && !bad; i++) {
         const char *v;
         long n;
@@ -82,6 +90,9 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         } else if ((v = ds_arg_value(argc, argv, &i, "--num-speculative-tokens", cmd, &bad))) {
             if (!ds_arg_int(cmd, "--num-speculative-tokens", v, 0, DS_SPEC_MAX_K, &n)) return 2;
             a->n_spec = (int)n;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--tensor-parallel-size", cmd, &bad))) {
+            if (!ds_arg_int(cmd, "--tensor-parallel-size", v, 1, DS_TP_MAX_RANKS, &n)) return 2;
+            a->tp = (int)n;
         } else if ((v = ds_arg_value(argc, argv, &i, "--temperature", cmd, &bad))) {
             if (!ds_arg_float(cmd, "--temperature", v, 0, 1e6, &d)) return 2;
             a->sp.temperature = (float)d;
@@ -130,6 +141,11 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         }
     }
     if (bad) return 2;
+    if (a->tp > 1 && a->n_spec > 0) {
+        fprintf(stderr, "deltaserve generate: --tensor-parallel-size > 1 does not support "
+                        "--num-speculative-tokens yet (the MTP head is not sharded)\n");
+        return 2;
+    }
     if (!a->eng.model_dir || (!a->prompt == !a->tokens)) {
         fprintf(stderr, "deltaserve generate: -m DIR and exactly one of -p / --tokens are required\n");
         usage(stderr);
@@ -265,6 +281,94 @@ done:
     return rc;
 }
 
+/* --tensor-parallel-size N > 1: host weights + the N-rank CPU model (parallel/tp.h). */
+typedef struct tp_engine {
+    ds_config cfg;
+    ds_model_weights host;
+    bool host_loaded;
+    ds_tp_model *tp;
+} tp_engine;
+
+static void tp_engine_close(tp_engine *t) {
+    ds_tp_model_free(t->tp);
+    if (t->host_loaded) ds_model_weights_free(&t->host);
+    *t = (tp_engine){0};
+}
+
+/* Returns 0, or the exit code (message printed). */
+static int tp_engine_open(tp_engine *t, const gen_args *a, int max_len) {
+    *t = (tp_engine){0};
+    ds_error err = {0};
+    const char *dev = a->eng.device;
+    bool cuda = dev && !strcmp(dev, "cuda");
+    if (!dev || !strcmp(dev, "auto")) {
+        ds_backend *probe = NULL;
+        if (ds_backend_cuda_create(0, &probe, &err) == DS_OK) {
+            probe->ops->destroy(probe);
+            cuda = true;
+        }
+        err = (ds_error){0};
+    }
+    if (cuda) {
+        fprintf(stderr, "deltaserve generate: --tensor-parallel-size %d on CUDA is not built yet "
+                        "(only the CPU reference exists): use --device cpu\n", a->tp);
+        return 2;
+    }
+    if (dev && strcmp(dev, "cpu") && strcmp(dev, "auto")) {
+        fprintf(stderr, "deltaserve generate: --device: unknown device '%s' (cpu, cuda, auto)\n",
+                dev);
+        return 2;
+    }
+    if (ds_model_load(a->eng.model_dir, &t->cfg, &t->host, &err) != DS_OK) {
+        fprintf(stderr, "deltaserve generate: %s\n", err.msg);
+        return 1;
+    }
+    t->host_loaded = true;
+    if (max_len > t->cfg.max_position) max_len = t->cfg.max_position;
+    ds_tp_opts o = {.n_ranks = a->tp,
+                    /* --threads is the total: split among the ranks (0 = all cores) */
+                    .threads_per_rank =
+                        a->eng.threads > 0 ? (a->eng.threads + a->tp - 1) / a->tp : 0,
+                    .max_tokens = 256,
+                    .max_out = 1,
+                    .n_slots = 1,
+                    .max_len = max_len};
+    ds_status st = ds_tp_model_create(&t->cfg, &t->host, &o, &t->tp, &err);
+    if (st != DS_OK) {
+        fprintf(stderr, "deltaserve generate: %s\n", err.msg);
+        tp_engine_close(t);
+        return st == DS_ERR_INVALID_ARG ? 2 : 1;
+    }
+    return 0;
+}
+
+/* Plain decoding on the tensor-parallel ranks (gathered logits into the sampler). */
+static int run_plain_tp(tp_engine *t, gen_out *o, const int32_t *prompt, size_t n_prompt,
+                        float *logits, double *t_prefill) {
+    ds_error err = {0};
+    double t0 = now_s();
+    if (ds_tp_feed(t->tp, 0, prompt, (int)n_prompt, false, logits, NULL, &err) != DS_OK) {
+        fprintf(stderr, "deltaserve generate: %s\n", err.msg);
+        return 1;
+    }
+    *t_prefill = now_s() - t0;
+    for (;;) {
+        ds_sample_result res;
+        if (ds_sampler_sample(o->sampler, logits, o->n, &res, &err) != DS_OK ||
+            ds_sampler_accept(o->sampler, res.token, &err) != DS_OK) {
+            fprintf(stderr, "deltaserve generate: %s\n", err.msg);
+            return 1;
+        }
+        int r = out_token(o, res.token);
+        if (r < 0) return 1;
+        if (r > 0) return 0;
+        if (ds_tp_feed(t->tp, 0, &o->ids[o->n - 1], 1, false, logits, NULL, &err) != DS_OK) {
+            fprintf(stderr, "deltaserve generate: %s\n", err.msg);
+            return 1;
+        }
+    }
+}
+
 int ds_cmd_generate(int argc, char **argv) {
     gen_args a = {0};
     int rc = parse_args(argc, argv, &a);
@@ -297,16 +401,24 @@ int ds_cmd_generate(int argc, char **argv) {
         return 2;
     }
 
-    ds_cli_engine e;
+    ds_cli_engine e = {0};
+    tp_engine te = {0};
     a.eng.max_len = (int)n_prompt + a.sp.max_tokens;
     a.eng.max_tokens = 256;
     a.eng.max_out = a.n_spec + 1; /* a verification asks for logits of k + 1 rows */
-    if (!ds_cli_engine_open(&e, &a.eng, "generate")) {
+    if (a.tp > 1) {
+        if ((rc = tp_engine_open(&te, &a, a.eng.max_len)) != 0) {
+            free(prompt);
+            ds_tokenizer_free(tok);
+            return rc;
+        }
+    } else if (!ds_cli_engine_open(&e, &a.eng, "generate")) {
         free(prompt);
         ds_tokenizer_free(tok);
         return 1;
     }
-    const int V = e.cfg.vocab;
+    const ds_config *cfg = a.tp > 1 ? &te.cfg : &e.cfg;
+    const int V = cfg->vocab;
     ds_sampler sampler;
     ds_stop_matcher stop;
     ds_detok detok;
@@ -326,7 +438,7 @@ int ds_cmd_generate(int argc, char **argv) {
             rc = 2;
             goto done;
         }
-    if (ds_sampler_init(&sampler, &a.sp, V, e.cfg.eos_ids, e.cfg.n_eos, &err) != DS_OK) {
+    if (ds_sampler_init(&sampler, &a.sp, V, cfg->eos_ids, cfg->n_eos, &err) != DS_OK) {
         ds_sampler_free(&sampler);
         fprintf(stderr, "deltaserve generate: %s\n", err.msg);
         rc = 2;
@@ -344,8 +456,9 @@ int ds_cmd_generate(int argc, char **argv) {
                  .ids = out_ids, .why = "length"};
     ds_spec_stats stats = {0};
     double t_prefill = 0, t0 = now_s();
-    if (a.n_spec > 0 ? run_spec(&e, &o, prompt, n_prompt, &t_prefill, &stats)
-                     : run_plain(&e, &o, prompt, n_prompt, logits, &t_prefill))
+    if (a.tp > 1 ? run_plain_tp(&te, &o, prompt, n_prompt, logits, &t_prefill)
+        : a.n_spec > 0 ? run_spec(&e, &o, prompt, n_prompt, &t_prefill, &stats)
+                       : run_plain(&e, &o, prompt, n_prompt, logits, &t_prefill))
         goto done;
     double t_decode = now_s() - t0 - t_prefill;
     if (tok && !a.print_ids) {
@@ -364,10 +477,15 @@ int ds_cmd_generate(int argc, char **argv) {
         printf("\n");
     }
     fflush(stdout); /* keep stdout's last line ahead of the stderr summary on a terminal */
+    char dev_name[64];
+    if (a.tp > 1)
+        snprintf(dev_name, sizeof dev_name, "cpu, tensor parallel %d", a.tp);
+    else
+        snprintf(dev_name, sizeof dev_name, "%s", e.be->ops->name);
     fprintf(stderr,
             "[%s] prompt %zu tokens in %.1f ms (%.1f tok/s); generated %d tokens in %.1f ms "
             "(%.2f tok/s); finish: %s\n",
-            e.be->ops->name, n_prompt, t_prefill * 1e3, (double)n_prompt / t_prefill, o.n,
+            dev_name, n_prompt, t_prefill * 1e3, (double)n_prompt / t_prefill, o.n,
             t_decode * 1e3, o.n > 1 ? (double)(o.n - 1) / t_decode : 0.0, o.why);
     if (a.n_spec > 0) {
         fprintf(stderr, "acceptance rate: %.2f, mean accepted length: %.2f (k=%d, %llu steps, "
@@ -386,6 +504,7 @@ done:
     free(out_ids);
     free(logits);
     ds_cli_engine_close(&e);
+    tp_engine_close(&te);
     free(prompt);
     ds_tokenizer_free(tok);
     return rc;

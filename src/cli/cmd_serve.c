@@ -2,6 +2,12 @@
  *   deltaserve serve -m DIR [--host H] [--port P] [--api-key KEY] [--served-model-name NAME]
  *                    [--max-num-seqs N] [--max-model-len N] [--max-queue N] [--memory-fraction F]
  *                    [--device D] [--threads N] ...
+ * --dummy-weights [--seed N] serves seeded random weights of -m DIR's config.json (no checkpoint
+ * needed: benchmarks of full-size shapes); --tokenizer DIR takes the tokenizer and chat template
+ * from another checkpoint (required when -m DIR has no tokenizer.json). The tokenizer's ids must
+ * all lie inside the model's vocabulary. --num-speculative-tokens k turns on MTP speculative
+ * decoding in the engine (runtime/spec.h).
+ *
  * Loads the model and tokenizer, sizes the caches, starts the engine thread and the HTTP
  * server, prints "listening on http://HOST:PORT" to stderr, and runs until SIGINT/SIGTERM,
  * then shuts down cleanly (in-flight requests are aborted).
@@ -25,6 +31,10 @@
 #include "runtime/engine.h"
 #include "server/server.h"
 
+/* --num-speculative-tokens bound (the engine takes up to DS_SPEC_MAX_K; beyond 4 the MTP's
+ * acceptance makes longer drafts a loss) */
+#define SERVE_MAX_SPEC 4
+
 static void usage(FILE *f) {
     fprintf(f,
             "usage: deltaserve serve -m DIR [options]\n"
@@ -47,11 +57,20 @@ static void usage(FILE *f) {
             "  --max-connections N         concurrent HTTP connections (default 512)\n"
             "  --generation-config auto|none  sampling defaults from the model's\n"
             "                              generation_config.json (auto, as vLLM) or OpenAI's\n"
-            "  --device cpu|cuda|auto      --threads N\n");
+            "  --dummy-weights             seeded random weights from DIR's config.json\n"
+            "  --seed N                    seed of --dummy-weights (default 1)\n"
+            "  --tokenizer DIR             tokenizer + chat template from DIR (default: -m DIR;\n"
+            "                              required when -m DIR has no tokenizer.json)\n"
+            "  --num-speculative-tokens K  MTP draft tokens per step, 0..%d (default 0 = off)\n"
+            "  --device cpu|cuda|auto      --threads N\n",
+            SERVE_MAX_SPEC);
 }
 
 typedef struct serve_args {
     const char *model_dir, *device, *host, *api_key;
+    const char *tokenizer_dir; /* --tokenizer (NULL: model_dir) */
+    bool dummy;                /* --dummy-weights */
+    uint64_t seed;             /* --seed for them */
     const char *names[DS_SERVER_MAX_NAMES];
     int n_names;
     int threads, port;
@@ -62,6 +81,14 @@ typedef struct serve_args {
     long max_body, max_conns;
     bool gen_config;
 } serve_args;
+
+static bool has_file(const char *dir, const char *name) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "rb");
+    if (f) fclose(f);
+    return f != NULL;
+}
 
 static int parse_args(int argc, char **argv, serve_args *a) {
     const char *cmd = "serve";
@@ -74,6 +101,7 @@ static int parse_args(int argc, char **argv, serve_args *a) {
     a->max_conns = 512;
     a->gen_config = true;
     a->api_key = getenv("DELTASERVE_API_KEY");
+    a->seed = 1;
     for (int i = 1; i < argc && !bad; i++) {
         const char *v;
         long n;
@@ -84,6 +112,15 @@ static int parse_args(int argc, char **argv, serve_args *a) {
         } else if ((v = ds_arg_value(argc, argv, &i, "-m", cmd, &bad)) ||
                    (v = ds_arg_value(argc, argv, &i, "--model", cmd, &bad))) {
             a->model_dir = v;
+        } else if (!strcmp(argv[i], "--dummy-weights")) {
+            a->dummy = true;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--seed", cmd, &bad))) {
+            if (!ds_arg_u64(cmd, "--seed", v, &a->seed)) return 2;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--tokenizer", cmd, &bad))) {
+            a->tokenizer_dir = v;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--num-speculative-tokens", cmd, &bad))) {
+            if (!ds_arg_int(cmd, "--num-speculative-tokens", v, 0, SERVE_MAX_SPEC, &n)) return 2;
+            a->eng.num_speculative_tokens = (int)n;
         } else if ((v = ds_arg_value(argc, argv, &i, "--host", cmd, &bad))) {
             a->host = v;
         } else if ((v = ds_arg_value(argc, argv, &i, "--port", cmd, &bad))) {
@@ -162,6 +199,18 @@ static int parse_args(int argc, char **argv, serve_args *a) {
         return 2;
     }
     if (a->n_names == 0) a->names[a->n_names++] = a->model_dir;
+    if (!a->tokenizer_dir) {
+        /* a config-only directory (as under configs/) is a usage error with --dummy-weights;
+         * without it a missing tokenizer is a load failure like a missing checkpoint (exit 1) */
+        if (a->dummy && !has_file(a->model_dir, "tokenizer.json")) {
+            fprintf(stderr, "deltaserve serve: %s has no tokenizer.json (--dummy-weights needs "
+                            "only its config.json); name a checkpoint directory that has one "
+                            "with --tokenizer DIR\n",
+                    a->model_dir);
+            return 2;
+        }
+        a->tokenizer_dir = a->model_dir;
+    }
     return 0;
 }
 
@@ -223,14 +272,28 @@ int ds_cmd_serve(int argc, char **argv) {
     ds_chat_formatter *chat = NULL;
     char *info = NULL;
     rc = 1;
-    if (ds_tokenizer_load(a.model_dir, &tok, &err) != DS_OK) goto fail;
+    if (ds_tokenizer_load(a.tokenizer_dir, &tok, &err) != DS_OK) goto fail;
     /* The checkpoint's chat template (or the built-in Qwen3.5 one); a template that does not
      * compile stops the server here rather than failing every chat request. */
-    if (ds_chat_formatter_from_dir(a.model_dir, &chat, &err) != DS_OK) goto fail;
+    if (ds_chat_formatter_from_dir(a.tokenizer_dir, &chat, &err) != DS_OK) goto fail;
     fprintf(stderr, "deltaserve serve: chat template: %s (tool calls: %s form)\n", chat->name,
             chat->tool_format == DS_TOOL_FORMAT_XML ? "XML" : "JSON");
-    if (ds_model_load(a.model_dir, &cfg, &host, &err) != DS_OK) goto fail;
-    host_ok = true;
+    if (a.dummy) {
+        if (ds_config_load(a.model_dir, &cfg, &err) != DS_OK) goto fail;
+    } else {
+        if (ds_model_load(a.model_dir, &cfg, &host, &err) != DS_OK) goto fail;
+        host_ok = true;
+    }
+    if (a.tokenizer_dir != a.model_dir && ds_tokenizer_vocab_size(tok) > (size_t)cfg.vocab) {
+        /* a tokenizer from another checkpoint: its ids would index past the embedding table */
+        ds_error_set(&err, DS_ERR_INVALID_ARG,
+                     "--tokenizer %s has token ids up to %zu but the model's vocabulary (%s/"
+                     "config.json vocab_size) is %d; use a tokenizer whose ids are all < %d",
+                     a.tokenizer_dir, ds_tokenizer_vocab_size(tok) - 1, a.model_dir, cfg.vocab,
+                     cfg.vocab);
+        rc = 2;
+        goto fail;
+    }
     if ((int)ds_tokenizer_vocab_size(tok) > cfg.vocab)
         fprintf(stderr, "deltaserve serve: warning: the tokenizer has %zu ids but the model's "
                         "vocabulary is %d; prompts using the extra ids are refused\n",
@@ -244,8 +307,12 @@ int ds_cmd_serve(int argc, char **argv) {
         rc = 2;
         goto fail;
     }
-    if (ds_model_init(&model, be, &cfg, &host, a.eng.max_num_batched_tokens, a.eng.max_num_seqs,
-                      &err) != DS_OK)
+    /* logits rows: one per sequence, k + 1 per verification with speculative decoding */
+    const int max_out = a.eng.max_num_seqs * (a.eng.num_speculative_tokens + 1);
+    const int max_tokens = a.eng.max_num_batched_tokens > max_out ? a.eng.max_num_batched_tokens
+                                                                   : max_out;
+    if ((a.dummy ? ds_model_init_dummy(&model, be, &cfg, a.seed, max_tokens, max_out, &err)
+                 : ds_model_init(&model, be, &cfg, &host, max_tokens, max_out, &err)) != DS_OK)
         goto fail;
     model_ok = true;
 
@@ -259,7 +326,10 @@ int ds_cmd_serve(int argc, char **argv) {
     if (a.num_kv_blocks > 0) {
         blocks = a.num_kv_blocks;
     } else if (avail > 0 && per_block > 0) {
-        double budget = a.mem_fraction * (double)avail - per_slot * a.eng.max_num_seqs;
+        /* speculative decoding keeps k + 2 GDN states per sequence (runner.h) */
+        const int k = a.eng.num_speculative_tokens;
+        double budget = a.mem_fraction * (double)avail -
+                        per_slot * a.eng.max_num_seqs * (k > 0 ? k + 2 : 1);
         long long fit = budget > 0 ? (long long)(budget / per_block) : 0;
         if (fit < blocks) blocks = fit;
     }
@@ -287,6 +357,8 @@ int ds_cmd_serve(int argc, char **argv) {
     cJSON_AddNumberToObject(ij, "max_num_seqs", a.eng.max_num_seqs);
     cJSON_AddNumberToObject(ij, "kv_blocks", a.eng.num_kv_blocks);
     cJSON_AddNumberToObject(ij, "block_size", a.eng.block_size);
+    cJSON_AddBoolToObject(ij, "dummy_weights", a.dummy);
+    cJSON_AddNumberToObject(ij, "num_speculative_tokens", a.eng.num_speculative_tokens);
     info = cJSON_PrintUnformatted(ij);
     cJSON_Delete(ij);
 
@@ -322,11 +394,15 @@ int ds_cmd_serve(int argc, char **argv) {
 
     fprintf(stderr,
             "deltaserve serve: model '%s' (%s) on %s [%s]; max_model_len %d, max_num_seqs %d, "
-            "KV pool %d blocks x %d tokens (%.1f MiB), max_queue %d%s\n",
+            "KV pool %d blocks x %d tokens (%.1f MiB), max_queue %d%s%s",
             a.names[0], a.model_dir, be->ops->name, device_name, a.eng.max_model_len,
             a.eng.max_num_seqs, a.eng.num_kv_blocks, a.eng.block_size,
             per_block * a.eng.num_kv_blocks / 1048576.0, a.eng.max_queue,
-            a.api_key && a.api_key[0] ? ", API key required" : "");
+            a.api_key && a.api_key[0] ? ", API key required" : "",
+            a.dummy ? ", DUMMY WEIGHTS" : "");
+    if (a.eng.num_speculative_tokens > 0)
+        fprintf(stderr, ", speculative decoding k=%d", a.eng.num_speculative_tokens);
+    fprintf(stderr, "\n");
     fprintf(stderr, "deltaserve serve: listening on http://%s%s%s:%d\n",
             strchr(a.host, ':') ? "[" : "", a.host, strchr(a.host, ':') ? "]" : "",
             ds_server_port(srv));

@@ -75,8 +75,10 @@ ds_status ds_model_forward(ds_model *m, ds_cache *cache, const ds_batch *b, ds_e
     for (int l = 0; l < c->n_layers; l++) {
         const ds_layer_weights *L = &m->w.layers[l];
         mixer_forward(m, cache, l, L, T);
+        if (m->allreduce) m->allreduce(m->allreduce_ctx, &d); /* tensor parallel: Σ ranks */
         op->add_rmsnorm(m->be, &h, &d, &L->post_norm, eps, &xn);
         ffn_forward(m, L, T);
+        if (m->allreduce) m->allreduce(m->allreduce_ctx, &d);
         const ds_tensor *next_norm =
             l + 1 < c->n_layers ? &m->w.layers[l + 1].input_norm : &m->w.final_norm;
         op->add_rmsnorm(m->be, &h, &d, next_norm, eps, &xn);

@@ -36,6 +36,13 @@ typedef struct ds_model {
     ds_model_scratch s;
     ds_model_weights *dummy_host; /* host dummy weights this model owns (else NULL) */
     ds_mtp_scratch mtp;           /* zeroed when the model has no MTP head */
+    /* Tensor parallelism (parallel/tp.h). When set, the forward calls allreduce(ctx, delta) on
+     * the [T, H] output of every row-parallel block (attention o_proj, GDN out_proj, MLP down,
+     * whole MoE block) before the residual add: on one rank of N that output is a partial sum,
+     * and the callback must leave the full sum there, identical on every rank. NULL (what
+     * ds_model_init sets) = one rank, unchanged behaviour. Not applied by ds_mtp_forward. */
+    void (*allreduce)(void *ctx, ds_tensor *x);
+    void *allreduce_ctx;
 } ds_model;
 
 /* Binds host weights to a backend (prepare_weights) and allocates scratch for steps of up to

@@ -16,6 +16,11 @@
  *   ds_runner_draft                    the MTP over the step's rows, k drafts per sequence
  * (runtime/spec.h).
  *
+ * A step that is pure greedy decode (every item feeds one token, wants only its argmax: greedy,
+ * no penalties, no logprobs) runs through ds_runner_step_greedy when the runner offers it (a
+ * backend with fused argmax_logits, graphs when it has them; DS_SERVE_GRAPHS=0 turns it off):
+ * only the ids come back, and the sampler just accepts them.
+ *
  * Sequences whose chunk ends mid-prompt get no logits row. The engine sleeps on its condvar
  * when it has nothing to run. Because the stats are published before final events are
  * delivered, a client that saw its request end also sees its caches freed in the stats. */
@@ -118,16 +123,10 @@ static void abort_requests(ds_engine *e, bool all) {
 
 /* ---- one step ------------------------------------------------------------------------------- */
 
-/* Samples, records and pushes the next token of r from its logits row ([V], clobbered); ends r
- * when it finished (or when sampling failed). */
-static void sample_one(ds_engine *e, ds_request *r, float *row) {
-    ds_error err = {0};
-    ds_sample_result res;
-    if (ds_sampler_sample(&r->sampler, row, r->n_generated, &res, &err) != DS_OK ||
-        ds_sampler_accept(&r->sampler, res.token, &err) != DS_OK) {
-        end_request(e, r, DS_FINISH_NONE, -1);
-        return;
-    }
+/* Records and pushes the next token of r (already accepted by its sampler); ends r when it
+ * finished. */
+static void push_sampled(ds_engine *e, ds_request *r, const ds_sample_result *res_in) {
+    const ds_sample_result res = *res_in;
     DS_ASSERT(r->n_generated < r->max_new);
     r->tokens[r->n_prompt + r->n_generated] = res.token;
     r->n_generated++;
@@ -146,6 +145,57 @@ static void sample_one(ds_engine *e, ds_request *r, float *row) {
     ds_finish_reason reason = ds_sampler_finish_reason(&r->sampler, res.token, r->n_generated,
                                                        &stop_token);
     if (reason != DS_FINISH_NONE) end_request(e, r, reason, stop_token);
+}
+
+/* Samples, records and pushes the next token of r from its logits row ([V], clobbered); ends r
+ * when it finished (or when sampling failed). */
+static void sample_one(ds_engine *e, ds_request *r, float *row) {
+    ds_error err = {0};
+    ds_sample_result res;
+    if (ds_sampler_sample(&r->sampler, row, r->n_generated, &res, &err) != DS_OK ||
+        ds_sampler_accept(&r->sampler, res.token, &err) != DS_OK) {
+        end_request(e, r, DS_FINISH_NONE, -1);
+        return;
+    }
+    push_sampled(e, r, &res);
+}
+
+/* A plan the greedy decode path can run: every item feeds one token and wants logits, and its
+ * next token is the plain argmax (greedy, no penalties, no logprobs, min_tokens reached). */
+static bool greedy_plan(const ds_sched_plan *plan) {
+    for (int i = 0; i < plan->n_items; i++) {
+        const ds_sched_item *it = &plan->items[i];
+        const ds_request *r = it->seq->owner;
+        if (it->n_tokens != 1 || it->n_draft != 0 || !it->wants_logits ||
+            !ds_spec_argmax_suffices(&r->sampler, r->n_generated))
+            return false;
+    }
+    return plan->n_items > 0;
+}
+
+/* One greedy decode step (runner.h: fused argmax, step graphs): only the ids come back. */
+static void run_step_greedy(ds_engine *e, const ds_sched_plan *plan) {
+    ds_error err = {0};
+    const int32_t *ids = NULL; /* [plan->n_items] */
+    ds_status st = ds_runner_step_greedy(&e->runner, plan, &e->kv, &ids, &err);
+    e->counters.steps++;
+    for (int i = 0; i < plan->n_items; i++) {
+        ds_request *r = plan->items[i].seq->owner;
+        if (st != DS_OK) { /* device failure: the step's requests cannot continue */
+            end_request(e, r, DS_FINISH_NONE, -1);
+            continue;
+        }
+        ds_sched_seq_advance(&r->seq, 1, true);
+        ds_sample_result res;
+        memset(&res, 0, sizeof res);
+        res.token = ids[i];
+        if (ids[i] < 0 || ids[i] >= e->vocab ||
+            ds_sampler_accept(&r->sampler, res.token, &err) != DS_OK) {
+            end_request(e, r, DS_FINISH_NONE, -1);
+            continue;
+        }
+        push_sampled(e, r, &res);
+    }
 }
 
 /* Records the tokens one verification emitted (already accepted by the sampler) and pushes them;
@@ -237,6 +287,10 @@ static void run_step(ds_engine *e) {
         /* Nothing can run although sequences wait: impossible, since a sequence alone always
          * fits (submit refuses the others) and nothing is running. */
         DS_ASSERT(ds_scheduler_n_running(&e->sched) + ds_scheduler_n_waiting(&e->sched) == 0);
+        return;
+    }
+    if (ds_runner_greedy_ready(&e->runner) && greedy_plan(plan)) {
+        run_step_greedy(e, plan);
         return;
     }
     ds_error err = {0};

@@ -1,9 +1,31 @@
 #include "runtime/runner.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "runtime/spec.h"
+
+/* Graph keys: "SRVG" | runner number | sequence count. The runner number keeps two runners on
+ * one backend (several engines in a process) from replaying each other's recordings. */
+static atomic_uint g_runner_serial;
+
+/* Greedy decode steps: on when the backend has argmax_logits (or forced), unless
+ * DS_SERVE_GRAPHS=0. Returns false only when out of memory. */
+static bool greedy_init(ds_runner *r) {
+    const ds_backend_ops *op = r->model->be->ops;
+    const char *env = getenv("DS_SERVE_GRAPHS");
+    if (env && !strcmp(env, "0")) return true;
+    if (env && !strcmp(env, "force")) r->greedy_mode = 2;
+    else if (op->argmax_logits) r->greedy_mode = 1;
+    else return true;
+    r->gids = calloc((size_t)r->max_seqs, sizeof(int32_t));
+    r->graph_state = calloc((size_t)r->max_seqs + 1, 1);
+    const unsigned serial = atomic_fetch_add(&g_runner_serial, 1u) & 0xffffu;
+    r->graph_tag = (UINT64_C(0x53525647) << 32) | ((uint64_t)serial << 16);
+    DS_ASSERT(r->max_seqs < (1 << 16));
+    return r->gids && r->graph_state;
+}
 
 ds_status ds_runner_init(ds_runner *r, ds_model *m, int max_seqs, int max_tokens, int n_blocks,
                          int block_size, int max_blocks, ds_error *err) {
@@ -50,6 +72,7 @@ ds_status ds_runner_init_spec(ds_runner *r, ds_model *m, int max_seqs, int max_t
              r->d_past && r->d_table;
         for (int i = 0; ok && i < max_seqs; i++) r->gdn_cur[i] = i * (k + 2);
     }
+    if (ok && k == 0) ok = greedy_init(r);
     if (!ok) {
         ds_runner_free(r);
         return ds_error_set(err, DS_ERR_NOMEM, "runner: out of memory for the step buffers "
@@ -74,7 +97,7 @@ void ds_runner_free(ds_runner *r) {
                     r->block_table, r->out_rows, r->logits, r->gdn_cur,  r->drafts,
                     r->state_out, r->next,     r->ids,       r->row0,     r->d_order,
                     r->d_k,      r->d_tokens,  r->d_pos,     r->d_start,  r->d_slot,
-                    r->d_past,   r->d_table};
+                    r->d_past,   r->d_table,   r->gids,      r->graph_state};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     *r = (ds_runner){0};
 }
@@ -172,6 +195,64 @@ ds_status ds_runner_step(ds_runner *r, const ds_sched_plan *plan, const ds_kv_bl
     st = op->synchronize(m->be, err);
     if (st != DS_OK) return st;
     *logits = r->logits;
+    return DS_OK;
+}
+
+/* Forward (graph replay, capture, or eager) of a greedy decode batch and the next tokens into
+ * r->gids: lm_head + argmax fused when the backend can (b->n_out = 0: the forward stops at the
+ * final norm, whose rows are the n sequences), else argmax over the logits rows. */
+static ds_status greedy_forward(ds_runner *r, ds_batch *b, ds_error *err) {
+    ds_model *m = r->model;
+    ds_backend *be = m->be;
+    const ds_backend_ops *op = be->ops;
+    const int n = b->n_seqs;
+    const bool fused = op->argmax_logits != NULL;
+    if (fused) b->n_out = 0;
+    ds_tensor xn = ds_view2d(m->s.normed.data, m->s.normed.dtype, n, m->cfg.hidden);
+    ds_status st;
+    if (fused && op->graph_launch && op->graph_begin && op->graph_end) {
+        const uint64_t key = r->graph_tag | (uint64_t)n;
+        if (op->graph_launch(be, key, b)) return DS_OK;
+        if (r->graph_state[n] == 0) {
+            r->graph_state[n] = -1;
+            st = op->graph_begin(be, key, err);
+            if (st == DS_OK) {
+                st = ds_model_forward(m, r->cache, b, err);
+                if (st == DS_OK) op->argmax_logits(be, &xn, &m->w.lm_head, r->gids);
+                ds_error end_err = {0};
+                const ds_status end = op->graph_end(be, &end_err); /* always close the capture */
+                if (st == DS_OK && end != DS_OK) {
+                    st = end;
+                    *err = end_err;
+                }
+            }
+            if (st == DS_OK) {
+                r->graph_state[n] = 1;
+                return DS_OK;
+            }
+            /* nothing of the step ran: run it eagerly, and every later step of this size */
+            *err = (ds_error){0};
+        }
+    }
+    if ((st = ds_model_forward(m, r->cache, b, err)) != DS_OK) return st;
+    if (fused) {
+        op->argmax_logits(be, &xn, &m->w.lm_head, r->gids);
+    } else {
+        ds_tensor lg = ds_view2d(m->s.logits.data, DS_DTYPE_F32, n, r->vocab);
+        op->argmax(be, &lg, r->gids);
+    }
+    return DS_OK;
+}
+
+ds_status ds_runner_step_greedy(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
+                                const int32_t **ids, ds_error *err) {
+    DS_ASSERT(r->greedy_mode && r->k == 0 && plan->n_items > 0 && plan->n_items <= r->max_seqs);
+    ds_batch b = build_batch(r, plan, kv);
+    DS_ASSERT(b.n_tokens == b.n_seqs && b.n_out == b.n_seqs); /* one token, one row each */
+    ds_status st = greedy_forward(r, &b, err);
+    if (st != DS_OK) return st;
+    if ((st = r->model->be->ops->synchronize(r->model->be, err)) != DS_OK) return st;
+    *ids = r->gids;
     return DS_OK;
 }
 

@@ -15,7 +15,15 @@
  * come from argmax ids (ds_runner_ids); logits rows are downloaded only for the items that ask
  * (ds_runner_logits).
  *
- * Later (design.md): graph capture per decode shape, upload only what changed. */
+ * Greedy decode steps (ds_runner_step_greedy): when every item of a plan feeds exactly one token
+ * and wants its greedy next token only, a backend with argmax_logits computes lm_head + argmax
+ * fused (no logits leave the device), and one with step graphs replays the step from a graph
+ * captured per number of sequences (keys tagged per runner: see graph_tag). The engine decides
+ * when a plan qualifies. DS_SERVE_GRAPHS=0 turns this path off; DS_SERVE_GRAPHS=force turns it
+ * on even without argmax_logits (forward + argmax over the logits: exercises the engine's side
+ * on the CPU).
+ *
+ * Later (design.md): upload only what changed. */
 #ifndef DS_RUNNER_H
 #define DS_RUNNER_H
 
@@ -56,6 +64,16 @@ typedef struct ds_runner {
     int32_t *d_table;     /* [max_seqs, max_blocks] */
     ds_batch batch;       /* the step's batch (the MTP re-runs its rows) */
     int n_out;            /* logits rows of the step */
+
+    /* greedy decode steps (greedy_mode 0: none of these is allocated) */
+    int greedy_mode;          /* 0 off, 1 fused argmax (+ graphs when the backend has them),
+                                 2 forced (DS_SERVE_GRAPHS=force) */
+    int32_t *gids;            /* [max_seqs] next token of each item; argmax_logits writes here,
+                                 graph replays too, so it lives as long as the runner */
+    signed char *graph_state; /* [max_seqs + 1] per sequence count: 0 untried, 1 captured,
+                                 -1 eager (capture failed) */
+    uint64_t graph_tag;       /* high bits of this runner's graph keys (| sequence count): unique
+                                 per runner in the process, disjoint from small keys (bench) */
 } ds_runner;
 
 /* Creates the cache: max_seqs state slots, n_blocks KV blocks of block_size tokens; block-table
@@ -73,6 +91,13 @@ void ds_runner_free(ds_runner *r);
  * overwrite them (the sampler does). */
 ds_status ds_runner_step(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
                          float **logits, ds_error *err);
+
+/* True when greedy decode steps may take ds_runner_step_greedy (see the top of this file). */
+static inline bool ds_runner_greedy_ready(const ds_runner *r) { return r->greedy_mode != 0; }
+/* Runs a plan whose every item feeds one token and wants logits; *ids points at the greedy next
+ * token of each item, in plan order (valid until the next step). No logits are produced. */
+ds_status ds_runner_step_greedy(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
+                                const int32_t **ids, ds_error *err);
 
 /* ---- speculative steps ----------------------------------------------------------------------
  * ds_runner_verify runs the plan: item i feeds its known tokens and then its n_draft drafts

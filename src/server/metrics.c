@@ -124,6 +124,34 @@ static void histogram(ds_strbuf *o, const char *labels, const char *name, const 
                      (unsigned long long)h->count);
 }
 
+/* Speculative decoding counters under vLLM's own names (vllm:spec_decode_*), so dashboards and
+ * `bench serve` read them as they read vLLM's: acceptance rate = accepted / draft tokens, mean
+ * accepted length = 1 + accepted / drafts. Exported only when speculative decoding is on. */
+static void spec_counters(ds_strbuf *o, const char *L, const ds_engine_stats *st) {
+    static const struct {
+        const char *name, *help;
+    } c[3] = {
+        {"spec_decode_num_drafts_total", "Verification steps that checked draft tokens."},
+        {"spec_decode_num_draft_tokens_total", "Draft tokens checked."},
+        {"spec_decode_num_accepted_tokens_total", "Draft tokens accepted."},
+    };
+    const uint64_t v[3] = {st->spec.n_drafts, st->spec.n_draft_tokens,
+                           st->spec.n_accepted_tokens};
+    for (int i = 0; i < 3; i++) {
+        ds_strbuf_printf(o, "# HELP vllm:%s %s\n# TYPE vllm:%s counter\n", c[i].name, c[i].help,
+                         c[i].name);
+        ds_strbuf_printf(o, "vllm:%s{%s} %llu\n", c[i].name, L, (unsigned long long)v[i]);
+    }
+    const char *pn = "spec_decode_num_accepted_tokens_per_pos_total";
+    ds_strbuf_printf(o, "# HELP vllm:%s Draft tokens accepted, by draft position.\n"
+                        "# TYPE vllm:%s counter\n", pn, pn);
+    const int k = st->num_speculative_tokens < DS_SPEC_MAX_K ? st->num_speculative_tokens
+                                                              : DS_SPEC_MAX_K;
+    for (int i = 0; i < k; i++)
+        ds_strbuf_printf(o, "vllm:%s{%s,position=\"%d\"} %llu\n", pn, L, i,
+                         (unsigned long long)st->spec.accepted_per_pos[i]);
+}
+
 void ds_metrics_render(ds_metrics *m, const ds_engine_stats *st, const char *model_name,
                        ds_strbuf *out) {
     /* Label value escaping: Prometheus uses \\, \" and \n, as a JSON string literal does. */
@@ -153,6 +181,8 @@ void ds_metrics_render(ds_metrics *m, const ds_engine_stats *st, const char *mod
     counter(out, L, "engine_steps_total", "Engine steps (batched forward passes).", st->steps);
     counter(out, L, "request_rejected_total",
             "Requests refused at submission (queue full or invalid).", st->requests_rejected);
+
+    if (st->num_speculative_tokens > 0) spec_counters(out, L, st);
 
     pthread_mutex_lock(&m->mu);
     static const char *const reasons[DS_METRICS_FINISH_COUNT] = {"stop", "length", "abort"};
