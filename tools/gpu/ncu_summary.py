@@ -21,10 +21,11 @@ for r in rows:
         continue
     unit = r.get("Metric Unit", "")
     metric = r["Metric Name"]
-    if metric == "gpu__time_duration.sum":
-        v = v / 1000.0 if unit == "nsecond" else v * (1000.0 if unit == "msecond" else 1.0)
+    if metric == "gpu__time_duration.sum":  # ncu writes "ns"/"us"/"ms" (older: "nsecond", ...)
+        v = v * {"ns": 1e-3, "nsecond": 1e-3, "ms": 1e3, "msecond": 1e3}.get(unit, 1.0)
     elif metric == "dram__bytes_read.sum":
-        scale = {"byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1.0, "Gbyte": 1e3}.get(unit, 1e-6)
+        scale = {"byte": 1e-6, "B": 1e-6, "Kbyte": 1e-3, "KB": 1e-3, "Mbyte": 1.0, "MB": 1.0,
+                 "Gbyte": 1e3, "GB": 1e3}.get(unit, 1e-6)
         v = v * scale
     acc[name][metric].append(v)
 print(f"{'kernel':48s} {'n':>4s} {'us':>8s} {'MB read':>9s} {'GB/s':>7s}")
@@ -35,4 +36,4 @@ for name, m in sorted(acc.items(), key=lambda kv: -sum(kv[1]["gpu__time_duration
         continue
     us = sum(t) / len(t)
     mb = sum(b) / len(b) if b else 0.0
-    print(f"{name:48s} {len(t):4d} {us:8.2f} {mb:9.2f} {mb / us * 1e-3 * 1e3:7.0f}")
+    print(f"{name:48s} {len(t):4d} {us:8.2f} {mb:9.2f} {mb / us * 1e3:7.0f}")

@@ -83,7 +83,7 @@ fi
 t=$(left); [ "$t" -gt 100 ] && t=100
 if command -v ncu > /dev/null && [ "$t" -ge 60 ]; then
     log "ncu (decode kernels of batch-1 steps, timeout $t s)"
-    timeout "$t" ncu --clock-control none --csv --launch-skip 600 --launch-count 60 \
+    timeout "$t" ncu --clock-control none --csv --launch-skip 1500 --launch-count 60 \
         --kernel-name regex:'moe_|add_rmsnorm|gemv_|gdn_kernel|attn_' \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
         "${DSENV[@]}" "$BIN/deltaserve" bench -m configs/qwen3.5-35b-a3b --dummy-weights --device cuda \
