@@ -27,17 +27,6 @@ static char *run_capture(const char *cmdline) {
     return buf;
 }
 
-static cJSON *load_ref(const char *name) {
-    char rel[128];
-    snprintf(rel, sizeof rel, "ref/%s.json", name);
-    char *t = test_read_file(test_data_path(rel), NULL);
-    assert_non_null(t);
-    cJSON *j = cJSON_Parse(t);
-    free(t);
-    assert_non_null(j);
-    return j;
-}
-
 static void ids_to_csv(const cJSON *arr, char *out, size_t cap) {
     size_t n = 0;
     out[0] = 0;
@@ -46,7 +35,7 @@ static void ids_to_csv(const cJSON *arr, char *out, size_t cap) {
 }
 
 static void check_generate(const char *model) {
-    cJSON *ref = load_ref(model);
+    cJSON *ref = test_load_ref(model);
     const cJSON *g;
     cJSON_ArrayForEach(g, cJSON_GetObjectItem(ref, "greedy")) {
         char prompt[8192], want[8192], cmd[16384];
@@ -70,7 +59,7 @@ static void test_generate_dense(void **st) { (void)st; check_generate("tiny-dens
 
 static void test_score(void **st) {
     (void)st;
-    cJSON *ref = load_ref("tiny-moe");
+    cJSON *ref = test_load_ref("tiny-moe");
     const cJSON *seq = cJSON_GetArrayItem(cJSON_GetObjectItem(ref, "sequences"), 3); /* len63 */
     const cJSON *toks = cJSON_GetObjectItem(seq, "tokens");
     int n = cJSON_GetArraySize(toks);

@@ -45,6 +45,8 @@
 #define EMU_FACTOR 2.0    /* tiny fixtures: CUDA error ≤ EMU_FACTOR × bf16-emulation error */
 #define EMU_SIGMAS 3.0    /* tiny fixtures: decisive margins exceed this many noise sigmas */
 #define TINY_FLIPS_MAX 1  /* tiny fixtures: decisive flips tolerated per model (heavy tails) */
+#define DEMO_DIR "models/qwen35-demo" /* relative to the repository root (ctest's directory) */
+#define DEMO_REF DEMO_DIR "/reference_greedy.json"
 
 static ds_backend *g_cuda, *g_cpu, *g_emu; /* g_emu: CPU backend with bf16 storage */
 
@@ -93,34 +95,6 @@ static void fixture_close(fixture *f) {
     ds_model_weights_free(&f->host);
 }
 
-static cJSON *load_ref(const char *ref_name) {
-    char rel[256];
-    snprintf(rel, sizeof rel, "ref/%s.json", ref_name);
-    char *text = test_read_file(test_data_path(rel), NULL);
-    if (!text) fail_msg("missing %s", rel);
-    cJSON *j = cJSON_Parse(text);
-    free(text);
-    assert_non_null(j);
-    return j;
-}
-
-static float *load_logits(const char *file, size_t n) {
-    char rel[256];
-    snprintf(rel, sizeof rel, "ref/%s", file);
-    size_t len = 0;
-    char *buf = test_read_file(test_data_path(rel), &len);
-    if (!buf) fail_msg("missing %s", rel);
-    assert_int_equal(len, n * sizeof(float));
-    return (float *)buf;
-}
-
-static int32_t *json_ids(const cJSON *arr, int *n) {
-    *n = cJSON_GetArraySize(arr);
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(*n > 0 ? *n : 1));
-    for (int i = 0; i < *n; i++) ids[i] = (int32_t)cJSON_GetArrayItem(arr, i)->valueint;
-    return ids;
-}
-
 /* lowest index of the maximum; NaN never wins */
 static int argmax_row(const float *v, int n) {
     int best = 0;
@@ -137,15 +111,15 @@ static int check_logits(const char *model, const char *ref_name) {
     fixture f, e; /* CUDA, bf16 emulation */
     fixture_open(&f, model, 512, 512, 1);
     fixture_open_on(&e, g_emu, model, 512, 512, 1);
-    cJSON *ref = load_ref(ref_name);
+    cJSON *ref = test_load_ref(ref_name);
     const int V = f.cfg.vocab;
     const cJSON *seq;
     double worst = 0;
     int bad = 0;
     cJSON_ArrayForEach(seq, cJSON_GetObjectItem(ref, "sequences")) {
         int n;
-        int32_t *ids = json_ids(cJSON_GetObjectItem(seq, "tokens"), &n);
-        float *want = load_logits(cJSON_GetObjectItem(seq, "file")->valuestring, (size_t)n * V);
+        int32_t *ids = test_json_ids(cJSON_GetObjectItem(seq, "tokens"), &n);
+        float *want = test_load_ref_f32(cJSON_GetObjectItem(seq, "file")->valuestring, (size_t)n * V);
         float *got = malloc(sizeof(float) * (size_t)n * V);
         float *emu = malloc(sizeof(float) * (size_t)n * V);
         feed_logits(&f, ids, n, got);
@@ -177,30 +151,20 @@ static int check_logits(const char *model, const char *ref_name) {
     return bad;
 }
 
-/* The demo model's reference_greedy.json (transformers): its greedy entries. */
-static cJSON *load_demo_ref(void) {
-    char *text = test_read_file("models/qwen35-demo/reference_greedy.json", NULL);
-    if (!text) fail_msg("missing models/qwen35-demo/reference_greedy.json (run from the repo root)");
-    cJSON *j = cJSON_Parse(text);
-    free(text);
-    assert_non_null(j);
-    return j;
-}
-
 /* The demo model, prompt + reference continuation teacher-forced: CUDA vs the fp32 CPU
  * backend ≤ 2e-2 per sequence. Returns the number of sequences above. */
 static int check_logits_demo(void) {
     fixture f, c;
-    fixture_open(&f, "models/qwen35-demo", 512, 512, 1);
-    fixture_open_on(&c, g_cpu, "models/qwen35-demo", 512, 512, 1);
-    cJSON *ref = load_demo_ref();
+    fixture_open(&f, DEMO_DIR, 512, 512, 1);
+    fixture_open_on(&c, g_cpu, DEMO_DIR, 512, 512, 1);
+    cJSON *ref = test_load_json(DEMO_REF);
     const int V = f.cfg.vocab;
     const cJSON *g;
     int bad = 0;
     cJSON_ArrayForEach(g, cJSON_GetObjectItem(ref, "greedy")) {
         int np, ng;
-        int32_t *p = json_ids(cJSON_GetObjectItem(g, "prompt"), &np);
-        int32_t *q = json_ids(cJSON_GetObjectItem(g, "generated"), &ng);
+        int32_t *p = test_json_ids(cJSON_GetObjectItem(g, "prompt"), &np);
+        int32_t *q = test_json_ids(cJSON_GetObjectItem(g, "generated"), &ng);
         const int n = np + ng;
         int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
         memcpy(ids, p, sizeof(int32_t) * (size_t)np);
@@ -296,61 +260,47 @@ static int greedy_walk(fixture *f, fixture *e, const char *model, const char *na
     return differ;
 }
 
-static int check_greedy(const char *model, const char *ref_name) {
+/* Greedy walks over ref's "greedy" entries on the CUDA model in dir (label: printed name).
+ * emulate: the tiny random fixtures, judged with the bf16 emulation's noise and the
+ * reference's logits files; else (the demo model) by the reference margin alone. */
+static int check_greedy(const char *dir, const char *label, const cJSON *ref, bool emulate) {
     fixture f, e;
-    fixture_open(&f, model, 64, 1, 1);
-    fixture_open_on(&e, g_emu, model, 64, 1, 1);
-    cJSON *ref = load_ref(ref_name);
+    fixture_open(&f, dir, 64, 1, 1);
+    if (emulate) fixture_open_on(&e, g_emu, dir, 64, 1, 1);
     const int V = f.cfg.vocab;
     const cJSON *g;
     int bad = 0;
     cJSON_ArrayForEach(g, cJSON_GetObjectItem(ref, "greedy")) {
         int n_prompt, n_gen;
-        int32_t *prompt = json_ids(cJSON_GetObjectItem(g, "prompt"), &n_prompt);
-        int32_t *want = json_ids(cJSON_GetObjectItem(g, "generated"), &n_gen);
+        int32_t *prompt = test_json_ids(cJSON_GetObjectItem(g, "prompt"), &n_prompt);
+        int32_t *want = test_json_ids(cJSON_GetObjectItem(g, "generated"), &n_gen);
         const cJSON *margins = cJSON_GetObjectItem(g, "top2_margin");
         assert_int_equal(cJSON_GetArraySize(margins), n_gen);
-        float *rl = load_logits(cJSON_GetObjectItem(g, "logits_file")->valuestring, (size_t)n_gen * V);
-        bad += greedy_walk(&f, &e, model, cJSON_GetObjectItem(g, "name")->valuestring, prompt,
-                           n_prompt, want, n_gen, margins, rl);
+        float *rl = emulate ? test_load_ref_f32(cJSON_GetObjectItem(g, "logits_file")->valuestring,
+                                                (size_t)n_gen * V)
+                            : NULL;
+        bad += greedy_walk(&f, emulate ? &e : NULL, label,
+                           cJSON_GetObjectItem(g, "name")->valuestring, prompt, n_prompt, want,
+                           n_gen, margins, rl);
         free(rl);
         free(prompt);
         free(want);
     }
-    cJSON_Delete(ref);
-    fixture_close(&e);
-    fixture_close(&f);
-    return bad;
-}
-
-static int check_greedy_demo(void) {
-    fixture f;
-    fixture_open(&f, "models/qwen35-demo", 64, 1, 1);
-    cJSON *ref = load_demo_ref();
-    const cJSON *g;
-    int bad = 0;
-    cJSON_ArrayForEach(g, cJSON_GetObjectItem(ref, "greedy")) {
-        int n_prompt, n_gen;
-        int32_t *prompt = json_ids(cJSON_GetObjectItem(g, "prompt"), &n_prompt);
-        int32_t *want = json_ids(cJSON_GetObjectItem(g, "generated"), &n_gen);
-        const cJSON *margins = cJSON_GetObjectItem(g, "top2_margin");
-        assert_int_equal(cJSON_GetArraySize(margins), n_gen);
-        bad += greedy_walk(&f, NULL, "qwen35-demo", cJSON_GetObjectItem(g, "name")->valuestring,
-                           prompt, n_prompt, want, n_gen, margins, NULL);
-        free(prompt);
-        free(want);
-    }
-    cJSON_Delete(ref);
+    if (emulate) fixture_close(&e);
     fixture_close(&f);
     return bad;
 }
 
 static void test_greedy(void **state) {
     (void)state;
-    const int demo = check_greedy_demo();
+    cJSON *demo_ref = test_load_json(DEMO_REF);
+    const int demo = check_greedy(DEMO_DIR, "qwen35-demo", demo_ref, false);
+    cJSON_Delete(demo_ref);
     int tiny_over = 0;
     for (size_t i = 0; i < sizeof MODELS / sizeof MODELS[0]; i++) {
-        const int flips = check_greedy(MODELS[i][0], MODELS[i][1]);
+        cJSON *ref = test_load_ref(MODELS[i][1]);
+        const int flips = check_greedy(MODELS[i][0], MODELS[i][0], ref, true);
+        cJSON_Delete(ref);
         printf("  %-14s %d decisive flips (at most %d tolerated)\n", MODELS[i][0], flips, TINY_FLIPS_MAX);
         tiny_over += flips > TINY_FLIPS_MAX;
     }

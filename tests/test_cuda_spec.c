@@ -109,22 +109,10 @@ static int argmax_margin(const float *v, int n, float *margin) {
     return best;
 }
 
-static int32_t *json_ids(const cJSON *arr, int *n) {
-    *n = cJSON_GetArraySize(arr);
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(*n > 0 ? *n : 1));
-    for (int i = 0; i < *n; i++) ids[i] = (int32_t)cJSON_GetArrayItem(arr, i)->valueint;
-    return ids;
-}
-
 static cJSON *demo_reference(void) {
     char path[1200];
     snprintf(path, sizeof path, "%s/reference_greedy.json", model_dir("demo"));
-    char *text = test_read_file(path, NULL);
-    if (!text) fail_msg("missing %s", path);
-    cJSON *j = cJSON_Parse(text);
-    free(text);
-    if (!j) fail_msg("%s: not JSON", path);
-    return j;
+    return test_load_json(path);
 }
 
 /* ---- activations in backend memory ------------------------------------------------------------ */
@@ -324,7 +312,7 @@ static void test_mtp_head_vs_cpu(void **state) {
     /* the demo model on real text: the teacher-forced sequence of its reference file */
     cJSON *ref = demo_reference();
     int n;
-    int32_t *ids = json_ids(cJSON_GetObjectItem(cJSON_GetObjectItem(ref, "mtp_teacher_forced"),
+    int32_t *ids = test_json_ids(cJSON_GetObjectItem(cJSON_GetObjectItem(ref, "mtp_teacher_forced"),
                                                 "tokens"), &n);
     if (n > 64) n = 64;
     assert_true(n >= 8);
@@ -523,7 +511,7 @@ static void test_spec_greedy_demo(void **state) {
         for (int p = 0; p < 3; p++)
             if (nm && !strcmp(nm, want[p])) {
                 ps.label[p] = want[p];
-                ps.tok[p] = json_ids(cJSON_GetObjectItem(g, "prompt"), &ps.len[p]);
+                ps.tok[p] = test_json_ids(cJSON_GetObjectItem(g, "prompt"), &ps.len[p]);
                 found++;
             }
     }

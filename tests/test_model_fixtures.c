@@ -43,48 +43,20 @@ static void fixture_close(fixture *f) {
     ds_model_weights_free(&f->host);
 }
 
-static cJSON *load_ref(const char *ref_name) {
-    char rel[256];
-    snprintf(rel, sizeof rel, "ref/%s.json", ref_name);
-    char *text = test_read_file(test_data_path(rel), NULL);
-    if (!text) fail_msg("missing %s", rel);
-    cJSON *j = cJSON_Parse(text);
-    free(text);
-    assert_non_null(j);
-    return j;
-}
-
-static float *load_logits(const char *file, size_t n) {
-    char rel[256];
-    snprintf(rel, sizeof rel, "ref/%s", file);
-    size_t len = 0;
-    char *buf = test_read_file(test_data_path(rel), &len);
-    if (!buf) fail_msg("missing %s", rel);
-    assert_int_equal(len, n * sizeof(float));
-    return (float *)buf;
-}
-
-static int32_t *json_ids(const cJSON *arr, int *n) {
-    *n = cJSON_GetArraySize(arr);
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(*n > 0 ? *n : 1));
-    for (int i = 0; i < *n; i++) ids[i] = (int32_t)cJSON_GetArrayItem(arr, i)->valueint;
-    return ids;
-}
-
 /* Teacher-forced logits of every reference sequence. `step` is the session's max tokens per
  * step, so small values exercise chunked prefill across steps. */
 static void check_teacher_forced(const char *model_name, const char *ref_name, int step) {
     fixture f;
     fixture_open(&f, model_name, step, step);
-    cJSON *ref = load_ref(ref_name);
+    cJSON *ref = test_load_ref(ref_name);
     const int V = f.cfg.vocab;
     assert_int_equal(V, cJSON_GetObjectItem(ref, "vocab")->valueint);
     const cJSON *seq;
     double worst = 0;
     cJSON_ArrayForEach(seq, cJSON_GetObjectItem(ref, "sequences")) {
         int n;
-        int32_t *ids = json_ids(cJSON_GetObjectItem(seq, "tokens"), &n);
-        float *want = load_logits(cJSON_GetObjectItem(seq, "file")->valuestring, (size_t)n * V);
+        int32_t *ids = test_json_ids(cJSON_GetObjectItem(seq, "tokens"), &n);
+        float *want = test_load_ref_f32(cJSON_GetObjectItem(seq, "file")->valuestring, (size_t)n * V);
         float *got = malloc(sizeof(float) * (size_t)n * V);
         ds_session_reset(&f.sess, 0);
         ds_error err = {0};
@@ -118,14 +90,14 @@ static void check_teacher_forced(const char *model_name, const char *ref_name, i
 static void check_greedy(const char *model_name, const char *ref_name) {
     fixture f;
     fixture_open(&f, model_name, 64, 1);
-    cJSON *ref = load_ref(ref_name);
+    cJSON *ref = test_load_ref(ref_name);
     const int V = f.cfg.vocab;
     float *logits = malloc(sizeof(float) * (size_t)V);
     const cJSON *g;
     cJSON_ArrayForEach(g, cJSON_GetObjectItem(ref, "greedy")) {
         int n_prompt, n_gen;
-        int32_t *prompt = json_ids(cJSON_GetObjectItem(g, "prompt"), &n_prompt);
-        int32_t *want = json_ids(cJSON_GetObjectItem(g, "generated"), &n_gen);
+        int32_t *prompt = test_json_ids(cJSON_GetObjectItem(g, "prompt"), &n_prompt);
+        int32_t *want = test_json_ids(cJSON_GetObjectItem(g, "generated"), &n_gen);
         ds_session_reset(&f.sess, 0);
         ds_error err = {0};
         assert_int_equal(ds_session_feed(&f.sess, 0, prompt, n_prompt, false, logits, &err), DS_OK);

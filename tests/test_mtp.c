@@ -99,23 +99,6 @@ static int argmax_row(const float *x, int n) {
     return best;
 }
 
-static int32_t *json_ids(const cJSON *arr, int *n) {
-    *n = cJSON_GetArraySize(arr);
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(*n > 0 ? *n : 1));
-    for (int i = 0; i < *n; i++) ids[i] = (int32_t)cJSON_GetArrayItem(arr, i)->valueint;
-    return ids;
-}
-
-static double rel_l2(const float *a, const float *b, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - b[i];
-        num += d * d;
-        den += (double)b[i] * b[i];
-    }
-    return sqrt(num / (den > 0 ? den : 1));
-}
-
 /* ---- the trained demo head ------------------------------------------------------------------ */
 
 static void test_demo_drafts(void **state) {
@@ -134,10 +117,10 @@ static void test_demo_drafts(void **state) {
     const cJSON *tf = cJSON_GetObjectItem(j, "mtp_teacher_forced");
     assert_non_null(tf);
     int n, nd, nm;
-    int32_t *tokens = json_ids(cJSON_GetObjectItem(tf, "tokens"), &n);
-    int32_t *drafts = json_ids(cJSON_GetObjectItem(tf, "draft_argmax"), &nd);
+    int32_t *tokens = test_json_ids(cJSON_GetObjectItem(tf, "tokens"), &n);
+    int32_t *drafts = test_json_ids(cJSON_GetObjectItem(tf, "draft_argmax"), &nd);
     const cJSON *margins = cJSON_GetObjectItem(tf, "draft_top2_margin");
-    int32_t *main_am = json_ids(cJSON_GetObjectItem(tf, "main_argmax"), &nm);
+    int32_t *main_am = test_json_ids(cJSON_GetObjectItem(tf, "main_argmax"), &nm);
     assert_int_equal(nd, n - 1);
     fx f;
     fx_open(&f, dir, 64, 64);
@@ -194,7 +177,7 @@ static void check_fixture(const char *model_name) {
     const cJSON *seq;
     cJSON_ArrayForEach(seq, cJSON_GetObjectItem(ent, "sequences")) {
         int n;
-        int32_t *tokens = json_ids(cJSON_GetObjectItem(seq, "tokens"), &n);
+        int32_t *tokens = test_json_ids(cJSON_GetObjectItem(seq, "tokens"), &n);
         const int rows = cJSON_GetObjectItem(seq, "rows")->valueint;
         const int off = cJSON_GetObjectItem(seq, "row_offset")->valueint;
         const cJSON *margins = cJSON_GetObjectItem(seq, "top2_margin");
@@ -203,7 +186,7 @@ static void check_fixture(const char *model_name) {
         const int steps[2] = {256, 16}; /* one pass; chunked prefill of target + MTP */
         for (int si = 0; si < 2; si++) {
             teacher_forced(&f, tokens, n, steps[si], lg, NULL);
-            double e = rel_l2(lg, ref + (size_t)off * V, (size_t)rows * V);
+            double e = test_rel_l2(lg, ref + (size_t)off * V, (size_t)rows * V);
             printf("  %s %s step %d: MTP logits rel L2 %.2e\n", model_name,
                    cJSON_GetObjectItem(seq, "name")->valuestring, steps[si], e);
             assert_true(e < REL_TOL);
@@ -226,8 +209,8 @@ static void check_fixture(const char *model_name) {
         cJSON_ArrayForEach(it, seqs) if (!strcmp(cJSON_GetObjectItem(it, "name")->valuestring, sname)) sq = it;
         assert_non_null(sq);
         int n, nd;
-        int32_t *tokens = json_ids(cJSON_GetObjectItem(sq, "tokens"), &n);
-        int32_t *rdrafts = json_ids(cJSON_GetObjectItem(ch, "drafts"), &nd);
+        int32_t *tokens = test_json_ids(cJSON_GetObjectItem(sq, "tokens"), &n);
+        int32_t *rdrafts = test_json_ids(cJSON_GetObjectItem(ch, "drafts"), &nd);
         const int off = cJSON_GetObjectItem(ch, "row_offset")->valueint;
         const cJSON *margins = cJSON_GetObjectItem(ch, "top2_margin");
         float *lg = malloc(sizeof(float) * (size_t)(n - 1) * V);
@@ -237,7 +220,7 @@ static void check_fixture(const char *model_name) {
         ds_session *s = &f.sess;
         float *row = lg + (size_t)(n - 2) * V;
         int32_t d = argmax_row(row, V);
-        double e = rel_l2(row, ref + (size_t)off * V, (size_t)V);
+        double e = test_rel_l2(row, ref + (size_t)off * V, (size_t)V);
         assert_true(e < REL_TOL);
         if (cJSON_GetArrayItem(margins, 0)->valuedouble > MARGIN_TOL) assert_int_equal(d, rdrafts[0]);
         d = rdrafts[0]; /* follow the reference chain */
@@ -254,7 +237,7 @@ static void check_fixture(const char *model_name) {
             ds_error err = {0};
             if (ds_mtp_forward(m, s->cache, &b, &h, &err) != DS_OK) fail_msg("mtp: %s", err.msg);
             const float *l = m->s.logits.data;
-            e = rel_l2(l, ref + (size_t)(off + jstep) * V, (size_t)V);
+            e = test_rel_l2(l, ref + (size_t)(off + jstep) * V, (size_t)V);
             printf("  %s chain after %s step %d: rel L2 %.2e\n", model_name, sname, jstep + 1, e);
             assert_true(e < REL_TOL);
             if (cJSON_GetArrayItem(margins, jstep)->valuedouble > MARGIN_TOL)

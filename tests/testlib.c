@@ -39,6 +39,44 @@ char *test_read_file(const char *path, size_t *len) {
     return buf;
 }
 
+cJSON *test_load_json(const char *path) {
+    char *text = test_read_file(path, NULL);
+    if (!text) fail_msg("missing %s", path);
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    if (!j) fail_msg("%s: not JSON", path);
+    return j;
+}
+
+float *test_load_f32(const char *path, size_t n) {
+    size_t len = 0;
+    char *buf = test_read_file(path, &len);
+    if (!buf) fail_msg("missing %s", path);
+    if (len != n * sizeof(float))
+        fail_msg("%s: %zu bytes, want %zu floats", path, len, n);
+    return (float *)buf;
+}
+
+int32_t *test_json_ids(const cJSON *arr, int *n) {
+    *n = cJSON_GetArraySize(arr);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(*n > 0 ? *n : 1));
+    assert_non_null(ids);
+    for (int i = 0; i < *n; i++) ids[i] = (int32_t)cJSON_GetArrayItem(arr, i)->valueint;
+    return ids;
+}
+
+cJSON *test_load_ref(const char *name) {
+    char rel[512];
+    snprintf(rel, sizeof rel, "ref/%s.json", name);
+    return test_load_json(test_data_path(rel));
+}
+
+float *test_load_ref_f32(const char *file, size_t n) {
+    char rel[512];
+    snprintf(rel, sizeof rel, "ref/%s", file);
+    return test_load_f32(test_data_path(rel), n);
+}
+
 float test_rng_uniform(test_rng *r) {
     r->s ^= r->s << 13;
     r->s ^= r->s >> 7;

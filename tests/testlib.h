@@ -8,6 +8,7 @@
 #include <stdint.h>
 /* cmocka.h needs the headers above first. */
 #include <cmocka.h>
+#include <cjson/cJSON.h>
 
 /* Directory of committed test data (env DS_TEST_DATA, else tests/data). */
 const char *test_data_dir(void);
@@ -17,6 +18,16 @@ const char *test_bin(void);
 const char *test_data_path(const char *rel);
 /* Reads a whole file; returns NULL if missing. Caller frees. */
 char *test_read_file(const char *path, size_t *len);
+
+/* Reference fixtures (the test fails with the path when a file is missing or malformed):
+ * the parsed JSON file at path (cJSON_Delete it), n floats of a raw f32 file whose size must be
+ * exactly n floats (free it), and a JSON array of integers as int32 [*n] (free it). */
+cJSON *test_load_json(const char *path);
+float *test_load_f32(const char *path, size_t n);
+int32_t *test_json_ids(const cJSON *arr, int *n);
+/* The transformers fixtures under tests/data/ref: ref/<name>.json, and n floats of ref/<file>. */
+cJSON *test_load_ref(const char *name);
+float *test_load_ref_f32(const char *file, size_t n);
 
 /* Deterministic xorshift RNG for random test inputs. */
 typedef struct test_rng { uint64_t s; } test_rng;

@@ -8,29 +8,10 @@
 #include "model/loader.h"
 #include "model/model.h"
 #include "testlib.h"
+#include "bf16_emu.h" /* the emulation itself (shared with tests/test_cuda_model.c) */
 
 /* Build (CPU-only library):  gcc -O2 -I src tools/gpu/bf16emu.c build-cpu/libdeltaserve_core.a
  *     tests/testlib.c -I tests -lcmocka -lcjson -lpcre2-8 -lutf8proc -lm -lpthread -o /tmp/bf16emu;  /tmp/bf16emu tiny-dense */
-
-static ds_backend_ops W;
-static const ds_backend_ops *C;
-static void rnd(ds_tensor *t) {
-    if (t->dtype != DS_DTYPE_F32) return;
-    float *p = t->data; int64_t n = ds_tensor_numel(t);
-    for (int64_t i = 0; i < n; i++) p[i] = ds_bf16_to_f32(ds_f32_to_bf16(p[i]));
-}
-static void w_embed(ds_backend *be, const ds_tensor *a, ds_tensor *o) { C->embed(be, a, o); rnd(o); }
-static void w_rms(ds_backend *be, const ds_tensor *x, const ds_tensor *w, float e, ds_tensor *o) { C->rmsnorm(be, x, w, e, o); rnd(o); }
-static void w_arms(ds_backend *be, ds_tensor *r, const ds_tensor *d, const ds_tensor *w, float e, ds_tensor *o) {
-    ds_tensor rr = *r; C->add_rmsnorm(be, r, d, w, e, o);
-    /* CUDA rounds the residual before the norm; approximate: round both after */
-    rnd(&rr); rnd(o);
-}
-static void w_lin(ds_backend *be, const ds_tensor *x, const ds_linear *w, ds_tensor *o) { C->linear(be, x, w, o); rnd(o); }
-static void w_silu(ds_backend *be, const ds_tensor *x, ds_tensor *o) { C->silu_mul(be, x, o); rnd(o); }
-static void w_attn(ds_backend *be, ds_cache *c, int l, const ds_config *cfg, const ds_attn_weights *w, const ds_tensor *q, ds_tensor *o) { C->attention(be, c, l, cfg, w, q, o); rnd(o); }
-static void w_gdn(ds_backend *be, ds_cache *c, int l, const ds_config *cfg, const ds_gdn_weights *w, const ds_tensor *q, ds_tensor *o) { C->gdn(be, c, l, cfg, w, q, o); rnd(o); }
-static void w_moe(ds_backend *be, const ds_config *cfg, const ds_moe_weights *w, const ds_tensor *x, ds_tensor *o) { C->moe(be, cfg, w, x, o); rnd(o); }
 
 int main(int argc, char **argv) {
     const char *name = argc > 1 ? argv[1] : "tiny-dense";
@@ -39,14 +20,11 @@ int main(int argc, char **argv) {
     if (ds_model_load(dir, &cfg, &host, &err)) { printf("%s\n", err.msg); return 1; }
     ds_backend *a, *b;
     ds_backend_cpu_create(2, &a, &err); ds_backend_cpu_create(2, &b, &err);
-    C = a->ops; W = *C;
-    W.embed = w_embed; W.rmsnorm = w_rms; W.add_rmsnorm = w_arms; W.linear = w_lin; W.silu_mul = w_silu;
-    W.attention = w_attn; W.gdn = w_gdn; W.moe = w_moe;
-    b->ops = &W;
+    bf16_emu_wrap(b);
     ds_model ma, mb; ds_cache *ca, *cb;
     ds_model_init(&ma, a, &cfg, &host, 64, 64, &err); ds_model_init(&mb, b, &cfg, &host, 64, 64, &err);
     ds_model_cache_create(&ma, 2, 512, 16, &ca, &err); ds_model_cache_create(&mb, 2, 512, 16, &cb, &err);
-    for (int s = 0; s < 2; s++) { C->cache_reset_slot(a, ca, s); C->cache_reset_slot(b, cb, s); }
+    for (int s = 0; s < 2; s++) { a->ops->cache_reset_slot(a, ca, s); a->ops->cache_reset_slot(b, cb, s); }
     int32_t tokens[64], pos[64], start[3] = {0, 20, 53}, slot[2] = {0, 1}, past[2] = {0, 0}, bt[2 * 32], out[64];
     test_rng rng = {77}; /* the token stream of tests/test_cuda_ops.c run_fixture */
     for (int i = 0; i < 53; i++) { tokens[i] = (int32_t)((test_rng_uniform(&rng) + 1.0f) * 0.5f * (float)(cfg.vocab - 1)); out[i] = i; }
