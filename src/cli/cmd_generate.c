@@ -203,12 +203,26 @@ static int out_token(gen_out *o, int token) {
     return 0;
 }
 
+/* Feeds n tokens of sequence 0 and writes the last position's logits: one model, or the
+ * tensor-parallel ranks (their logits gathered). */
+typedef ds_status (*feed_fn)(void *model, const int32_t *tokens, int n, float *logits,
+                             ds_error *err);
+
+static ds_status feed_session(void *model, const int32_t *tokens, int n, float *logits,
+                              ds_error *err) {
+    return ds_session_feed(model, 0, tokens, n, false, logits, err);
+}
+
+static ds_status feed_tp(void *model, const int32_t *tokens, int n, float *logits, ds_error *err) {
+    return ds_tp_feed(model, 0, tokens, n, false, logits, NULL, err);
+}
+
 /* Plain decoding: one token per forward. Returns 0 or 1 (error printed). */
-static int run_plain(ds_cli_engine *e, gen_out *o, const int32_t *prompt, size_t n_prompt,
-                     float *logits, double *t_prefill) {
+static int run_plain(feed_fn feed, void *model, gen_out *o, const int32_t *prompt,
+                     size_t n_prompt, float *logits, double *t_prefill) {
     ds_error err = {0};
     double t0 = now_s();
-    if (ds_session_feed(&e->sess, 0, prompt, (int)n_prompt, false, logits, &err) != DS_OK) {
+    if (feed(model, prompt, (int)n_prompt, logits, &err) != DS_OK) {
         fprintf(stderr, "deltaserve generate: %s\n", err.msg);
         return 1;
     }
@@ -223,7 +237,7 @@ static int run_plain(ds_cli_engine *e, gen_out *o, const int32_t *prompt, size_t
         int r = out_token(o, res.token);
         if (r < 0) return 1;
         if (r > 0) return 0;
-        if (ds_session_feed(&e->sess, 0, &o->ids[o->n - 1], 1, false, logits, &err) != DS_OK) {
+        if (feed(model, &o->ids[o->n - 1], 1, logits, &err) != DS_OK) {
             fprintf(stderr, "deltaserve generate: %s\n", err.msg);
             return 1;
         }
@@ -342,33 +356,6 @@ static int tp_engine_open(tp_engine *t, const gen_args *a, int max_len) {
     return 0;
 }
 
-/* Plain decoding on the tensor-parallel ranks (gathered logits into the sampler). */
-static int run_plain_tp(tp_engine *t, gen_out *o, const int32_t *prompt, size_t n_prompt,
-                        float *logits, double *t_prefill) {
-    ds_error err = {0};
-    double t0 = now_s();
-    if (ds_tp_feed(t->tp, 0, prompt, (int)n_prompt, false, logits, NULL, &err) != DS_OK) {
-        fprintf(stderr, "deltaserve generate: %s\n", err.msg);
-        return 1;
-    }
-    *t_prefill = now_s() - t0;
-    for (;;) {
-        ds_sample_result res;
-        if (ds_sampler_sample(o->sampler, logits, o->n, &res, &err) != DS_OK ||
-            ds_sampler_accept(o->sampler, res.token, &err) != DS_OK) {
-            fprintf(stderr, "deltaserve generate: %s\n", err.msg);
-            return 1;
-        }
-        int r = out_token(o, res.token);
-        if (r < 0) return 1;
-        if (r > 0) return 0;
-        if (ds_tp_feed(t->tp, 0, &o->ids[o->n - 1], 1, false, logits, NULL, &err) != DS_OK) {
-            fprintf(stderr, "deltaserve generate: %s\n", err.msg);
-            return 1;
-        }
-    }
-}
-
 int ds_cmd_generate(int argc, char **argv) {
     gen_args a = {0};
     int rc = parse_args(argc, argv, &a);
@@ -456,9 +443,9 @@ int ds_cmd_generate(int argc, char **argv) {
                  .ids = out_ids, .why = "length"};
     ds_spec_stats stats = {0};
     double t_prefill = 0, t0 = now_s();
-    if (a.tp > 1 ? run_plain_tp(&te, &o, prompt, n_prompt, logits, &t_prefill)
+    if (a.tp > 1 ? run_plain(feed_tp, te.tp, &o, prompt, n_prompt, logits, &t_prefill)
         : a.n_spec > 0 ? run_spec(&e, &o, prompt, n_prompt, &t_prefill, &stats)
-                       : run_plain(&e, &o, prompt, n_prompt, logits, &t_prefill))
+                       : run_plain(feed_session, &e.sess, &o, prompt, n_prompt, logits, &t_prefill))
         goto done;
     double t_decode = now_s() - t0 - t_prefill;
     if (tok && !a.print_ids) {
