@@ -18,39 +18,13 @@ DEMO=$DATA/../../models/qwen35-demo
 command -v curl >/dev/null && command -v node >/dev/null || { echo "SKIP: needs curl and node"; exit 0; }
 [ -f "$DEMO/tokenizer.json" ] || { echo "SKIP: no demo model at $DEMO"; exit 0; }
 
-pass=0; fail=0
-tmp=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$tmp"; }
-trap cleanup EXIT
-ok()  { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*"; }
-check() { local what=$1; shift; if "$@"; then ok; else bad "$what"; fi; }
-js() { node -e 'const d=JSON.parse(require("fs").readFileSync(0,"utf8"));
-  const v=(new Function("d","return ("+process.argv[1]+")"))(d);
-  process.stdout.write(v===undefined?"undefined":typeof v==="string"?v:JSON.stringify(v))' "$1"; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib/server_test.sh"
 
-# start_server NAME ARGS... → PORT, SPID (bounded wait for "listening on")
+# start_server NAME ARGS... → PORT, SPID; its stop_server calls allow 30 s for a clean exit
+# (as before the shared helpers: slow under the sanitizers)
 start_server() {
   local name=$1; shift
-  "$BIN" serve --port 0 --device cpu --threads 2 --max-model-len 512 --max-num-seqs 4 "$@" \
-    >"$tmp/$name.log" 2>&1 &
-  SPID=$!; PIDS+=("$SPID")
-  for _ in $(seq 1 300); do
-    PORT=$(sed -n 's|.*listening on http://[^ ]*:\([0-9][0-9]*\)$|\1|p' "$tmp/$name.log")
-    [ -n "$PORT" ] && return 0
-    kill -0 "$SPID" 2>/dev/null || break
-    sleep 0.1
-  done
-  echo "FAIL: server $name did not start:"; cat "$tmp/$name.log"; exit 1
-}
-stop_server() { # SIGTERM, bounded wait; a clean exit is 0 (sanitizer reports make it non-zero)
-  local rc
-  kill -TERM "$1" 2>/dev/null
-  for _ in $(seq 1 300); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
-  kill -KILL "$1" 2>/dev/null
-  wait "$1" 2>/dev/null; rc=$?
-  check "server $1 exit code $rc after SIGTERM" [ "$rc" -eq 0 ]
+  launch_server "$name" serve --port 0 --device cpu --threads 2 --max-model-len 512 --max-num-seqs 4 "$@"
 }
 # complete BODY → the response in $tmp/out
 complete() {
@@ -84,7 +58,7 @@ for run in a:1 b:1 c:2; do
   check "dummy $name: prompt tokenised by the demo tokenizer" \
     [ "$(js 'd.usage.prompt_tokens' <"$tmp/out")" = "$(js 'd.choices[0].prompt_token_ids.length' <"$tmp/out")" ]
   DUMMY[$name]=$(ids)
-  stop_server "$SPID"
+  stop_server "$SPID" 300
 done
 check "dummy: same seed, same tokens" [ "${DUMMY[a]}" = "${DUMMY[b]}" ]
 check "dummy: other seed, other tokens" [ "${DUMMY[a]}" != "${DUMMY[c]}" ]
@@ -99,7 +73,7 @@ start_server plain -m "$DEMO"
 complete "$GBODY"; PLAIN=$(ids)
 curl -s --max-time 10 "http://127.0.0.1:$PORT/metrics" >"$tmp/metrics"
 check "k=0: no spec counters" [ "$(grep -c '^vllm:spec_decode' "$tmp/metrics")" = 0 ]
-stop_server "$SPID"
+stop_server "$SPID" 300
 check "k=0 server = generate" [ "$PLAIN" = "$(cat "$tmp/gen")" ]
 
 "$BIN" serve -m "$DEMO" --num-speculative-tokens 5 --port 0 --device cpu >/dev/null 2>"$tmp/err"; rc=$?
@@ -132,7 +106,7 @@ rate=$(js 'd.spec_decode.acceptance_rate' <"$tmp/bench.json")
 len=$(js 'd.spec_decode.mean_accepted_length' <"$tmp/bench.json")
 check "bench JSON acceptance rate in (0, 1] ($rate)" node -e "process.exit($rate>0&&$rate<=1?0:1)"
 check "bench JSON mean accepted length in [1, 3] ($len)" node -e "process.exit($len>=1&&$len<=3?0:1)"
-stop_server "$SPID"
+stop_server "$SPID" 300
 
 # ---- greedy decode path (ids only) -----------------------------------------------------------
 DS_SERVE_GRAPHS=force start_server greedy -m "$DEMO"
@@ -154,7 +128,7 @@ for i in 1 2 3; do
 done
 check "greedy path: other prompt = generate" [ "$(js 'd.choices[0].token_ids.join(",")' <"$tmp/c4")" = "$(cat "$tmp/gen2")" ]
 check "greedy path: a sampled request alongside finishes" [ "$(js 'd.choices[0].token_ids.length' <"$tmp/c5")" -ge 1 ]
-stop_server "$SPID"
+stop_server "$SPID" 300
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -20,20 +20,7 @@ MODEL=$DS_SERVER_TEST_MODEL
 command -v curl >/dev/null && command -v node >/dev/null || { echo "SKIP: needs curl and node"; exit 0; }
 [ -f "$MODEL/config.json" ] || { echo "SKIP: no model at $MODEL"; exit 0; }
 
-pass=0; fail=0
-tmp=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$tmp"; }
-trap cleanup EXIT
-
-ok()  { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*"; }
-check() { local what=$1; shift; if "$@"; then ok; else bad "$what"; fi; }
-
-# js EXPR < JSON → the value of a JS expression over `d` (strings raw, other values as JSON)
-js() { node -e 'const d=JSON.parse(require("fs").readFileSync(0,"utf8"));
-  const v=(new Function("d","return ("+process.argv[1]+")"))(d);
-  process.stdout.write(v===undefined?"undefined":typeof v==="string"?v:JSON.stringify(v))' "$1"; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib/server_test.sh"
 # sse FILE → {"text","reasoning","ids","finish","usage","n_chunks","done"} from an SSE stream
 sse() { node -e 'const fs=require("fs");let o={text:"",reasoning:"",ids:[],finish:null,usage:null,n_chunks:0,done:false,error:null};
   for (const l of fs.readFileSync(process.argv[1],"utf8").split("\n")) {
@@ -50,27 +37,8 @@ sse() { node -e 'const fs=require("fs");let o={text:"",reasoning:"",ids:[],finis
       if (c.finish_reason) o.finish=c.finish_reason; } }
   process.stdout.write(JSON.stringify(o))' "$1"; }
 
-# start_server NAME ARGS... → sets PORT and SPID; waits (bounded) for "listening on"
-start_server() {
-  local name=$1; shift
-  "$BIN" serve -m "$MODEL" --port 0 --device cpu --threads 2 "$@" >"$tmp/$name.log" 2>&1 &
-  SPID=$!; PIDS+=("$SPID")
-  for _ in $(seq 1 300); do
-    PORT=$(sed -n 's|.*listening on http://[^ ]*:\([0-9][0-9]*\)$|\1|p' "$tmp/$name.log")
-    [ -n "$PORT" ] && return 0
-    kill -0 "$SPID" 2>/dev/null || break
-    sleep 0.1
-  done
-  echo "FAIL: server $name did not start:"; cat "$tmp/$name.log"; exit 1
-}
-stop_server() { # stop_server PID: SIGTERM, then a bounded wait for a clean exit
-  local pid=$1 rc
-  kill -TERM "$pid" 2>/dev/null
-  for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid"; bad "server $pid ignored SIGTERM"; fi
-  wait "$pid"; rc=$?
-  check "server $pid exit code $rc after SIGTERM" [ "$rc" -eq 0 ]
-}
+# start_server NAME ARGS... → sets PORT and SPID (a server of $MODEL, read at the call)
+start_server() { local name=$1; shift; launch_server "$name" serve -m "$MODEL" --port 0 --device cpu --threads 2 "$@"; }
 
 # post PATH BODY [curl args...] → body in $tmp/out, status in $CODE
 post() {

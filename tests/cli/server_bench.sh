@@ -8,28 +8,12 @@ DATA=${DS_TEST_DATA:-tests/data}
 MODEL=${DS_SERVER_TEST_MODEL:-$DATA/models/tiny-moe-tok}
 command -v curl >/dev/null && command -v node >/dev/null || { echo "SKIP: needs curl and node"; exit 0; }
 [ -f "$MODEL/config.json" ] || { echo "SKIP: no model at $MODEL"; exit 0; }
-pass=0; fail=0
-tmp=$(mktemp -d)
-SPID=
-cleanup() { [ -n "$SPID" ] && kill "$SPID" 2>/dev/null; rm -rf "$tmp"; }
-trap cleanup EXIT
-ok()  { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*"; }
-check() { local what=$1; shift; if "$@"; then ok; else bad "$what"; fi; }
-js() { node -e 'const d=JSON.parse(require("fs").readFileSync(0,"utf8"));
-  const v=(new Function("d","return ("+process.argv[1]+")"))(d);
-  process.stdout.write(v===undefined?"undefined":typeof v==="string"?v:JSON.stringify(v))' "$1"; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib/server_test.sh"
 
 BENCH=(bench serve)
 
-"$BIN" serve -m "$MODEL" --port 0 --device cpu --threads 2 --max-model-len 512 --max-num-seqs 8 \
-  --served-model-name tiny >"$tmp/server.log" 2>&1 &
-SPID=$!
-for _ in $(seq 1 300); do
-  PORT=$(sed -n 's|.*listening on http://[^ ]*:\([0-9][0-9]*\)$|\1|p' "$tmp/server.log")
-  [ -n "$PORT" ] && break; sleep 0.1
-done
-[ -n "${PORT:-}" ] || { echo "FAIL: server did not start"; cat "$tmp/server.log"; exit 1; }
+launch_server server serve -m "$MODEL" --port 0 --device cpu --threads 2 --max-model-len 512 \
+  --max-num-seqs 8 --served-model-name tiny
 
 # random dataset, sweep 1,4: every request produces exactly 24 tokens from 40-token prompts
 "$BIN" "${BENCH[@]}" --port "$PORT" --num-prompts 12 --random-input-len 40 --random-output-len 24 \

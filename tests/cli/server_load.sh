@@ -26,17 +26,7 @@ CONC_MODEL=${DS_SERVER_CONC_MODEL:-$DATA/models/tiny-moe-tok}
 command -v curl >/dev/null && command -v node >/dev/null || { echo "SKIP: needs curl and node"; exit 0; }
 [ -f "$MODEL/config.json" ] || { echo "SKIP: no model at $MODEL"; exit 0; }
 
-pass=0; fail=0
-tmp=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$tmp"; }
-trap cleanup EXIT
-ok()  { pass=$((pass+1)); }
-bad() { fail=$((fail+1)); echo "FAIL: $*"; }
-check() { local what=$1; shift; if "$@"; then ok; else bad "$what"; fi; }
-js() { node -e 'const d=JSON.parse(require("fs").readFileSync(0,"utf8"));
-  const v=(new Function("d","return ("+process.argv[1]+")"))(d);
-  process.stdout.write(v===undefined?"undefined":typeof v==="string"?v:JSON.stringify(v))' "$1"; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib/server_test.sh"
 # sse_ids FILE → the concatenated token_ids of an SSE stream, or "ERR:..." when incomplete
 sse_ids() { node -e 'const fs=require("fs");let ids=[],done=false,fin=null;
   for (const l of fs.readFileSync(process.argv[1],"utf8").split("\n")) {
@@ -47,23 +37,7 @@ sse_ids() { node -e 'const fs=require("fs");let ids=[],done=false,fin=null;
   process.stdout.write(done&&fin ? ids.join(",") : "ERR:incomplete")' "$1"; }
 start_server() {
   local name=$1; shift
-  "$BIN" serve -m "${SERVER_MODEL:-$MODEL}" --port 0 --device cpu --threads 2 "$@" >"$tmp/$name.log" 2>&1 &
-  SPID=$!; PIDS+=("$SPID")
-  for _ in $(seq 1 300); do
-    PORT=$(sed -n 's|.*listening on http://[^ ]*:\([0-9][0-9]*\)$|\1|p' "$tmp/$name.log")
-    [ -n "$PORT" ] && return 0
-    kill -0 "$SPID" 2>/dev/null || break
-    sleep 0.1
-  done
-  echo "FAIL: server $name did not start:"; cat "$tmp/$name.log"; exit 1
-}
-stop_server() {
-  local pid=$1 rc
-  kill -TERM "$pid" 2>/dev/null
-  for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid"; bad "server $pid ignored SIGTERM"; fi
-  wait "$pid"; rc=$?
-  check "server exit code $rc after SIGTERM" [ "$rc" -eq 0 ]
+  launch_server "$name" serve -m "${SERVER_MODEL:-$MODEL}" --port 0 --device cpu --threads 2 "$@"
 }
 metric() { curl -s --max-time 10 "http://127.0.0.1:$PORT/metrics" | sed -n "s/^deltaserve:$1{[^}]*} //p" | head -1; }
 # wait_idle: bounded wait until nothing runs and no cache is held
