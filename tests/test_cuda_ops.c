@@ -634,6 +634,40 @@ static void test_concat(void **state) {
 
 /* ---- MoE ------------------------------------------------------------------------------------- */
 
+/* moe_add_rmsnorm (the combine fused with the residual add + RMSNorm, DS_OPT_FUSED_NORM) vs
+ * moe then add_rmsnorm on CUDA: the residual and the normed rows bit for bit. With the switch
+ * off (test_cuda_model's switches-off pass) both sides take the same unfused path. */
+static void moe_norm_fused_vs_pair(tmodel *m, int l, const ds_tensor *xg, int T, test_rng *r) {
+    if (!g_cuda->ops->moe_add_rmsnorm) return;
+    const int H = m->cfg.hidden;
+    const size_t n = (size_t)T * H;
+    float *rv = rand_vals(r, n, 2.0f);
+    void *r1 = act_upload(g_cuda, rv, n), *r2 = act_upload(g_cuda, rv, n);
+    void *d1 = act_poisoned(g_cuda, DS_DTYPE_BF16, n), *d2 = act_poisoned(g_cuda, DS_DTYPE_BF16, n);
+    void *o1 = act_poisoned(g_cuda, DS_DTYPE_BF16, n), *o2 = act_poisoned(g_cuda, DS_DTYPE_BF16, n);
+    ds_tensor tr1 = view2(r1, DS_DTYPE_BF16, T, H), tr2 = view2(r2, DS_DTYPE_BF16, T, H),
+              td1 = view2(d1, DS_DTYPE_BF16, T, H), td2 = view2(d2, DS_DTYPE_BF16, T, H),
+              to1 = view2(o1, DS_DTYPE_BF16, T, H), to2 = view2(o2, DS_DTYPE_BF16, T, H);
+    const ds_tensor *nw = &m->dev_cuda.layers[l].post_norm;
+    g_cuda->ops->moe(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &td1);
+    g_cuda->ops->add_rmsnorm(g_cuda, &tr1, &td1, nw, 1e-6f, &to1);
+    g_cuda->ops->moe_add_rmsnorm(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &td2, &tr2, nw,
+                                 1e-6f, &to2);
+    float *a = act_download(g_cuda, r1, DS_DTYPE_BF16, n), *b = act_download(g_cuda, r2, DS_DTYPE_BF16, n);
+    float *c = act_download(g_cuda, o1, DS_DTYPE_BF16, n), *d = act_download(g_cuda, o2, DS_DTYPE_BF16, n);
+    size_t diff = 0;
+    for (size_t i = 0; i < n; i++) diff += memcmp(&a[i], &b[i], 4) != 0 || memcmp(&c[i], &d[i], 4) != 0;
+    printf("  moe + add_rmsnorm fused vs pair, layer %d T=%d: %zu of %zu values differ\n", l, T, diff, 2 * n);
+    assert_int_equal(diff, 0);
+    free(a);
+    free(b);
+    free(c);
+    free(d);
+    free(rv);
+    void *bufs[] = {r1, r2, d1, d2, o1, o2};
+    for (int i = 0; i < 6; i++) g_cuda->ops->free(g_cuda, bufs[i]);
+}
+
 static void test_moe(void **state) {
     (void)state;
     for (size_t si = 0; si < sizeof SHAPES / sizeof SHAPES[0]; si++) {
@@ -653,6 +687,7 @@ static void test_moe(void **state) {
                 char name[96];
                 snprintf(name, sizeof name, "moe %s layer %d T=%d", SHAPES[si].name, l, T);
                 compare(name, &o, DS_DTYPE_BF16, TOL_FUSED);
+                moe_norm_fused_vs_pair(m, l, &xg, T, &r);
             }
             pair_free(&x);
             pair_free(&o);

@@ -123,6 +123,14 @@ typedef struct ds_backend_ops {
 
     /* ---- optional (NULL when a backend does not provide them) ---------------------------- */
 
+    /* The MoE block fused with the residual add + RMSNorm after it: residual += moe(x);
+     * out = rmsnorm(residual)·norm_w — the same bits as moe into delta, then add_rmsnorm.
+     * delta [T, H] is scratch (the unfused path, DS_OPT_FUSED_NORM=0); x and out may alias (x is
+     * read before out is written). */
+    void (*moe_add_rmsnorm)(ds_backend *be, const ds_config *cfg, const ds_moe_weights *w,
+                            const ds_tensor *x, ds_tensor *delta, ds_tensor *residual,
+                            const ds_tensor *norm_w, float eps, ds_tensor *out);
+
     /* Seeded random weights of realistic scale for cfg, created directly in backend memory, so
      * full-size shapes can be benchmarked without a checkpoint (NULL: the model code generates
      * host weights and calls prepare_weights). Freed by release_weights. */

@@ -77,10 +77,15 @@ ds_status ds_model_forward(ds_model *m, ds_cache *cache, const ds_batch *b, ds_e
         mixer_forward(m, cache, l, L, T);
         if (m->allreduce) m->allreduce(m->allreduce_ctx, &d); /* tensor parallel: Σ ranks */
         op->add_rmsnorm(m->be, &h, &d, &L->post_norm, eps, &xn);
-        ffn_forward(m, L, T);
-        if (m->allreduce) m->allreduce(m->allreduce_ctx, &d);
         const ds_tensor *next_norm =
             l + 1 < c->n_layers ? &m->w.layers[l + 1].input_norm : &m->w.final_norm;
+        if (c->is_moe && op->moe_add_rmsnorm && !m->allreduce) {
+            /* the block's residual add + norm fused into the MoE's last kernel */
+            op->moe_add_rmsnorm(m->be, c, &L->moe, &xn, &d, &h, next_norm, eps, &xn);
+            continue;
+        }
+        ffn_forward(m, L, T);
+        if (m->allreduce) m->allreduce(m->allreduce_ctx, &d);
         op->add_rmsnorm(m->be, &h, &d, next_norm, eps, &xn);
     }
     if (b->n_out > 0) {

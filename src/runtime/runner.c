@@ -4,11 +4,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/env.h"
 #include "runtime/spec.h"
 
 /* Graph keys: "SRVG" | runner number | sequence count. The runner number keeps two runners on
  * one backend (several engines in a process) from replaying each other's recordings. */
 static atomic_uint g_runner_serial;
+
+
+/* greedy_mode 3: greedy ids-only steps with the lm_head and the argmax unfused (logits written,
+ * then op->argmax; eager, no graphs): DS_OPT_FUSED_ARGMAX=0 on a backend with argmax_logits,
+ * the ablation's "before" of catalogue items 7-8 (deltaserve bench does the same). */
+#define GREEDY_UNFUSED 3
 
 /* Greedy decode steps: on when the backend has argmax_logits (or forced), unless
  * DS_SERVE_GRAPHS=0. Returns false only when out of memory. */
@@ -19,6 +26,7 @@ static bool greedy_init(ds_runner *r) {
     if (env && !strcmp(env, "force")) r->greedy_mode = 2;
     else if (op->argmax_logits) r->greedy_mode = 1;
     else return true;
+    if (!ds_env_switch("DS_OPT_FUSED_ARGMAX", true)) r->greedy_mode = GREEDY_UNFUSED; /* still ids only */
     r->gids = calloc((size_t)r->max_seqs, sizeof(int32_t));
     r->graph_state = calloc((size_t)r->max_seqs + 1, 1);
     const unsigned serial = atomic_fetch_add(&g_runner_serial, 1u) & 0xffffu;
@@ -206,7 +214,7 @@ static ds_status greedy_forward(ds_runner *r, ds_batch *b, ds_error *err) {
     ds_backend *be = m->be;
     const ds_backend_ops *op = be->ops;
     const int n = b->n_seqs;
-    const bool fused = op->argmax_logits != NULL;
+    const bool fused = op->argmax_logits != NULL && r->greedy_mode != GREEDY_UNFUSED;
     if (fused) b->n_out = 0;
     ds_tensor xn = ds_view2d(m->s.normed.data, m->s.normed.dtype, n, m->cfg.hidden);
     ds_status st;

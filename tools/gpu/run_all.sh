@@ -5,13 +5,18 @@
 #   test_cuda_ops.log    every op vs the CPU backend + measurements (DS_CUDA_BENCH=1)
 #   test_cuda_model.log  whole model vs the transformers fixtures, graph replay vs eager,
 #                        dummy weights on the device
+#   test_cuda_model_off.log  the same with every DS_OPT_* switch off
 #   bench.jsonl          deltaserve bench, Qwen3.5-35B-A3B dummy weights, batch 1/4/8,
 #                        graphs on then off (one JSON line per batch size and mode)
 #   bench.log            the two bench runs' tables and start-up reports
 #   profile.log          per-kernel event timings of eager decode steps (DS_CUDA_PROFILE=1)
+#   profile_spec.log     the same for speculative verify/draft steps (k = 1, 4)
+#   ablation.{md,svg,jsonl}  deltaserve bench --ablation (issue 6), when the binary has it
 #   serve_bench.*        tools/gpu/serve_bench.sh: bench serve against the server (issue 4)
 #   spec_checks.*        tools/gpu/spec_checks.sh: MTP speculative decoding on CUDA (issue 5)
 #   summary.md           the verdicts and tables, for docs/cuda_notes.md
+# Parts can be chosen: DS_GPU_PARTS="ops model bench ..." (see PARTS below); bench variants with
+# DS_GPU_BENCH_VARIANTS.
 # Time: about 4 minutes expected; each part has its own timeout and the whole stays under 9.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -38,37 +43,67 @@ for b in test_cuda_ops test_cuda_model deltaserve; do
     if "${DSENV[@]}" ldd "$BIN/$b" | grep -i "not found" >> "$OUT/gpu.txt"; then log "$b: missing libraries"; fi
 done
 rc_all=0
+# which parts run (DS_GPU_PARTS, space-separated; default all): ops model bench ablation profile
+# profile_spec ncu serve_bench spec_checks
+PARTS=" ${DS_GPU_PARTS:-ops model bench ablation profile profile_spec ncu serve_bench spec_checks} "
+want() { [[ "$PARTS" == *" $1 "* ]]; }
+ALL_OFF="DS_OPT_MOE_FAST_ROUTE=0 DS_OPT_SHARED_EXPERT=0 DS_OPT_PDL=0 DS_OPT_PREFETCH=0 DS_OPT_FUSED_ARGMAX=0"
 
 # ---- 1. ops ---------------------------------------------------------------------------------
-log "test_cuda_ops (every op vs CPU + measurements)"
-DS_CUDA_BENCH=1 timeout 150 "${DSENV[@]}" "$BIN/test_cuda_ops" > "$OUT/test_cuda_ops.log" 2>&1
-rc=$?; log "test_cuda_ops rc=$rc"; [ $rc -eq 0 ] || rc_all=1
+if want ops; then
+    log "test_cuda_ops (every op vs CPU + measurements)"
+    DS_CUDA_BENCH=1 timeout 150 "${DSENV[@]}" "$BIN/test_cuda_ops" > "$OUT/test_cuda_ops.log" 2>&1
+    rc=$?; log "test_cuda_ops rc=$rc"; [ $rc -eq 0 ] || rc_all=1
+fi
 
 # ---- 2. whole model vs transformers, graphs, dummy weights -------------------------------------
-log "test_cuda_model"
-timeout 120 "${DSENV[@]}" "$BIN/test_cuda_model" > "$OUT/test_cuda_model.log" 2>&1
-rc=$?; log "test_cuda_model rc=$rc"; [ $rc -eq 0 ] || rc_all=1
+# every optimisation switch on (the defaults), then every one off (issue 6: results identical)
+if want model; then
+    log "test_cuda_model (switches on)"
+    timeout 120 "${DSENV[@]}" "$BIN/test_cuda_model" > "$OUT/test_cuda_model.log" 2>&1
+    rc=$?; log "test_cuda_model rc=$rc"; [ $rc -eq 0 ] || rc_all=1
+    read -ra offenv <<< "$ALL_OFF"
+    log "test_cuda_model (switches off: $ALL_OFF)"
+    timeout 120 env "${offenv[@]}" "${DSENV[@]}" "$BIN/test_cuda_model" > "$OUT/test_cuda_model_off.log" 2>&1
+    rc=$?; log "test_cuda_model (off) rc=$rc"; [ $rc -eq 0 ] || rc_all=1
+fi
 
 # ---- 3. bench: graphs, every switch on; then this session's switches off (before/after from
 #         one run); then graphs off --------------------------------------------------------------
 BENCH=("$BIN/deltaserve" bench -m configs/qwen3.5-35b-a3b --dummy-weights --device cuda
        --prompt-len 1024 --steps 512 --batch 1,4,8 --json-out "$OUT/bench.jsonl")
-OFF_SWITCHES=${DS_GPU_OFF_SWITCHES:-DS_OPT_MOE_FAST_ROUTE=0 DS_OPT_SHARED_EXPERT=0}
-for variant in "graphs 1" "graphs 1 switches off" "graphs 0"; do
+# variants "graphs|ENV=V ENV=V" (DS_GPU_BENCH_VARIANTS, ';'-separated): the defaults first, then
+# this session's switches off (a before/after from one run), then graphs off
+VARIANTS=${DS_GPU_BENCH_VARIANTS:-"1|;1|DS_OPT_PDL=0 DS_OPT_PREFETCH=0;1|DS_OPT_PREFETCH=0;0|"}
+IFS=';' read -ra vlist <<< "$VARIANTS"
+for variant in "${vlist[@]}"; do
+    want bench || break
     t=$(left); [ "$t" -gt 150 ] && t=150
     if [ "$t" -lt 30 ]; then log "bench ($variant) skipped (time)"; continue; fi
-    g=${variant#graphs }; g=${g%% *}
-    envs=()
-    case "$variant" in *"switches off"*) read -ra envs <<< "$OFF_SWITCHES" ;; esac
-    log "bench ($variant) (timeout $t s)"
+    g=${variant%%|*}
+    read -ra envs <<< "${variant#*|}"
+    log "bench (graphs $g ${envs[*]}) (timeout $t s)"
     echo "### deltaserve bench ... --graphs $g ${envs[*]}" >> "$OUT/bench.log"
-    timeout "$t" env "${envs[@]}" "${DSENV[@]}" "${BENCH[@]}" --graphs "$g" >> "$OUT/bench.log" 2>&1
-    rc=$?; log "bench ($variant) rc=$rc"; [ $rc -eq 0 ] || rc_all=1
+    timeout "$t" env "${envs[@]}" "${DSENV[@]}" "${BENCH[@]}" --steps "${DS_GPU_BENCH_STEPS:-512}" \
+        --graphs "$g" >> "$OUT/bench.log" 2>&1
+    rc=$?; log "bench (graphs $g ${envs[*]}) rc=$rc"; [ $rc -eq 0 ] || rc_all=1
 done
+
+# ---- 3b. the ablation report (issue 6), when this deltaserve has it ------------------------------
+t=$(left); [ "$t" -gt 240 ] && t=240
+if want ablation && "${DSENV[@]}" "$BIN/deltaserve" bench --help 2>&1 | grep -q -- --ablation && [ "$t" -ge 60 ]; then
+    log "bench --ablation (timeout $t s)"
+    mkdir -p "$OUT/ablation"
+    timeout "$t" "${DSENV[@]}" "$BIN/deltaserve" bench --ablation -m configs/qwen3.5-35b-a3b \
+        --dummy-weights --device cuda --prompt-len 1024 --steps "${DS_GPU_ABLATION_STEPS:-256}" \
+        --batch 1,4,8 --ablation-out "$OUT/ablation" > "$OUT/ablation.log" 2>&1
+    rc=$?; log "ablation rc=$rc"; [ $rc -eq 0 ] || rc_all=1
+    cp "$OUT"/ablation/ablation.md "$OUT"/ablation/ablation.svg "$OUT"/ablation/ablation.jsonl "$OUT"/ 2>/dev/null
+fi
 
 # ---- 4. per-kernel profile of eager decode steps (events) ---------------------------------------
 t=$(left); [ "$t" -gt 90 ] && t=90
-if [ "$t" -ge 30 ]; then
+if want profile && [ "$t" -ge 30 ]; then
     log "profile (DS_CUDA_PROFILE=1, eager with a head start, batch 1, then 8)"
     for pb in 1 8; do
         echo "### batch $pb" >> "$OUT/profile.log"
@@ -78,10 +113,22 @@ if [ "$t" -ge 30 ]; then
     done
     log "profile rc=$?"
 fi
+# the speculative verify and draft steps (issue 5): where their time goes, batch 1, k = 1 and 4
+t=$(left); [ "$t" -gt 60 ] && t=60
+if want profile_spec && [ "$t" -ge 30 ]; then
+    log "profile of spec verify/draft (DS_CUDA_PROFILE=1, k 1 and 4)"
+    for k in 1 4; do
+        echo "### spec k=$k batch 1" >> "$OUT/profile_spec.log"
+        DS_CUDA_PROFILE=1 timeout $((t / 2)) "${DSENV[@]}" "$BIN/deltaserve" bench -m configs/qwen3.5-35b-a3b --dummy-weights \
+            --device cuda --prompt-len 256 --steps 16 --warmup 2 --batch 1 --graphs 0 --num-speculative-tokens $k \
+            >> "$OUT/profile_spec.log" 2>&1
+    done
+    log "profile_spec rc=$?"
+fi
 
 # ---- 4b. Nsight Compute: device durations of the decode kernels (batch 1), few launches ----------
 t=$(left); [ "$t" -gt 100 ] && t=100
-if command -v ncu > /dev/null && [ "$t" -ge 60 ]; then
+if want ncu && command -v ncu > /dev/null && [ "$t" -ge 60 ]; then
     log "ncu (decode kernels of batch-1 steps, timeout $t s)"
     timeout "$t" ncu --clock-control none --csv --launch-skip 1500 --launch-count 60 \
         --kernel-name regex:'moe_|add_rmsnorm|gemv_|gdn_kernel|attn_' \
@@ -96,7 +143,7 @@ fi
 # ---- 5. serving and speculative decoding on the GPU (scripts of their own, if present) ------------
 for part in serve_bench spec_checks; do
     t=$(left)
-    if [ -f "tools/gpu/$part.sh" ] && [ "$t" -ge 60 ]; then
+    if want "$part" && [ -f "tools/gpu/$part.sh" ] && [ "$t" -ge 60 ]; then
         log "$part.sh ($t s left)"
         BIN=$BIN OUT=$OUT DS_PART_BUDGET_S=$((t > 170 ? 170 : t - 10)) timeout $((t > 180 ? 180 : t)) \
             bash "tools/gpu/$part.sh" >> "$OUT/gpu.txt" 2>&1
@@ -112,14 +159,21 @@ done
     echo; echo "## Verdicts"; echo '```'
     grep -hE "^\[  (PASSED|FAILED) +\]|FAILED|skipped" "$OUT/test_cuda_ops.log" "$OUT/test_cuda_model.log" 2>/dev/null
     echo '```'; echo; echo "## Whole model vs transformers, graphs, dummy weights"; echo '```'
-    grep -hE "worst sequence|decisive tokens|captures|dummy 4-layer|dummy seeds" "$OUT/test_cuda_model.log" 2>/dev/null
+    for f in test_cuda_model.log test_cuda_model_off.log; do
+        [ -f "$OUT/$f" ] || continue
+        echo "--- $f"; grep -hE "^\[  (PASSED|FAILED) +\]|worst sequence|decisive tokens|captures|dummy 4-layer|dummy seeds" "$OUT/$f"
+    done
     echo '```'; echo; echo "## Op measurements"; echo '```'
     grep -hE "D2D|GEMV|lm_head|attention (decode|prefill)|gdn (decode|prefill)|moe decode" "$OUT/test_cuda_ops.log" 2>/dev/null
     echo '```'; echo; echo "## deltaserve bench (35B-A3B dummy weights)"; echo '```'
     grep -hE "^###|^prefill|^ *batch|^ *[0-9]+ +[0-9.]+ |bench: " "$OUT/bench.log" 2>/dev/null
     echo '```'; echo; echo "## Decode-step profile (eager, events)"; echo '```'
     grep -hE -A32 "^### batch|CUDA profile, decode" "$OUT/profile.log" 2>/dev/null | grep -vE "^(bench|prefill|batch|  *[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+e)" | head -90
-    echo '```'; echo; echo "## Nsight Compute, decode kernels at batch 1 (device time)"; echo '```'
+    echo '```'; echo; echo "## Speculative verify/draft profile (eager, events)"; echo '```'
+    grep -hE -A40 "^### spec|CUDA profile" "$OUT/profile_spec.log" 2>/dev/null | grep -vE "^(prefill|batch|  *[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+e)" | head -120
+    echo '```'; echo; echo "## Ablation"; echo
+    cat "$OUT/ablation.md" 2>/dev/null; tail -5 "$OUT/ablation.log" 2>/dev/null | sed 's/^/    /'
+    echo; echo "## Nsight Compute, decode kernels at batch 1 (device time)"; echo '```'
     python3 tools/gpu/ncu_summary.py "$OUT/ncu.csv" 2>&1 | head -30
     echo '```'; echo; echo "## Serving and speculative decoding"; echo '```'
     for f in serve_bench.log spec_checks.log; do [ -f "$OUT/$f" ] && { echo "--- $f"; tail -40 "$OUT/$f"; }; done
@@ -128,5 +182,6 @@ done
 log "done, rc=$rc_all"
 # at most 8 files come back: everything but the summary travels as one archive
 (cd "$OUT" && tar -czf logs.tar.gz --exclude=summary.md --exclude=logs.tar.gz ./* && \
-    find . -maxdepth 1 -type f ! -name summary.md ! -name logs.tar.gz ! -name bench.jsonl -delete)
+    find . -maxdepth 1 -type f ! -name summary.md ! -name logs.tar.gz ! -name bench.jsonl \
+        ! -name 'ablation.*' -delete && rm -rf ablation)
 exit $rc_all

@@ -5,9 +5,10 @@
  *     bf16 activations), partial NeoX RoPE on dims [0, rot), K/V written into the paged cache,
  *     the normed+roped query written into `out` (which has exactly nh·hd per token) so that no
  *     extra workspace is needed; the attention kernels read it back from there.
- *  2a. decode (every sequence has one new token): flash-decoding split over KV ranges. A block
- *     serves one (sequence, kv head, split) and all G = nh/nkv query heads that share the kv
- *     head, so K/V are read once per group; tiles of 32 keys are staged in shared memory with
+ *  2a. decode (every sequence has at most DEC_MAX_Q new tokens: decode steps, speculative
+ *     verification): flash-decoding split over KV ranges. A block serves one (token, kv head,
+ *     split) and all G = nh/nkv query heads that share the kv head, so K/V are read once per
+ *     group; a token attends keys [0, its position] (causal, the step's own keys included); tiles of 32 keys are staged in shared memory with
  *     cp.async 16-byte copies (double-buffered: the next tile loads while this one is used);
  *     online softmax; fp32 partials (acc, m, l) go to the cache's workspace.
  *  2b. prefill (any tokens per sequence): a tiled flash kernel on CUDA cores. A block serves
@@ -17,13 +18,14 @@
  *     its epilogue.) */
 #include <math.h>
 
-#include "cuda_common.cuh"
+#include "cuda_launch.cuh"
 
 /* ---- 1. q/k norm + RoPE + KV write --------------------------------------------------------- */
 
 template <int HD>
 __global__ void __launch_bounds__(256)
     attn_prep_kernel(ds_cuda_batch b, ds_cuda_attn_args a) {
+    pdl_enter(); /* cuda_launch.cuh: first, before any access */
     __shared__ float buf[8][HD];
     constexpr int EPL = HD / 32; /* elements per lane */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -94,6 +96,10 @@ __global__ void __launch_bounds__(256)
 
 #define DEC_TILE 32
 #define DEC_MAXG 16
+/* query tokens per sequence up to which the decode kernel serves a step (one block column per
+ * token): decode steps and speculative verification (k + 1 ≤ 5 tokens); longer runs of
+ * tokens share key tiles better in the prefill kernel */
+#define DEC_MAX_Q 8
 
 /* 16-byte asynchronous global → shared copy (cp.async, sm_80+): every thread issues all its
  * copies of a tile before waiting, so a tile costs about one memory latency, and the next
@@ -114,14 +120,15 @@ struct DecSmem {
     static constexpr size_t bytes = kv_bytes + (size_t)DEC_MAXG * HD * 4;
 };
 
-/* A block serves (sequence s, kv head j, split c) and the G query heads sharing j. The split
- * count is fixed by the launch (it depends on the number of sequences only, so a captured
- * graph stays valid as the context grows); each block finds its key range [start, end) from
- * the sequence's position on the device: chunk = ⌈⌈L / nsplit⌉ / 32⌉·32. Splits past the
+/* A block serves (token t of sequence s, kv head j, split c) and the G query heads sharing j.
+ * The split count is fixed by the launch (it depends on the number of tokens only, so a
+ * captured graph stays valid as the context grows); each block finds its key range
+ * [start, end) from the token's position on the device: chunk = ⌈⌈L / nsplit⌉ / 32⌉·32. Splits past the
  * context write an empty partial (m = −∞, l = 0) that the combine skips. */
 template <int HD>
 __global__ void __launch_bounds__(HD)
     attn_decode_kernel(ds_cuda_batch b, ds_cuda_attn_args a, int G, int nsplit) {
+    pdl_enter(); /* cuda_launch.cuh: first, before any access */
     constexpr int NW = HD / 32;
     constexpr int CPR = HD / 8;                 /* 16-byte chunks per K/V row */
     constexpr int LPK = CPR < 32 ? CPR : 32;    /* lanes per key in the score phase */
@@ -135,11 +142,11 @@ __global__ void __launch_bounds__(HD)
     __shared__ float sc[DEC_MAXG][DEC_TILE];
     __shared__ float m_s[DEC_MAXG], l_s[DEC_MAXG], al_s[DEC_MAXG];
 
-    const int s = blockIdx.x, j = blockIdx.y, c = blockIdx.z;
+    const int t = blockIdx.x, j = blockIdx.y, c = blockIdx.z;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int nh = a.nh, nkv = a.nkv, bs = a.block_size;
-    const int t = b.seq_start[s];
-    const int L = b.positions[t] + 1;
+    const int s = b.tok_seq[t];
+    const int L = b.positions[t] + 1; /* causal: keys up to this token's own position */
     const int per = (L + nsplit - 1) / nsplit;
     const int chunk = (per + DEC_TILE - 1) / DEC_TILE * DEC_TILE;
     const int start = c * chunk;
@@ -149,7 +156,7 @@ __global__ void __launch_bounds__(HD)
 
     if (start >= end) { /* an empty split */
         for (int g = 0; g < G; g++) {
-            float *w = a.ws + (((int64_t)s * nh + j * G + g) * nsplit + c) * (HD + 2);
+            float *w = a.ws + (((int64_t)t * nh + j * G + g) * nsplit + c) * (HD + 2);
             w[tid] = 0.f;
             if (tid == 0) {
                 w[HD] = -INFINITY;
@@ -261,7 +268,7 @@ __global__ void __launch_bounds__(HD)
 #pragma unroll
     for (int g = 0; g < DEC_MAXG; g++) { /* constant indices keep acc[] in registers */
         if (g >= G) break;
-        const int64_t r = ((int64_t)s * nh + j * G + g) * nsplit + c;
+        const int64_t r = ((int64_t)t * nh + j * G + g) * nsplit + c;
         float *w = a.ws + r * (HD + 2);
         w[tid] = acc[g];
         if (tid == 0) {
@@ -276,10 +283,10 @@ __global__ void __launch_bounds__(HD)
 template <int HD>
 __global__ void __launch_bounds__(HD)
     attn_combine_kernel(ds_cuda_batch b, ds_cuda_attn_args a, int nsplit) {
-    const int s = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+    pdl_enter(); /* cuda_launch.cuh: first, before any access */
+    const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
     const int nh = a.nh;
-    const int t = b.seq_start[s];
-    const float *w = a.ws + ((int64_t)s * nh + h) * nsplit * (HD + 2);
+    const float *w = a.ws + ((int64_t)t * nh + h) * nsplit * (HD + 2);
     float M = -INFINITY;
     for (int c = 0; c < nsplit; c++) M = fmaxf(M, w[c * (HD + 2) + HD]);
     float num = 0.f, den = 0.f;
@@ -316,6 +323,7 @@ struct PfSmem {
 template <int HD>
 __global__ void __launch_bounds__(PF_THREADS)
     attn_prefill_kernel(ds_cuda_batch b, ds_cuda_attn_args a, int G, int BT) {
+    pdl_enter(); /* cuda_launch.cuh: first, before any access */
     typedef PfSmem<HD> SM;
     constexpr int QS = SM::QS;
     constexpr int NP = HD / 32; /* bf16 pairs per thread per row in the PV product */
@@ -497,26 +505,26 @@ static void run_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a) {
     const int T = b.n_tokens, S = b.n_seqs;
     const int G = a->nh / a->nkv;
     dim3 pgrid(T, DS_DIV_UP(a->nh + 2 * a->nkv, 8));
-    attn_prep_kernel<HD><<<pgrid, 256, 0, ctx->stream>>>(b, *a);
+    ds_launch(ctx, attn_prep_kernel<HD>, pgrid, 256, 0, b, *a);
     DS_CU_LAUNCHED2(ctx, "attn_prep_kernel", T, a->nh + 2 * a->nkv);
 
-    if (ctx->info.max_seq_tokens == 1 && G <= DEC_MAXG) {
-        /* split count from the sequence count only (graph-safe); ranges are found on the device */
-        int nsplit = DS_DIV_UP(2 * ctx->sm_count, S * a->nkv);
+    if (ctx->info.max_seq_tokens <= DEC_MAX_Q && G <= DEC_MAXG && (int64_t)T * a->nh <= a->ws_rows) {
+        /* split count from the token count only (graph-safe); ranges are found on the device */
+        int nsplit = DS_DIV_UP(2 * ctx->sm_count, T * a->nkv);
         if (nsplit > DS_CUDA_ATTN_MAX_SPLIT) nsplit = DS_CUDA_ATTN_MAX_SPLIT;
-        while (nsplit > 1 && (int64_t)S * a->nh * nsplit > a->ws_rows) nsplit--;
+        while (nsplit > 1 && (int64_t)T * a->nh * nsplit > a->ws_rows) nsplit--;
         if (nsplit < 1) nsplit = 1;
-        attn_decode_kernel<HD><<<dim3(S, a->nkv, nsplit), HD, DecSmem<HD>::bytes, ctx->stream>>>(
-            b, *a, G, nsplit);
-        DS_CU_LAUNCHED2(ctx, "attn_decode_kernel", S, nsplit);
-        attn_combine_kernel<HD><<<dim3(S, a->nh), HD, 0, ctx->stream>>>(b, *a, nsplit);
-        DS_CU_LAUNCHED2(ctx, "attn_combine_kernel", S, nsplit);
+        ds_launch(ctx, attn_decode_kernel<HD>, dim3(T, a->nkv, nsplit), HD, DecSmem<HD>::bytes, b,
+                  *a, G, nsplit);
+        DS_CU_LAUNCHED2(ctx, "attn_decode_kernel", T, nsplit);
+        ds_launch(ctx, attn_combine_kernel<HD>, dim3(T, a->nh), HD, 0, b, *a, nsplit);
+        DS_CU_LAUNCHED2(ctx, "attn_combine_kernel", T, nsplit);
         return;
     }
     const int BT = PF_ROWS / G;
     const size_t smem = PfSmem<HD>::bytes;
     dim3 grid(DS_DIV_UP(ctx->info.max_seq_tokens, BT), a->nkv, S);
-    attn_prefill_kernel<HD><<<grid, PF_THREADS, smem, ctx->stream>>>(b, *a, G, BT);
+    ds_launch(ctx, attn_prefill_kernel<HD>, grid, PF_THREADS, smem, b, *a, G, BT);
     DS_CU_LAUNCHED2(ctx, "attn_prefill_kernel", T, S);
 }
 

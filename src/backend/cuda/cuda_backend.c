@@ -14,6 +14,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_host.h"
 #include "backend/cuda/cuda_internal.h"
+#include "core/env.h"
 
 /* Errors that only invalidate an open stream capture (the device is fine). */
 static int capture_error(cudaError_t e) {
@@ -154,12 +155,6 @@ static void prof_print(ds_cuda_ctx *c) {
                     (long long)e->b, e->ms * 1e3 / steps, (double)e->count / steps);
         }
     }
-}
-
-/* An optimisation switch: on unless the variable is "0" (or "off"). */
-static int ds_cuda_env_switch(const char *name) {
-    const char *v = getenv(name);
-    return !(v && (!strcmp(v, "0") || !strcmp(v, "off")));
 }
 
 /* ---- lifetime ---------------------------------------------------------------------------- */
@@ -451,6 +446,7 @@ static const ds_backend_ops cuda_ops = {
     .attention = ds_cuda_op_attention,
     .gdn = ds_cuda_op_gdn,
     .moe = ds_cuda_op_moe,
+    .moe_add_rmsnorm = ds_cuda_op_moe_add_rmsnorm,
     .logits = ds_cuda_op_logits,
     .argmax = ds_cuda_op_argmax,
     .dummy_weights = ds_cuda_dummy_weights,
@@ -498,8 +494,12 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
     {
         const char *rows = getenv("DS_CUDA_GEMV_ROWS"); /* measurement knob, see cuda_notes.md */
         c->gemv_rows = rows ? atoi(rows) : 2;
-        c->opt.moe_fast_route = ds_cuda_env_switch("DS_OPT_MOE_FAST_ROUTE");
-        c->opt.moe_fuse_shared = ds_cuda_env_switch("DS_OPT_SHARED_EXPERT");
+        c->opt.moe_fast_route = ds_env_switch("DS_OPT_MOE_FAST_ROUTE", true);
+        c->opt.moe_fuse_shared = ds_env_switch("DS_OPT_SHARED_EXPERT", true);
+        c->opt.fuse_norm = ds_env_switch("DS_OPT_FUSED_NORM", true);
+        c->opt.pdl = ds_env_switch("DS_OPT_PDL", true);
+        /* default off: measured slower (docs/cuda_notes.md, session 3) */
+        c->opt.prefetch = ds_env_switch("DS_OPT_PREFETCH", false);
     }
     CREATE_CHECK(cudaSetDevice(device));
     struct cudaDeviceProp prop;

@@ -3,13 +3,15 @@
  * are bf16; every reduction is fp32 and in a fixed order. */
 #include <math.h>
 
-#include "cuda_common.cuh"
+#include "cuda_launch.cuh"
+#include "cuda_norm.cuh"
 
-#define ROW_THREADS 256
+#define ROW_THREADS DS_NORM_THREADS /* 256 */
 
 /* out[t, :] = table[tokens[t], :] (ids outside [0, V) give a zero row rather than a fault). */
 __global__ void embed_kernel(const void *__restrict__ table, int dtype, int64_t V, int64_t H,
                              const int32_t *__restrict__ tokens, bf16 *__restrict__ out) {
+    pdl_enter(); /* cuda_launch.cuh: first, before any access */
     const int t = blockIdx.x;
     const int64_t id = tokens[t];
     bf16 *o = out + (int64_t)t * H;
@@ -31,48 +33,31 @@ extern "C" void ds_cuda_embed(ds_cuda_ctx *ctx, const void *table, int table_dty
                               int64_t H, void *out) {
     const int T = ctx->batch.n_tokens;
     if (T <= 0) return;
-    embed_kernel<<<T, ROW_THREADS, 0, ctx->stream>>>(table, table_dtype, V, H, ctx->batch.tokens,
-                                                     (bf16 *)out);
+    ds_launch(ctx, embed_kernel, T, ROW_THREADS, 0, table, table_dtype, V, H,
+              (const int32_t *)ctx->batch.tokens, (bf16 *)out);
     DS_CU_LAUNCHED2(ctx, "embed_kernel", T, H);
 }
 
 /* One block per row. ADD: residual += delta first (rounded to bf16 like the bf16 residual
- * stream of the reference), then the norm of the rounded sum. The row is kept in registers
- * between the two passes when D ≤ 8·ROW_THREADS·4. */
+ * stream of the reference), then the norm of the rounded sum (cuda_norm.cuh, shared with the
+ * fused epilogues). */
 template <bool ADD>
 __global__ void __launch_bounds__(ROW_THREADS)
     rmsnorm_kernel(bf16 *__restrict__ x, const bf16 *__restrict__ delta,
                    const float *__restrict__ w, float eps, int64_t D, bf16 *__restrict__ out) {
+    pdl_enter(); /* cuda_launch.cuh: first, before any access */
     __shared__ float red[32];
     const int64_t row = blockIdx.x;
     bf16 *xr = x + row * D;
     bf16 *orow = out + row * D;
     float ss = 0.f;
     if (D % 8 == 0) {
-        const int64_t nv = D / 8;
-        for (int64_t v = threadIdx.x; v < nv; v += blockDim.x) {
-            float f[8];
-            unpack8(*reinterpret_cast<const uint4 *>(xr + v * 8), f);
-            if (ADD) {
-                float d[8];
+        add_rmsnorm_row<ADD>(
+            xr,
+            [&](int64_t v, float d[8]) {
                 unpack8(*reinterpret_cast<const uint4 *>(delta + row * D + v * 8), d);
-#pragma unroll
-                for (int i = 0; i < 8; i++) f[i] += d[i];
-                uint4 p = pack8(f);
-                *reinterpret_cast<uint4 *>(xr + v * 8) = p;
-                unpack8(p, f); /* the rounded sum */
-            }
-#pragma unroll
-            for (int i = 0; i < 8; i++) ss += f[i] * f[i];
-        }
-        const float inv = rsqrtf(block_sum(ss, red) / (float)D + eps);
-        for (int64_t v = threadIdx.x; v < nv; v += blockDim.x) {
-            float f[8];
-            unpack8(*reinterpret_cast<const uint4 *>(xr + v * 8), f);
-#pragma unroll
-            for (int i = 0; i < 8; i++) f[i] = f[i] * inv * w[v * 8 + i];
-            *reinterpret_cast<uint4 *>(orow + v * 8) = pack8(f);
-        }
+            },
+            w, eps, D, orow, red);
         return;
     }
     for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
@@ -92,22 +77,23 @@ __global__ void __launch_bounds__(ROW_THREADS)
 extern "C" void ds_cuda_rmsnorm(ds_cuda_ctx *ctx, const void *x, const float *w, float eps,
                                 int64_t R, int64_t D, void *out) {
     if (R <= 0) return;
-    rmsnorm_kernel<false><<<(unsigned)R, ROW_THREADS, 0, ctx->stream>>>((bf16 *)x, NULL, w, eps, D,
-                                                                        (bf16 *)out);
+    ds_launch(ctx, rmsnorm_kernel<false>, (unsigned)R, ROW_THREADS, 0, (bf16 *)x,
+              (const bf16 *)NULL, w, eps, D, (bf16 *)out);
     DS_CU_LAUNCHED2(ctx, "rmsnorm_kernel", R, D);
 }
 
 extern "C" void ds_cuda_add_rmsnorm(ds_cuda_ctx *ctx, void *residual, const void *delta,
                                     const float *w, float eps, int64_t R, int64_t D, void *out) {
     if (R <= 0) return;
-    rmsnorm_kernel<true><<<(unsigned)R, ROW_THREADS, 0, ctx->stream>>>(
-        (bf16 *)residual, (const bf16 *)delta, w, eps, D, (bf16 *)out);
+    ds_launch(ctx, rmsnorm_kernel<true>, (unsigned)R, ROW_THREADS, 0, (bf16 *)residual,
+              (const bf16 *)delta, w, eps, D, (bf16 *)out);
     DS_CU_LAUNCHED2(ctx, "add_rmsnorm_kernel", R, D);
 }
 
 /* out[r, i] = SiLU(gu[r, i]) · gu[r, I + i] */
 __global__ void silu_mul_kernel(const bf16 *__restrict__ gu, int64_t R, int64_t I,
                                 bf16 *__restrict__ out) {
+    pdl_enter(); /* cuda_launch.cuh: first, before any access */
     const int64_t total = R * I;
     if (I % 8 == 0) {
         const int64_t nv = total / 8;
@@ -140,14 +126,15 @@ extern "C" void ds_cuda_silu_mul(ds_cuda_ctx *ctx, const void *gu, int64_t R, in
                                  void *out) {
     if (R <= 0 || I <= 0) return;
     const int64_t work = (I % 8 == 0) ? R * I / 8 : R * I;
-    silu_mul_kernel<<<grid_for(ctx, work, ROW_THREADS), ROW_THREADS, 0, ctx->stream>>>(
-        (const bf16 *)gu, R, I, (bf16 *)out);
+    ds_launch(ctx, silu_mul_kernel, grid_for(ctx, work, ROW_THREADS), ROW_THREADS, 0,
+              (const bf16 *)gu, R, I, (bf16 *)out);
     DS_CU_LAUNCHED2(ctx, "silu_mul_kernel", R, I);
 }
 
 /* out[r, :] = x[rows[r], :] (elem_size bytes per element; rows are 4-byte multiples here) */
 __global__ void gather_rows_kernel(const char *__restrict__ x, int64_t row_bytes,
                                    const int32_t *__restrict__ rows, char *__restrict__ out) {
+    pdl_enter(); /* cuda_launch.cuh: first, before any access */
     const int r = blockIdx.x;
     const char *src = x + (int64_t)rows[r] * row_bytes;
     char *dst = out + (int64_t)r * row_bytes;
@@ -163,8 +150,8 @@ extern "C" void ds_cuda_gather_rows(ds_cuda_ctx *ctx, const void *x, int64_t H, 
                                     void *out) {
     const int n = ctx->batch.n_out;
     if (n <= 0) return;
-    gather_rows_kernel<<<n, ROW_THREADS, 0, ctx->stream>>>((const char *)x, H * elem_size,
-                                                           ctx->batch.out_rows, (char *)out);
+    ds_launch(ctx, gather_rows_kernel, n, ROW_THREADS, 0, (const char *)x,
+              (int64_t)(H * elem_size), (const int32_t *)ctx->batch.out_rows, (char *)out);
     DS_CU_LAUNCHED2(ctx, "gather_rows_kernel", n, H);
 }
 
@@ -179,6 +166,7 @@ static __device__ __forceinline__ void amax_merge(float &bv, int &bi, float v, i
 
 __global__ void __launch_bounds__(ARGMAX_THREADS)
     argmax_kernel(const float *__restrict__ logits, int64_t V, int32_t *__restrict__ ids) {
+    pdl_enter(); /* cuda_launch.cuh: first, before any access */
     __shared__ float sv[32];
     __shared__ int si[32];
     const float *row = logits + (int64_t)blockIdx.x * V;
@@ -216,13 +204,14 @@ __global__ void __launch_bounds__(ARGMAX_THREADS)
 extern "C" void ds_cuda_argmax(ds_cuda_ctx *ctx, const float *logits, int R, int64_t V,
                                int32_t *d_ids) {
     if (R <= 0) return;
-    argmax_kernel<<<R, ARGMAX_THREADS, 0, ctx->stream>>>(logits, V, d_ids);
+    ds_launch(ctx, argmax_kernel, R, ARGMAX_THREADS, 0, logits, V, d_ids);
     DS_CU_LAUNCHED2(ctx, "argmax_kernel", R, V);
 }
 
 /* out[r] = [a[r] | b[r]]: bf16 rows; 16-byte copies when both widths are multiples of 8. */
 __global__ void concat_kernel(const bf16 *__restrict__ a, int64_t A, const bf16 *__restrict__ b,
                               int64_t B, bf16 *__restrict__ out) {
+    pdl_enter(); /* cuda_launch.cuh: first, before any access */
     const int64_t r = blockIdx.x;
     bf16 *o = out + r * (A + B);
     if (A % 8 == 0 && B % 8 == 0) {
@@ -240,8 +229,8 @@ __global__ void concat_kernel(const bf16 *__restrict__ a, int64_t A, const bf16 
 extern "C" void ds_cuda_concat(ds_cuda_ctx *ctx, const void *a, int64_t A, const void *b,
                                int64_t B, int64_t R, void *out) {
     if (R <= 0) return;
-    concat_kernel<<<(unsigned)R, ROW_THREADS, 0, ctx->stream>>>((const bf16 *)a, A, (const bf16 *)b,
-                                                                B, (bf16 *)out);
+    ds_launch(ctx, concat_kernel, (unsigned)R, ROW_THREADS, 0, (const bf16 *)a, A,
+              (const bf16 *)b, B, (bf16 *)out);
     DS_CU_LAUNCHED2(ctx, "concat_kernel", A, B);
 }
 

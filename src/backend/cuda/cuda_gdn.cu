@@ -19,7 +19,7 @@
  * state_out[t] ≥ 0 into that slot (the recurrence has the per-token state anyway). */
 #include <math.h>
 
-#include "cuda_common.cuh"
+#include "cuda_launch.cuh"
 
 #define GDN_KC 4  /* conv kernel (all Qwen3.5 configs) */
 #define GDN_SEG 4 /* row segments of the state: block = GDN_SEG·dv threads */
@@ -38,6 +38,8 @@ __global__ void __launch_bounds__(GDN_SEG * DV) gdn_kernel(ds_cuda_batch b, ds_c
     __shared__ float scal[2];
     __shared__ float qred[NW], kred[NW]; /* q/k sums of squares per warp */
     __shared__ float ored[NW];           /* o² per warp (separate arrays: no reuse race) */
+
+    pdl_enter(); /* cuda_launch.cuh: before any access */
 
     const int h = blockIdx.x, s = blockIdx.y;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -185,10 +187,10 @@ extern "C" void ds_cuda_gdn(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a) {
     const dim3 grid(a->hv, ctx->batch.n_seqs);
     const int shape = (a->dk == a->dv && a->kernel == GDN_KC && a->hk > 0 && a->hv % a->hk == 0) ? a->dk : 0;
     switch (shape) {
-    case 16: gdn_kernel<16, 16><<<grid, GDN_SEG * 16, 0, ctx->stream>>>(ctx->batch, *a); break;
-    case 32: gdn_kernel<32, 32><<<grid, GDN_SEG * 32, 0, ctx->stream>>>(ctx->batch, *a); break;
-    case 64: gdn_kernel<64, 64><<<grid, GDN_SEG * 64, 0, ctx->stream>>>(ctx->batch, *a); break;
-    case 128: gdn_kernel<128, 128><<<grid, GDN_SEG * 128, 0, ctx->stream>>>(ctx->batch, *a); break;
+    case 16: ds_launch(ctx, gdn_kernel<16, 16>, grid, GDN_SEG * 16, 0, ctx->batch, *a); break;
+    case 32: ds_launch(ctx, gdn_kernel<32, 32>, grid, GDN_SEG * 32, 0, ctx->batch, *a); break;
+    case 64: ds_launch(ctx, gdn_kernel<64, 64>, grid, GDN_SEG * 64, 0, ctx->batch, *a); break;
+    case 128: ds_launch(ctx, gdn_kernel<128, 128>, grid, GDN_SEG * 128, 0, ctx->batch, *a); break;
     default:
         ds_cuda_check(ctx, cudaErrorInvalidValue,
                       "gdn: built for dk = dv in {16, 32, 64, 128} and conv kernel 4", __FILE__,

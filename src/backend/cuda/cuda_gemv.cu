@@ -9,6 +9,7 @@
 #include <math.h>
 
 #include "cuda_gemv.cuh"
+#include "cuda_launch.cuh"
 
 #define GEMV_WARPS 8
 
@@ -16,11 +17,17 @@ template <int R, int ROWS, int UNROLL, typename OutT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_kernel(const bf16 *__restrict__ W, int64_t N, int64_t K, const bf16 *__restrict__ x,
                 int64_t ldx, OutT *__restrict__ out, int64_t ldo, int64_t k_per_split,
-                float *__restrict__ ws, int *__restrict__ counters) {
+                float *__restrict__ ws, int *__restrict__ counters, int pf_bytes) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t n0 = ((int64_t)blockIdx.x * GEMV_WARPS + warp) * ROWS;
     const int64_t k0 = (int64_t)blockIdx.y * k_per_split;
     const int64_t k1 = k0 + k_per_split < K ? k0 + k_per_split : K;
+    /* weights only, while the predecessor finishes (cuda_launch.cuh) */
+    if (pf_bytes > 0 && lane < ROWS && n0 + lane < N) {
+        const int64_t span = (k1 - k0) * 2; /* the last split may be shorter */
+        prefetch_l2(W + (n0 + lane) * K + k0, (uint32_t)(pf_bytes < span ? pf_bytes : span));
+    }
+    pdl_enter();
     XRows<R> xs;
 #pragma unroll
     for (int r = 0; r < R; r++) xs.base[r] = x + r * ldx;
@@ -76,11 +83,25 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     if (threadIdx.x == 0) counters[blockIdx.x] = 0;
 }
 
+/* Bytes of each weight row (from its split's start) a GEMV block prefetches into L2 before it
+ * waits for its predecessor: the whole row range when the matrix fits the prefetch budget, a
+ * proportional head of it otherwise; none when prefetch is off or the grid is so large that
+ * most blocks start long after the predecessor ended (nothing left to overlap). */
+static int gemv_prefetch_bytes(const ds_cuda_ctx *ctx, int64_t N, int64_t K, int64_t kps,
+                               int64_t blocks) {
+    if (!ds_prefetch_on(ctx) || blocks > 8 * (int64_t)ctx->sm_count) return 0;
+    const double total = (double)N * (double)K * 2.0;
+    const double frac = total <= DS_CUDA_PREFETCH_BUDGET ? 1.0 : DS_CUDA_PREFETCH_BUDGET / total;
+    const int64_t bytes = (int64_t)((double)kps * 2.0 * frac) & ~(int64_t)15;
+    return bytes > (1 << 20) ? (1 << 20) : (int)bytes;
+}
+
 template <int R, int ROWS, int UNROLL, typename OutT>
 static void launch_gemv(ds_cuda_ctx *ctx, dim3 grid, const bf16 *W, int64_t N, int64_t K,
                         const bf16 *x, int64_t ldx, OutT *out, int64_t ldo, int64_t kps) {
-    gemv_kernel<R, ROWS, UNROLL, OutT><<<grid, GEMV_WARPS * 32, 0, ctx->stream>>>(
-        W, N, K, x, ldx, out, ldo, kps, ctx->d_splitk_ws, ctx->d_splitk_cnt);
+    const int pf = gemv_prefetch_bytes(ctx, N, K, kps, (int64_t)grid.x * grid.y);
+    ds_launch(ctx, gemv_kernel<R, ROWS, UNROLL, OutT>, grid, GEMV_WARPS * 32, 0, W, N, K, x, ldx,
+              out, ldo, kps, ctx->d_splitk_ws, ctx->d_splitk_cnt, pf);
 }
 
 template <int ROWS, int UNROLL, typename OutT>
@@ -154,12 +175,14 @@ template <int R, int ROWS, int UNROLL>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_argmax_kernel(const bf16 *__restrict__ W, int64_t N, int64_t K, const bf16 *__restrict__ x,
                        int64_t ldx, float *__restrict__ pv, int32_t *__restrict__ pi,
-                       int *__restrict__ counter, int32_t *__restrict__ ids) {
+                       int *__restrict__ counter, int32_t *__restrict__ ids, int pf_bytes) {
     __shared__ float sv[GEMV_WARPS][R];
     __shared__ int si[GEMV_WARPS][R];
     __shared__ int is_last;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t n0 = ((int64_t)blockIdx.x * GEMV_WARPS + warp) * ROWS;
+    if (pf_bytes > 0 && lane < ROWS && n0 + lane < N) prefetch_l2(W + (n0 + lane) * K, (uint32_t)pf_bytes);
+    pdl_enter(); /* cuda_launch.cuh */
     XRows<R> xs;
 #pragma unroll
     for (int r = 0; r < R; r++) xs.base[r] = x + r * ldx;
@@ -220,12 +243,12 @@ static void launch_argmax(ds_cuda_ctx *ctx, unsigned bx, const bf16 *W, int64_t 
     float *pv = ctx->d_amax_v;
     int32_t *pi = ctx->d_amax_i;
     int *cnt = ctx->d_amax_cnt;
-    cudaStream_t s = ctx->stream;
+    const int pf = gemv_prefetch_bytes(ctx, N, K, K, bx);
     switch (R) {
 #define AMAX_CASE(RR)                                                                             \
     case RR:                                                                                      \
-        gemv_argmax_kernel<RR, ROWS, UNROLL><<<bx, GEMV_WARPS * 32, 0, s>>>(W, N, K, x, ldx, pv,   \
-                                                                           pi, cnt, ids);         \
+        ds_launch(ctx, gemv_argmax_kernel<RR, ROWS, UNROLL>, bx, GEMV_WARPS * 32, 0, W, N, K, x, \
+                  ldx, pv, pi, cnt, ids, pf);                                                     \
         break;
         AMAX_CASE(1) AMAX_CASE(2) AMAX_CASE(3) AMAX_CASE(4)
         AMAX_CASE(5) AMAX_CASE(6) AMAX_CASE(7) AMAX_CASE(8)

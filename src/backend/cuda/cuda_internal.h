@@ -150,9 +150,16 @@ typedef struct ds_cuda_ctx {
     /* Optimisation switches (catalogue items; env at create, README "Switches"), 1 = on:
      * moe_fast_route   DS_OPT_MOE_FAST_ROUTE: decode routing from shared memory
      * moe_fuse_shared  DS_OPT_SHARED_EXPERT: the shared expert's down projection in the routed
-     *                  experts' launch (catalogue item 1, fused variant) */
+     *                  experts' launch (catalogue item 1, fused variant)
+     * fuse_norm        DS_OPT_FUSED_NORM: the residual add + RMSNorm after the MoE block in
+     *                  the MoE's combine kernel
+     * pdl              DS_OPT_PDL: programmatic dependent launch of the step's kernels
+     *                  (cuda_launch.cuh)
+     * prefetch         DS_OPT_PREFETCH: weights prefetched into L2 while a kernel waits for its
+     *                  predecessor, the routed experts' weights right after routing (catalogue
+     *                  item 11; needs pdl to overlap anything) */
     struct {
-        int moe_fast_route, moe_fuse_shared;
+        int moe_fast_route, moe_fuse_shared, fuse_norm, pdl, prefetch;
     } opt;
 
     /* GEMV split-K */
@@ -270,7 +277,13 @@ typedef struct ds_cuda_moe_args {
     const void *w_gu;             /* [E, 2I, H] */
     const void *w_down;           /* [E, H, I] */
     const void *w_sh_down;        /* [H, Is] or NULL */
-    void *out;                    /* [T, H] bf16 */
+    void *out;                    /* [T, H] bf16 (unused when residual is set) */
+    /* fused residual add + RMSNorm (DS_OPT_FUSED_NORM; residual NULL: plain out):
+     * residual [T, H] bf16 += the MoE output; normed [T, H] bf16 = rmsnorm(residual)·norm_w */
+    void *residual;
+    const float *norm_w;          /* [H] */
+    float eps;
+    void *normed;
 } ds_cuda_moe_args;
 void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a);
 /* Bytes of MoE scratch needed for DS_CUDA_MAX_TOKENS tokens of this shape. */

@@ -17,6 +17,8 @@
 #include <math.h>
 
 #include "cuda_gemv.cuh"
+#include "cuda_launch.cuh"
+#include "cuda_norm.cuh"
 
 #define MOE_MAX_E 1024
 #define ROUTE_WARPS 4
@@ -138,6 +140,7 @@ static __device__ void route_token(int t, int E, int k, int Is, int norm_topk, c
 __global__ void __launch_bounds__(ROUTE_WARPS * 32)
     moe_route_kernel(int T, int E, int k, int Is, int norm_topk, moe_scratch sc) {
     __shared__ float prob[ROUTE_WARPS][MOE_MAX_E];
+    pdl_enter(); /* cuda_launch.cuh: before any access */
     const int warp = threadIdx.x >> 5;
     const int t = blockIdx.x * ROUTE_WARPS + warp;
     if (t >= T) return;
@@ -176,8 +179,16 @@ static __device__ int block_excl_scan(int v, int *excl, int *wsum) {
  * (integer shared atomics), exclusive scans for the offsets and the active-expert ranks, then
  * each active expert's thread lists its assignments in ascending order from shared memory.
  * One thread per expert (E ≤ blockDim.x = 1024). */
+/* L2 prefetch, right after routing, of the gate_up weights of the experts a step selected:
+ * expert e's [2I, H] matrix starts at base + e·bytes_per_expert; each active expert gets an
+ * equal share of the prefetch budget (catalogue item 11, DS_OPT_PREFETCH). */
+typedef struct moe_prefetch {
+    const bf16 *base; /* NULL: no prefetch */
+    int64_t bytes_per_expert;
+} moe_prefetch;
+
 static __device__ void group_from_shared(int A, int E, const int32_t *ids_s, int *cnt, int *wsum,
-                                         const moe_scratch &sc) {
+                                         const moe_scratch &sc, moe_prefetch pf) {
     const int e = threadIdx.x;
     if (e < E) cnt[e] = 0;
     __syncthreads();
@@ -198,6 +209,11 @@ static __device__ void group_from_shared(int A, int E, const int32_t *ids_s, int
         *sc.n_act = nact;
         sc.off[nact] = A;
     }
+    if (pf.base && c > 0) {
+        int64_t share = (int64_t)(DS_CUDA_PREFETCH_BUDGET / (unsigned)nact) & ~(int64_t)15;
+        if (share > pf.bytes_per_expert) share = pf.bytes_per_expert;
+        prefetch_l2_range(pf.base + (int64_t)e * (pf.bytes_per_expert / 2), (uint64_t)share);
+    }
 }
 
 /* Large steps (prefill): the route kernel wrote sc.ids; stage them in dynamic shared memory. */
@@ -205,25 +221,28 @@ __global__ void __launch_bounds__(1024) moe_group_kernel(int A, int E, moe_scrat
     extern __shared__ int32_t ids_dyn[]; /* [A] */
     __shared__ int cnt[MOE_MAX_E];
     __shared__ int wsum[32];
+    pdl_enter(); /* cuda_launch.cuh: before any access */
     for (int a = threadIdx.x; a < A; a += blockDim.x) ids_dyn[a] = sc.ids[a];
     __syncthreads();
-    group_from_shared(A, E, ids_dyn, cnt, wsum, sc);
+    group_from_shared(A, E, ids_dyn, cnt, wsum, sc, moe_prefetch{NULL, 0});
 }
 
 /* Small steps (decode, T·k ≤ MOE_FUSED_A): routing and grouping in one launch. Warps
  * 0..ROUTE_WARPS-1 route the tokens, then the whole block groups from shared memory. */
 #define MOE_FUSED_A 1024
 __global__ void __launch_bounds__(1024)
-    moe_route_group_kernel(int T, int E, int k, int Is, int norm_topk, moe_scratch sc) {
+    moe_route_group_kernel(int T, int E, int k, int Is, int norm_topk, moe_scratch sc,
+                           moe_prefetch pf) {
     __shared__ float prob[ROUTE_WARPS][MOE_MAX_E];
     __shared__ int32_t ids_s[MOE_FUSED_A];
     __shared__ int cnt[MOE_MAX_E];
     __shared__ int wsum[32];
+    pdl_enter(); /* cuda_launch.cuh: before any access */
     const int warp = threadIdx.x >> 5;
     if (warp < ROUTE_WARPS)
         for (int t = warp; t < T; t += ROUTE_WARPS) route_token(t, E, k, Is, norm_topk, sc, prob[warp], ids_s);
     __syncthreads();
-    group_from_shared(T * k, E, ids_s, cnt, wsum, sc);
+    group_from_shared(T * k, E, ids_s, cnt, wsum, sc, pf);
 }
 
 /* Decode steps with T·E ≤ ROUTE_FAST_LOGITS: the same routing as moe_route_group_kernel (same
@@ -234,11 +253,13 @@ __global__ void __launch_bounds__(1024)
  * independent loads, then one warp per token routes from shared memory. */
 #define ROUTE_FAST_LOGITS 4096
 __global__ void __launch_bounds__(1024)
-    moe_route_group_fast_kernel(int T, int E, int k, int Is, int norm_topk, moe_scratch sc) {
+    moe_route_group_fast_kernel(int T, int E, int k, int Is, int norm_topk, moe_scratch sc,
+                                moe_prefetch pf) {
     __shared__ float lg[ROUTE_FAST_LOGITS]; /* [T, E] router logits, then probabilities */
     __shared__ int32_t ids_s[MOE_FUSED_A];
     __shared__ int cnt[MOE_MAX_E];
     __shared__ int wsum[32];
+    pdl_enter(); /* cuda_launch.cuh: before any access */
     const int64_t NL = (int64_t)E + 2 * Is + (Is ? 1 : 0);
     for (int i = threadIdx.x; i < T * E; i += blockDim.x) {
         const int t = i / E;
@@ -256,7 +277,7 @@ __global__ void __launch_bounds__(1024)
     const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int t = warp; t < T; t += nw) route_from_shared(t, E, k, norm_topk, sc, lg + t * E, ids_s);
     __syncthreads();
-    group_from_shared(T * k, E, ids_s, cnt, wsum, sc);
+    group_from_shared(T * k, E, ids_s, cnt, wsum, sc, pf);
 }
 
 /* ---- 4/5. grouped expert GEMV --------------------------------------------------------------- */
@@ -324,28 +345,56 @@ static __device__ __forceinline__ void shared_down_chunk(const bf16 *W, int64_t 
     }
 }
 
+template <int N> struct IntC { static constexpr int value = N; };
+
+/* Walks rows [0, n) in chunks of 8, 4, 2, 1 (largest first, none larger than RMAX), calling
+ * f(IntC<R>(), first row) per chunk. RMAX bounds the chunk kernels compiled into a launch: a
+ * kernel carrying the 8-row path needs ~3× the registers of the 1-row one, which caps its
+ * occupancy even when every chunk is a single row (decode at batch 1). */
+template <int RMAX, class F>
+static __device__ __forceinline__ void for_chunks(int n, F &&f) {
+    for (int c = 0; c < n;) {
+        const int left = n - c;
+        if constexpr (RMAX >= 8) {
+            if (left >= 8) { f(IntC<8>(), c); c += 8; continue; }
+        }
+        if constexpr (RMAX >= 4) {
+            if (left >= 4) { f(IntC<4>(), c); c += 4; continue; }
+        }
+        if constexpr (RMAX >= 2) {
+            if (left >= 2) { f(IntC<2>(), c); c += 2; continue; }
+        }
+        f(IntC<1>(), c);
+        c += 1;
+    }
+}
+
 /* Blocks (active expert i, 16·ROWS output rows). With w_sh (down only, catalogue item 1 fused:
  * the shared expert runs concurrently with the routed ones, in the same launch), the last
  * column of blocks (blockIdx.x == gridDim.x - 1) computes the shared expert's down projection
- * for all T tokens instead. */
-template <bool DOWN, int ROWS, int UNROLL>
+ * for all T tokens instead. pf_w (DS_OPT_PREFETCH; NULL when off): in the gate_up launch the
+ * routed experts' down weights, each block prefetching its slice of its expert's matrix for the
+ * launch that follows; in the down launch the shared expert's down weights, prefetched before
+ * the dependency wait. */
+template <bool DOWN, int ROWS, int UNROLL, int RMAX>
 __global__ void __launch_bounds__(MOE_WARPS * 32)
     moe_expert_kernel(const bf16 *__restrict__ Wall, int H, int I, int k,
                       const bf16 *__restrict__ x, moe_scratch sc, const bf16 *__restrict__ w_sh,
-                      int Is, int T) {
+                      int Is, int T, const bf16 *__restrict__ pf_w) {
     const int i = blockIdx.x;
     if (DOWN && w_sh && i == (int)gridDim.x - 1) {
         const int64_t n0 = ((int64_t)blockIdx.y * MOE_WARPS + (threadIdx.x >> 5)) * ROWS;
+        /* the shared expert's weights do not depend on routing: prefetch them while waiting */
+        if (pf_w && (threadIdx.x & 31) == 0 && n0 < H)
+            prefetch_l2(w_sh + n0 * Is, (uint32_t)((H - n0 < ROWS ? H - n0 : ROWS) * Is * 2));
+        pdl_enter(); /* cuda_launch.cuh */
         if (n0 >= H) return;
-        for (int t = 0; t < T;) {
-            const int left = T - t;
-            if (left >= 8) { shared_down_chunk<ROWS, UNROLL, 8>(w_sh, H, Is, n0, t, sc); t += 8; }
-            else if (left >= 4) { shared_down_chunk<ROWS, UNROLL, 4>(w_sh, H, Is, n0, t, sc); t += 4; }
-            else if (left >= 2) { shared_down_chunk<ROWS, UNROLL, 2>(w_sh, H, Is, n0, t, sc); t += 2; }
-            else { shared_down_chunk<ROWS, UNROLL, 1>(w_sh, H, Is, n0, t, sc); t += 1; }
-        }
+        for_chunks<RMAX>(T, [&](auto r, int t) {
+            shared_down_chunk<ROWS, UNROLL, decltype(r)::value>(w_sh, H, Is, n0, t, sc);
+        });
         return;
     }
+    pdl_enter(); /* cuda_launch.cuh: before any access */
     if (i >= *sc.n_act) return;
     const int e = sc.act[i];
     const int a0 = sc.off[i], a1 = sc.off[i + 1];
@@ -354,26 +403,37 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
     const bf16 *W = Wall + (int64_t)e * N * K;
     const int warp = threadIdx.x >> 5;
     const int64_t n0 = ((int64_t)blockIdx.y * MOE_WARPS + warp) * ROWS;
-    if (n0 >= N) return;
-    const bool stream = (a1 - a0) <= 8; /* weights re-read for more rows: keep them in L1 */
-    for (int c = a0; c < a1;) {
-        const int left = a1 - c;
-        const int32_t *rows = sc.sorted + c;
-        if (left >= 8) {
-            if (stream) moe_chunk<DOWN, ROWS, UNROLL, 8, true>(W, N, K, n0, rows, k, H, I, x, sc);
-            else moe_chunk<DOWN, ROWS, UNROLL, 8, false>(W, N, K, n0, rows, k, H, I, x, sc);
-            c += 8;
-        } else if (left >= 4) {
-            moe_chunk<DOWN, ROWS, UNROLL, 4, true>(W, N, K, n0, rows, k, H, I, x, sc);
-            c += 4;
-        } else if (left >= 2) {
-            moe_chunk<DOWN, ROWS, UNROLL, 2, true>(W, N, K, n0, rows, k, H, I, x, sc);
-            c += 2;
-        } else {
-            moe_chunk<DOWN, ROWS, UNROLL, 1, true>(W, N, K, n0, rows, k, H, I, x, sc);
-            c += 1;
+    if (!DOWN && pf_w && threadIdx.x == 0) {
+        /* gate_up block (i, y) prefetches slice y of the same expert's down matrix [H, I] for
+         * the launch that follows (catalogue item 11) */
+        const int64_t rows = DS_DIV_UP((int64_t)H, (int64_t)gridDim.y);
+        const int64_t r0 = (int64_t)blockIdx.y * rows;
+        /* all active experts' slices together stay within the prefetch budget */
+        const int64_t cap = (int64_t)DS_CUDA_PREFETCH_BUDGET / ((int64_t)*sc.n_act * gridDim.y);
+        if (r0 < H) {
+            const int64_t nr = H - r0 < rows ? H - r0 : rows;
+            const int64_t bytes = nr * I * 2 < cap ? nr * I * 2 : cap;
+            prefetch_l2_range(pf_w + ((int64_t)e * H + r0) * I, (uint64_t)(bytes & ~(int64_t)15));
         }
     }
+    if (n0 >= N) return;
+    const bool stream = (a1 - a0) <= 8; /* weights re-read for more rows: keep them in L1 */
+    for_chunks<RMAX>(a1 - a0, [&](auto r, int c) {
+        constexpr int R = decltype(r)::value;
+        const int32_t *rows = sc.sorted + a0 + c;
+        if (R == 8 && !stream) moe_chunk<DOWN, ROWS, UNROLL, R, false>(W, N, K, n0, rows, k, H, I, x, sc);
+        else moe_chunk<DOWN, ROWS, UNROLL, R, true>(W, N, K, n0, rows, k, H, I, x, sc);
+    });
+}
+
+/* Launches the expert kernel with the chunk bound RMAX = the largest of 8, 4, 2, 1 not above T
+ * (no expert has more assignments than there are tokens). */
+template <bool DOWN, int ROWS, int UNROLL, class... Args>
+static void launch_experts(ds_cuda_ctx *ctx, int T, dim3 grid, Args &&...args) {
+    if (T >= 8) ds_launch(ctx, moe_expert_kernel<DOWN, ROWS, UNROLL, 8>, grid, MOE_WARPS * 32, 0, args...);
+    else if (T >= 4) ds_launch(ctx, moe_expert_kernel<DOWN, ROWS, UNROLL, 4>, grid, MOE_WARPS * 32, 0, args...);
+    else if (T >= 2) ds_launch(ctx, moe_expert_kernel<DOWN, ROWS, UNROLL, 2>, grid, MOE_WARPS * 32, 0, args...);
+    else ds_launch(ctx, moe_expert_kernel<DOWN, ROWS, UNROLL, 1>, grid, MOE_WARPS * 32, 0, args...);
 }
 
 /* ---- 7. combine ---------------------------------------------------------------------------- */
@@ -385,6 +445,7 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
 __global__ void __launch_bounds__(COMBINE_THREADS)
     moe_combine_kernel(int H, int k, int Is, moe_scratch sc, bf16 *__restrict__ out) {
     __shared__ float w_s[32];
+    pdl_enter(); /* cuda_launch.cuh: before any access */
     const int t = blockIdx.y;
     if (threadIdx.x < k) w_s[threadIdx.x] = sc.wts[(int64_t)t * k + threadIdx.x];
     __syncthreads();
@@ -422,6 +483,68 @@ __global__ void __launch_bounds__(COMBINE_THREADS)
     *reinterpret_cast<uint2 *>(out + (int64_t)t * H + n) = o;
 }
 
+/* The combine fused with the residual add + RMSNorm that follows the MoE block
+ * (DS_OPT_FUSED_NORM): one block of DS_NORM_THREADS per token computes each 8-column chunk of
+ * the combine exactly as moe_combine_kernel does (slot order, then the shared expert, rounded to
+ * bf16 as it would be stored) and hands it to the same add_rmsnorm_row as the unfused kernel,
+ * so the residual and the normed row are bit-identical to combine + add_rmsnorm. */
+__global__ void __launch_bounds__(DS_NORM_THREADS)
+    moe_combine_norm_kernel(int H, int k, int Is, moe_scratch sc, bf16 *__restrict__ residual,
+                            const float *__restrict__ norm_w, float eps, bf16 *__restrict__ normed) {
+    __shared__ float w_s[32];
+    __shared__ float red[32];
+    pdl_enter(); /* cuda_launch.cuh: before any access */
+    const int t = blockIdx.x;
+    if (threadIdx.x < k) w_s[threadIdx.x] = sc.wts[(int64_t)t * k + threadIdx.x];
+    __syncthreads();
+    const float g = Is > 0 ? sc.sg[t] : 0.f;
+    auto combine8 = [&](int64_t v, float d[8]) {
+        const int64_t n = v * 8;
+        float acc[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[j] = 0.f;
+        for (int i0 = 0; i0 < k; i0 += 8) {
+            float4 y[8][2];
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                if (i0 + u < k) {
+                    const float4 *p = reinterpret_cast<const float4 *>(sc.y + ((int64_t)t * k + i0 + u) * H + n);
+                    y[u][0] = __ldcg(p);
+                    y[u][1] = __ldcg(p + 1);
+                }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                if (i0 + u < k) {
+                    const float w = w_s[i0 + u];
+                    acc[0] = fmaf(w, y[u][0].x, acc[0]);
+                    acc[1] = fmaf(w, y[u][0].y, acc[1]);
+                    acc[2] = fmaf(w, y[u][0].z, acc[2]);
+                    acc[3] = fmaf(w, y[u][0].w, acc[3]);
+                    acc[4] = fmaf(w, y[u][1].x, acc[4]);
+                    acc[5] = fmaf(w, y[u][1].y, acc[5]);
+                    acc[6] = fmaf(w, y[u][1].z, acc[6]);
+                    acc[7] = fmaf(w, y[u][1].w, acc[7]);
+                }
+            }
+        }
+        if (Is > 0) {
+            const float4 *p = reinterpret_cast<const float4 *>(sc.ysh + (int64_t)t * H + n);
+            const float4 s0 = __ldcg(p), s1 = __ldcg(p + 1);
+            acc[0] = fmaf(g, s0.x, acc[0]);
+            acc[1] = fmaf(g, s0.y, acc[1]);
+            acc[2] = fmaf(g, s0.z, acc[2]);
+            acc[3] = fmaf(g, s0.w, acc[3]);
+            acc[4] = fmaf(g, s1.x, acc[4]);
+            acc[5] = fmaf(g, s1.y, acc[5]);
+            acc[6] = fmaf(g, s1.z, acc[6]);
+            acc[7] = fmaf(g, s1.w, acc[7]);
+        }
+        unpack8(pack8(acc), d); /* rounded to bf16, as the unfused combine stores it */
+    };
+    add_rmsnorm_row<true>(residual + (int64_t)t * H, combine8, norm_w, eps, H,
+                          normed + (int64_t)t * H, red);
+}
+
 /* Shared-memory limit of the prefill group kernel (ids of up to DS_CUDA_MAX_TOKENS·32
  * assignments), set once at creation. */
 extern "C" void ds_cuda_moe_init(ds_cuda_ctx *ctx) {
@@ -452,11 +575,15 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
     /* 2. route, 3. group: one launch for small steps (the fast kernel when the router logits
      * fit in shared memory), else a route grid and a group block with the ids staged in
      * dynamic shared memory */
+    const bool pf_on = ds_prefetch_on(ctx) && T <= DS_CUDA_GEMV_MAX_ROWS;
+    const moe_prefetch pf_gu = {pf_on ? (const bf16 *)a->w_gu : NULL, 2 * (int64_t)I * H * 2};
     if (A <= MOE_FUSED_A && T * E <= ROUTE_FAST_LOGITS && ctx->opt.moe_fast_route) {
-        moe_route_group_fast_kernel<<<1, 1024, 0, ctx->stream>>>(T, E, k, Is, a->norm_topk, sc);
+        ds_launch(ctx, moe_route_group_fast_kernel, 1, 1024, 0, T, E, k, Is, (int)a->norm_topk, sc,
+                  pf_gu);
         DS_CU_LAUNCHED2(ctx, "moe_route_group_fast_kernel", T, E);
     } else if (A <= MOE_FUSED_A) {
-        moe_route_group_kernel<<<1, 1024, 0, ctx->stream>>>(T, E, k, Is, a->norm_topk, sc);
+        ds_launch(ctx, moe_route_group_kernel, 1, 1024, 0, T, E, k, Is, (int)a->norm_topk, sc,
+                  pf_gu);
         DS_CU_LAUNCHED2(ctx, "moe_route_group_kernel", T, E);
     } else {
         const size_t smem = sizeof(int32_t) * (size_t)A;
@@ -465,10 +592,10 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
                           __FILE__, __LINE__);
             return;
         }
-        moe_route_kernel<<<DS_DIV_UP(T, ROUTE_WARPS), ROUTE_WARPS * 32, 0, ctx->stream>>>(
-            T, E, k, Is, a->norm_topk, sc);
+        ds_launch(ctx, moe_route_kernel, DS_DIV_UP(T, ROUTE_WARPS), ROUTE_WARPS * 32, 0, T, E, k,
+                  Is, (int)a->norm_topk, sc);
         DS_CU_LAUNCHED2(ctx, "moe_route_kernel", T, E);
-        moe_group_kernel<<<1, 1024, smem, ctx->stream>>>(A, E, sc);
+        ds_launch(ctx, moe_group_kernel, 1, 1024, smem, A, E, sc);
         DS_CU_LAUNCHED2(ctx, "moe_group_kernel", A, E);
     }
     /* 4. gate_up, 5. down (+ 6. the shared expert's down in the same launch for GEMV-sized
@@ -478,16 +605,18 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
     {
         constexpr int ROWS = 2;
         dim3 grid(nblk, DS_DIV_UP(2 * I, MOE_WARPS * ROWS));
-        moe_expert_kernel<false, ROWS, 4><<<grid, MOE_WARPS * 32, 0, ctx->stream>>>(
-            (const bf16 *)a->w_gu, H, I, k, (const bf16 *)a->x, sc, NULL, 0, T);
+        launch_experts<false, ROWS, 4>(ctx, T, grid, (const bf16 *)a->w_gu, H, I, k,
+                                       (const bf16 *)a->x, sc, (const bf16 *)NULL, 0, T,
+                                       pf_on ? (const bf16 *)a->w_down : (const bf16 *)NULL);
         DS_CU_LAUNCHED2(ctx, "moe_expert_kernel<gate_up>", T, 2 * I);
     }
     {
         constexpr int ROWS = 4;
         dim3 grid(nblk + (fuse_sh ? 1 : 0), DS_DIV_UP(H, MOE_WARPS * ROWS));
-        moe_expert_kernel<true, ROWS, 2><<<grid, MOE_WARPS * 32, 0, ctx->stream>>>(
-            (const bf16 *)a->w_down, H, I, k, (const bf16 *)a->x, sc,
-            fuse_sh ? (const bf16 *)a->w_sh_down : NULL, Is, T);
+        launch_experts<true, ROWS, 2>(ctx, T, grid, (const bf16 *)a->w_down, H, I, k,
+                                      (const bf16 *)a->x, sc,
+                                      fuse_sh ? (const bf16 *)a->w_sh_down : (const bf16 *)NULL, Is,
+                                      T, pf_on ? (const bf16 *)a->w_sh_down : (const bf16 *)NULL);
         DS_CU_LAUNCHED2(ctx, fuse_sh ? "moe_expert_kernel<down+shared>" : "moe_expert_kernel<down>", T, H);
     }
     /* 6. shared expert down */
@@ -495,8 +624,14 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
         if (T <= DS_CUDA_GEMV_MAX_ROWS) ds_cuda_gemv(ctx, a->w_sh_down, H, Is, sc.sh_act, Is, T, sc.ysh, H, 1);
         else ds_cuda_gemm_lt(ctx, a->w_sh_down, H, Is, sc.sh_act, Is, T, sc.ysh, H, 1);
     }
-    /* 7. combine */
-    moe_combine_kernel<<<dim3(DS_DIV_UP(H, 4 * COMBINE_THREADS), T), COMBINE_THREADS, 0,
-                         ctx->stream>>>(H, k, Is, sc, (bf16 *)a->out);
+    /* 7. combine (+ the residual add and RMSNorm that follow the block) */
+    if (a->residual) {
+        ds_launch(ctx, moe_combine_norm_kernel, T, DS_NORM_THREADS, 0, H, k, Is, sc,
+                  (bf16 *)a->residual, a->norm_w, a->eps, (bf16 *)a->normed);
+        DS_CU_LAUNCHED2(ctx, "moe_combine_norm_kernel", T, H);
+        return;
+    }
+    ds_launch(ctx, moe_combine_kernel, dim3(DS_DIV_UP(H, 4 * COMBINE_THREADS), T), COMBINE_THREADS,
+              0, H, k, Is, sc, (bf16 *)a->out);
     DS_CU_LAUNCHED2(ctx, "moe_combine_kernel", T, H);
 }

@@ -253,9 +253,10 @@ void ds_cuda_op_gdn(ds_backend *be, ds_cache *cache, int layer, const ds_config 
     ds_cuda_gdn(c, &a);
 }
 
-void ds_cuda_op_moe(ds_backend *be, const ds_config *cfg, const ds_moe_weights *w,
-                    const ds_tensor *x, ds_tensor *out) {
-    ds_cuda_ctx *c = ds_cuda_ctx_of(be);
+/* Fills the launcher's arguments for the MoE block (checks the weight layout); false when
+ * there are no rows. */
+static bool moe_args(ds_cuda_ctx *c, const ds_config *cfg, const ds_moe_weights *w,
+                     const ds_tensor *x, ds_tensor *out, ds_cuda_moe_args *args) {
     DS_ASSERT(x->dtype == DS_DTYPE_BF16 && out->dtype == DS_DTYPE_BF16);
     const int64_t H = last_dim(x), T = n_rows(x);
     DS_ASSERT(last_dim(out) == H && n_rows(out) >= T && T <= DS_CUDA_MAX_TOKENS);
@@ -283,8 +284,8 @@ void ds_cuda_op_moe(ds_backend *be, const ds_config *cfg, const ds_moe_weights *
     }
     DS_ASSERT(c->d_moe_scratch && c->moe_scratch_bytes >= ds_cuda_moe_scratch_bytes(
                                                              (int)H, E, k, (int)I, (int)Is));
-    if (T == 0) return;
-    ds_cuda_moe_args a = {
+    if (T == 0) return false;
+    *args = (ds_cuda_moe_args){
         .T = (int)T,
         .H = (int)H,
         .E = E,
@@ -299,5 +300,34 @@ void ds_cuda_op_moe(ds_backend *be, const ds_config *cfg, const ds_moe_weights *
         .w_sh_down = Is ? w->shared.down.parts[0].data : NULL,
         .out = out->data,
     };
+    return true;
+}
+
+void ds_cuda_op_moe(ds_backend *be, const ds_config *cfg, const ds_moe_weights *w,
+                    const ds_tensor *x, ds_tensor *out) {
+    ds_cuda_ctx *c = ds_cuda_ctx_of(be);
+    ds_cuda_moe_args a;
+    if (moe_args(c, cfg, w, x, out, &a)) ds_cuda_moe(c, &a);
+}
+
+void ds_cuda_op_moe_add_rmsnorm(ds_backend *be, const ds_config *cfg, const ds_moe_weights *w,
+                                const ds_tensor *x, ds_tensor *delta, ds_tensor *residual,
+                                const ds_tensor *norm_w, float eps, ds_tensor *out) {
+    ds_cuda_ctx *c = ds_cuda_ctx_of(be);
+    const int64_t H = last_dim(residual);
+    DS_ASSERT(residual->dtype == DS_DTYPE_BF16 && out->dtype == DS_DTYPE_BF16 &&
+              norm_w->dtype == DS_DTYPE_F32 && ds_tensor_numel(norm_w) == H &&
+              n_rows(residual) == n_rows(x) && ds_tensor_numel(out) >= ds_tensor_numel(residual));
+    ds_cuda_moe_args a;
+    if (!moe_args(c, cfg, w, x, delta, &a)) return;
+    if (!c->opt.fuse_norm) { /* the unfused pair (the ablation's "before") */
+        ds_cuda_moe(c, &a);
+        ds_cuda_op_add_rmsnorm(be, residual, delta, norm_w, eps, out);
+        return;
+    }
+    a.residual = residual->data;
+    a.norm_w = norm_w->data;
+    a.eps = eps;
+    a.normed = out->data;
     ds_cuda_moe(c, &a);
 }
