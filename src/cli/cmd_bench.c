@@ -2,6 +2,8 @@
  *   deltaserve bench -m DIR [--dummy-weights] [--prompt-len 1024] [--batch 1,4,8]
  *                    [--steps 512] [--warmup 8] [--num-speculative-tokens K]
  *                    [--json-out FILE] [--device D] [--threads N] [--graphs 0|1]
+ *   deltaserve bench --ablation -m DIR ... [--ablation-rows 0,1,5] [--ablation-out DIR]
+ *     (the optimisation ablation report, bench_ablation.c)
  * Measures prefill time for one prompt and the decode step time at each batch size over a long
  * generation (greedy, argmax on the device, tokens fed back), and prints per step the kernels
  * launched, the bytes of weights and state read (estimated from the shape), the achieved GB/s
@@ -15,7 +17,8 @@
  * Decode steps run the way the serving runner will (bench_decode): when the backend has step
  * graphs and --graphs is 1 (the default) the first step of each batch size is captured and the
  * others replay it (a shape that cannot be captured runs eagerly and is reported); when the
- * backend has argmax_logits the lm_head is fused with the argmax, so no logits are written. */
+ * backend has argmax_logits the lm_head is fused with the argmax, so no logits are written
+ * (DS_OPT_FUSED_ARGMAX=0: logits + argmax instead, as the serving runner does then). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +26,8 @@
 #include <time.h>
 
 #include "cli/args.h"
+#include "core/env.h"
+#include "cli/bench_ablation.h"
 #include "cli/cli_cmds.h"
 #include "cli/engine.h"
 #include "model/dummy_weights.h"
@@ -34,17 +39,9 @@
 #define DS_GIT_COMMIT "unknown"
 #endif
 
-#define BENCH_MAX_BATCHES 16
-#define BENCH_MAX_BATCH 1024 /* --batch sizes (graph keys) */
+#define BENCH_MAX_BATCH DS_BENCH_MAX_BATCH
 
-typedef struct bench_args {
-    const char *model_dir, *device, *json_out, *batches_arg;
-    bool dummy;
-    uint64_t seed;
-    int threads, prompt_len, steps, warmup, repeats;
-    int n_spec; /* --num-speculative-tokens */
-    bool graphs; /* --graphs: replay decode steps from step graphs when the backend has them */
-} bench_args;
+typedef ds_bench_args bench_args;
 
 extern char **environ;
 
@@ -114,10 +111,19 @@ static int parse(int argc, char **argv, bench_args *a) {
             printf("usage: deltaserve bench -m DIR [--dummy-weights] [--seed S] [--prompt-len N]\n"
                    "       [--batch 1,4,8] [--steps N] [--warmup N] [--json-out FILE]\n"
                    "       [--num-speculative-tokens K] [--device cpu|cuda|auto] [--threads N]\n"
-                   "       [--graphs 0|1]\n");
+                   "       [--graphs 0|1]\n"
+                   "       deltaserve bench --ablation -m DIR ... [--ablation-rows 0,1,5]\n"
+                   "       [--ablation-out DIR]  (rows set DS_OPT_* and --graphs themselves;\n"
+                   "       --num-speculative-tokens is the MTP row's k, default 1)\n");
             return -1;
         } else if (!strcmp(argv[i], "--dummy-weights")) {
             a->dummy = true;
+        } else if (!strcmp(argv[i], "--ablation")) {
+            a->ablation = true;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--ablation-rows", cmd, &bad))) {
+            a->ablation_rows = v;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--ablation-out", cmd, &bad))) {
+            a->ablation_out = v;
         } else if ((v = ds_arg_value(argc, argv, &i, "-m", cmd, &bad))) {
             a->model_dir = v;
         } else if ((v = ds_arg_value(argc, argv, &i, "--device", cmd, &bad))) {
@@ -152,6 +158,10 @@ static int parse(int argc, char **argv, bench_args *a) {
         }
     }
     if (bad) return 2;
+    if ((a->ablation_rows || a->ablation_out) && !a->ablation) {
+        fprintf(stderr, "deltaserve bench: --ablation-rows / --ablation-out need --ablation\n");
+        return 2;
+    }
     if (!a->model_dir) {
         fprintf(stderr, "deltaserve bench: -m DIR is required (a checkpoint, or a config with "
                         "--dummy-weights)\n");
@@ -162,9 +172,8 @@ static int parse(int argc, char **argv, bench_args *a) {
 
 typedef struct bench_ctx {
     ds_config cfg;
-    ds_model_weights host;
-    bool host_loaded;
     ds_backend *be;
+    bool fused; /* lm_head + argmax in one kernel: argmax_logits, unless DS_OPT_FUSED_ARGMAX=0 */
     ds_model model;
     bool model_ready;
     ds_session sess;
@@ -215,7 +224,7 @@ static ds_status bench_decode(bench_ctx *b, bench_step *st, const int32_t *slots
     ds_session *s = &b->sess;
     ds_model *m = &b->model;
     const ds_backend_ops *op = b->be->ops;
-    const bool fused = op->argmax_logits != NULL;
+    const bool fused = b->fused;
     const size_t nb = (size_t)s->blocks_per_seq;
     for (int i = 0; i < B; i++) {
         const int slot = slots[i];
@@ -281,7 +290,6 @@ static void bench_close(bench_ctx *b) {
     if (b->sess_ready) ds_session_free(&b->sess);
     if (b->model_ready) ds_model_free(&b->model);
     if (b->be) b->be->ops->destroy(b->be);
-    if (b->host_loaded) ds_model_weights_free(&b->host);
 }
 
 /* Median of fn over `reps` runs after `warm` unmeasured ones (seconds). */
@@ -354,7 +362,8 @@ static ds_status spec_draft_once(void *ctx, ds_error *err) {
 
 static ds_status bench_spec(bench_ctx *b, const bench_args *a, const int32_t *prompt,
                             const int32_t *batches, size_t n_batches, double plain_ms_b1,
-                            const char *device, FILE *json, ds_error *err) {
+                            const char *device, FILE *json, ds_bench_result *out,
+                            ds_error *err) {
     ds_session *s = &b->sess;
     ds_model *m = &b->model;
     const int k = a->n_spec, K1 = k + 1, V = b->cfg.vocab;
@@ -423,6 +432,8 @@ static ds_status bench_spec(bench_ctx *b, const bench_args *a, const int32_t *pr
         t_draft = percentile(times, reps, 50);
         printf("%5d %12.3f %12.3f %14.3f\n", B, t_verify * 1e3, t_draft * 1e3,
                (t_verify + t_draft) * 1e3);
+        out->b[bi].verify_ms = t_verify * 1e3;
+        out->b[bi].draft_ms = t_draft * 1e3;
         if (json)
             fprintf(json,
                     "{\"commit\":\"%s\",\"gpu\":\"%s\",\"backend\":\"%s\",\"model\":\"%s\","
@@ -467,6 +478,12 @@ static ds_status bench_spec(bench_ctx *b, const bench_args *a, const int32_t *pr
                    per_tok, g.stats.n_drafts ? g.t_verify / (double)g.stats.n_drafts * 1e3 : 0,
                    g.stats.n_drafts ? g.t_draft / (double)g.stats.n_drafts * 1e3 : 0, plain_ms_b1,
                    plain_ms_b1 > 0 && per_tok > 0 ? plain_ms_b1 / per_tok : 0.0);
+            out->spec = true;
+            out->spec_generated = n;
+            out->spec_ms_per_token = per_tok;
+            out->spec_plain_ms = plain_ms_b1;
+            out->spec_acceptance = ds_spec_acceptance_rate(&g.stats);
+            out->spec_tokens_per_step = ds_spec_mean_accepted_len(&g.stats);
             printf("acceptance per position:");
             for (int i = 0; i < k; i++) printf(" %.2f", ds_spec_pos_rate(&g.stats, i));
             printf("\n");
@@ -497,99 +514,81 @@ done:
     return st;
 }
 
-int ds_cmd_bench(int argc, char **argv) {
-    /* `deltaserve bench serve …` is the HTTP load generator (vllm bench serve's twin). */
-    if (argc > 1 && !strcmp(argv[1], "serve")) return ds_cmd_bench_serve(argc - 1, argv + 1);
-    bench_args a;
-    int rc = parse(argc, argv, &a);
-    if (rc) return rc < 0 ? 0 : rc;
-    int32_t *batches = NULL;
-    size_t n_batches = 0;
-    if (!ds_arg_ids("bench", "--batch", a.batches_arg, BENCH_MAX_BATCH, &batches, &n_batches))
-        return 2;
+ds_status ds_bench_measure(const bench_args *a, const ds_config *cfg, const ds_model_weights *host,
+                           const int32_t *batches, size_t n_batches, FILE *json,
+                           ds_bench_result *out, ds_error *err) {
+    DS_ASSERT(n_batches > 0 && n_batches <= DS_BENCH_MAX_BATCHES && (a->dummy || host));
+    *out = (ds_bench_result){.n_batches = n_batches};
     int max_batch = 1;
-    for (size_t i = 0; i < n_batches; i++) {
-        if (batches[i] < 1) {
-            fprintf(stderr, "deltaserve bench: --batch: sizes must be ≥ 1\n");
-            free(batches);
-            return 2;
-        }
+    for (size_t i = 0; i < n_batches; i++)
         if (batches[i] > max_batch) max_batch = batches[i];
-    }
 
-    bench_ctx b = {0};
-    ds_error err = {0};
-    FILE *json = NULL;
+    bench_ctx b = {.cfg = *cfg};
     float *logits = NULL;
     double *times = NULL;
     int32_t *tokens = NULL, *ids = NULL, *slots = NULL;
-    bench_step bs = {.graphs = a.graphs};
-    rc = 1;
-    if (ds_config_load(a.model_dir, &b.cfg, &err) != DS_OK) goto fail;
-    if (!a.dummy) {
-        if (ds_model_load(a.model_dir, &b.cfg, &b.host, &err) != DS_OK) goto fail;
-        b.host_loaded = true;
-    }
-    if (ds_cli_backend_create(a.device, a.threads, &b.be, &err) != DS_OK) goto fail;
-    const int step_tokens = a.prompt_len < 512 ? a.prompt_len : 512;
-    const int max_out = max_batch * (a.n_spec + 1); /* a verification: k + 1 rows a sequence */
+    bench_step bs = {.graphs = a->graphs};
+    ds_status st;
+    if ((st = ds_cli_backend_create(a->device, a->threads, &b.be, err)) != DS_OK) goto done;
+    const int step_tokens = a->prompt_len < 512 ? a->prompt_len : 512;
+    const int max_out = max_batch * (a->n_spec + 1); /* a verification: k + 1 rows a sequence */
     const int max_tokens = step_tokens > max_out ? step_tokens : max_out;
     double t_load = now_s();
-    ds_status st = a.dummy ? ds_model_init_dummy(&b.model, b.be, &b.cfg, a.seed, max_tokens,
-                                                 max_out, &err)
-                           : ds_model_init(&b.model, b.be, &b.cfg, &b.host, max_tokens, max_out,
-                                           &err);
-    if (st != DS_OK) goto fail;
+    st = a->dummy ? ds_model_init_dummy(&b.model, b.be, &b.cfg, a->seed, max_tokens, max_out, err)
+                  : ds_model_init(&b.model, b.be, &b.cfg, host, max_tokens, max_out, err);
+    if (st != DS_OK) goto done;
     b.model_ready = true;
     t_load = now_s() - t_load;
-    const int ctx = a.prompt_len + a.warmup + a.steps + 1;
-    if (a.n_spec > 0 && !ds_model_has_mtp(&b.model)) {
-        ds_error_set(&err, DS_ERR_UNSUPPORTED, "--num-speculative-tokens: %s has no MTP head",
-                     a.model_dir);
-        goto fail;
+    const int ctx = a->prompt_len + a->warmup + a->steps + 1;
+    if (a->n_spec > 0 && !ds_model_has_mtp(&b.model)) {
+        out->no_mtp_head = true;
+        st = ds_error_set(err, DS_ERR_UNSUPPORTED, "--num-speculative-tokens: %s has no MTP head",
+                          a->model_dir);
+        goto done;
     }
-    if (ds_session_init_spec(&b.sess, &b.model, max_batch, ctx, a.n_spec, &err) != DS_OK)
-        goto fail;
+    if ((st = ds_session_init_spec(&b.sess, &b.model, max_batch, ctx, a->n_spec, err)) != DS_OK)
+        goto done;
     b.sess_ready = true;
     const ds_backend_ops *op = b.be->ops;
+    b.fused = op->argmax_logits != NULL && ds_env_switch("DS_OPT_FUSED_ARGMAX", true);
+    out->fused_argmax = b.fused;
     const char *device = op->device_name ? op->device_name(b.be) : op->name;
+    snprintf(out->device, sizeof out->device, "%s", device);
+    snprintf(out->backend, sizeof out->backend, "%s", op->name);
     double copy_gbps = op->copy_bandwidth_gbps ? op->copy_bandwidth_gbps(b.be) : 0.0;
     fprintf(stderr, "bench: %s on %s, weights ready in %.1f s, copy bandwidth %.0f GB/s\n",
-            a.model_dir, device, t_load, copy_gbps);
+            a->model_dir, device, t_load, copy_gbps);
     fprintf(stderr, "bench: switches: %s\n", bench_switches());
 
     const int V = b.cfg.vocab;
-    tokens = malloc(sizeof(int32_t) * (size_t)a.prompt_len);
+    tokens = malloc(sizeof(int32_t) * (size_t)a->prompt_len);
     logits = malloc(sizeof(float) * (size_t)V);
-    times = malloc(sizeof(double) * (size_t)(a.steps > a.repeats ? a.steps : a.repeats));
+    times = malloc(sizeof(double) * (size_t)(a->steps > a->repeats ? a->steps : a->repeats));
     ids = malloc(sizeof(int32_t) * (size_t)max_batch);
     slots = malloc(sizeof(int32_t) * (size_t)max_batch);
     if (!tokens || !logits || !times || !ids || !slots ||
         !bench_step_alloc(&bs, max_batch, b.sess.blocks_per_seq)) {
-        ds_error_set(&err, DS_ERR_NOMEM, "out of host memory");
-        goto fail;
+        st = ds_error_set(err, DS_ERR_NOMEM, "out of host memory");
+        goto done;
     }
-    uint64_t rng = a.seed * 6364136223846793005ull + 1442695040888963407ull;
-    for (int i = 0; i < a.prompt_len; i++) {
+    uint64_t rng = a->seed * 6364136223846793005ull + 1442695040888963407ull;
+    for (int i = 0; i < a->prompt_len; i++) {
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
         tokens[i] = (int32_t)((rng >> 33) % (uint64_t)V);
     }
-    if (a.json_out && !(json = fopen(a.json_out, "a"))) {
-        ds_error_set(&err, DS_ERR_IO, "--json-out: cannot open '%s'", a.json_out);
-        goto fail;
-    }
 
     /* Prefill: the prompt into slot 0, logits of the last token (time to first token). */
-    for (int r = 0; r < a.repeats + 1; r++) {
+    for (int r = 0; r < a->repeats + 1; r++) {
         ds_session_reset(&b.sess, 0);
         double t0 = now_s();
-        if (ds_session_feed(&b.sess, 0, tokens, a.prompt_len, false, logits, &err) != DS_OK)
-            goto fail;
+        if ((st = ds_session_feed(&b.sess, 0, tokens, a->prompt_len, false, logits, err)) != DS_OK)
+            goto done;
         if (r > 0) times[r - 1] = now_s() - t0; /* the first run is warm-up */
     }
-    qsort(times, (size_t)a.repeats, sizeof(double), cmp_double);
-    const double ttft_ms = times[a.repeats / 2] * 1e3;
-    printf("prefill %d tokens: %.2f ms (median of %d)\n", a.prompt_len, ttft_ms, a.repeats);
+    qsort(times, (size_t)a->repeats, sizeof(double), cmp_double);
+    const double ttft_ms = times[a->repeats / 2] * 1e3;
+    out->ttft_ms = ttft_ms;
+    printf("prefill %d tokens: %.2f ms (median of %d)\n", a->prompt_len, ttft_ms, a->repeats);
     printf("%5s %10s %10s %10s %9s %12s %9s %9s %7s\n", "batch", "step_ms", "p10_ms", "p90_ms",
            "tok/s", "bytes/step", "GB/s", "kernels", "ratio");
 
@@ -600,27 +599,34 @@ int ds_cmd_bench(int argc, char **argv) {
         for (int s = 0; s < B; s++) {
             slots[s] = s;
             ds_session_reset(&b.sess, s);
-            if (ds_session_feed(&b.sess, s, tokens, a.prompt_len, false, logits, &err) != DS_OK)
-                goto fail;
+            if ((st = ds_session_feed(&b.sess, s, tokens, a->prompt_len, false, logits, err)) !=
+                DS_OK)
+                goto done;
             ids[s] = (int32_t)((s * 7919 + 1) % V);
         }
         uint64_t launches = 0;
-        for (int step = 0; step < a.warmup + a.steps; step++) {
+        for (int step = 0; step < a->warmup + a->steps; step++) {
             if (op->take_launch_count) op->take_launch_count(b.be);
             double t0 = now_s();
-            if (bench_decode(&b, &bs, slots, ids, B, &err) != DS_OK) goto fail;
+            if ((st = bench_decode(&b, &bs, slots, ids, B, err)) != DS_OK) goto done;
             double dt = now_s() - t0;
             if (op->take_launch_count) launches = op->take_launch_count(b.be);
-            if (step >= a.warmup) times[step - a.warmup] = dt;
+            if (step >= a->warmup) times[step - a->warmup] = dt;
         }
-        qsort(times, (size_t)a.steps, sizeof(double), cmp_double);
-        double med = percentile(times, a.steps, 50) * 1e3;
-        double p10 = percentile(times, a.steps, 10) * 1e3;
-        double p90 = percentile(times, a.steps, 90) * 1e3;
-        double bytes = step_bytes(&b.cfg, B, a.prompt_len + a.warmup + a.steps / 2, 2);
+        qsort(times, (size_t)a->steps, sizeof(double), cmp_double);
+        double med = percentile(times, a->steps, 50) * 1e3;
+        double p10 = percentile(times, a->steps, 10) * 1e3;
+        double p90 = percentile(times, a->steps, 90) * 1e3;
+        double bytes = step_bytes(&b.cfg, B, a->prompt_len + a->warmup + a->steps / 2, 2);
         double gbps = bytes / (med * 1e-3) * 1e-9;
         double ratio = copy_gbps > 0 ? gbps / copy_gbps : 0;
+        const bool graph = B <= BENCH_MAX_BATCH && bs.graph_state[B] == 1;
         if (B == 1) plain_ms_b1 = med;
+        out->b[bi] = (ds_bench_batch_result){.batch = B, .step_ms = med, .p10_ms = p10,
+                                             .p90_ms = p90, .bytes = bytes, .gbps = gbps,
+                                             .ratio = ratio,
+                                             .kernels = (unsigned long long)launches,
+                                             .graph = graph};
         printf("%5d %10.3f %10.3f %10.3f %9.1f %12.4g %9.1f %9llu %7.3f\n", B, med, p10, p90,
                B / (med * 1e-3), bytes, gbps, (unsigned long long)launches, ratio);
         if (json)
@@ -631,33 +637,83 @@ int ds_cmd_bench(int argc, char **argv) {
                     "\"kernels_per_step\":%llu,\"bytes_per_step\":%.6g,\"achieved_gbps\":%.2f,"
                     "\"copy_gbps\":%.2f,\"ratio\":%.4f,\"graph\":%s,\"fused_argmax\":%s,"
                     "\"switches\":\"%s\",\"date\":%lld}\n",
-                    DS_GIT_COMMIT, device, op->name, a.model_dir, a.dummy ? "true" : "false", B,
-                    a.prompt_len, a.steps, med, p10, p90, ttft_ms, (unsigned long long)launches,
-                    bytes, gbps, copy_gbps, ratio,
-                    B <= BENCH_MAX_BATCH && bs.graph_state[B] == 1 ? "true" : "false",
-                    op->argmax_logits ? "true" : "false", bench_switches(), (long long)time(NULL));
+                    DS_GIT_COMMIT, device, op->name, a->model_dir, a->dummy ? "true" : "false", B,
+                    a->prompt_len, a->steps, med, p10, p90, ttft_ms, (unsigned long long)launches,
+                    bytes, gbps, copy_gbps, ratio, graph ? "true" : "false",
+                    b.fused ? "true" : "false", bench_switches(), (long long)time(NULL));
     }
-    if (a.graphs && op->graph_launch) { /* which decode shapes ran from graphs */
+    if (a->graphs && op->graph_launch) { /* which decode shapes ran from graphs */
         fprintf(stderr, "bench: decode steps from CUDA graphs:");
         for (size_t bi = 0; bi < n_batches; bi++)
             fprintf(stderr, " batch %d %s;", batches[bi],
                     bs.graph_state[batches[bi]] == 1 ? "replayed" : "EAGER (fell back)");
         fputc('\n', stderr);
     }
-    if (a.n_spec > 0 &&
-        bench_spec(&b, &a, tokens, batches, n_batches, plain_ms_b1, device, json, &err) != DS_OK)
-        goto fail;
-    rc = 0;
-fail:
-    if (rc) fprintf(stderr, "deltaserve bench: %s\n", err.msg[0] ? err.msg : "failed");
-    if (json) fclose(json);
+    if (a->n_spec > 0)
+        st = bench_spec(&b, a, tokens, batches, n_batches, plain_ms_b1, device, json, out, err);
+done:
     free(tokens);
     free(logits);
     free(times);
     free(ids);
     free(slots);
-    free(batches);
     bench_step_free(&bs);
     bench_close(&b);
+    return st;
+}
+
+int ds_cmd_bench(int argc, char **argv) {
+    /* `deltaserve bench serve …` is the HTTP load generator (vllm bench serve's twin). */
+    if (argc > 1 && !strcmp(argv[1], "serve")) return ds_cmd_bench_serve(argc - 1, argv + 1);
+    bench_args a;
+    int rc = parse(argc, argv, &a);
+    if (rc) return rc < 0 ? 0 : rc;
+    int32_t *batches = NULL;
+    size_t n_batches = 0;
+    if (!ds_arg_ids("bench", "--batch", a.batches_arg, BENCH_MAX_BATCH, &batches, &n_batches))
+        return 2;
+    if (n_batches == 0 || n_batches > DS_BENCH_MAX_BATCHES) {
+        fprintf(stderr, "deltaserve bench: --batch: 1 to %d sizes\n", DS_BENCH_MAX_BATCHES);
+        free(batches);
+        return 2;
+    }
+    for (size_t i = 0; i < n_batches; i++) {
+        if (batches[i] < 1) {
+            fprintf(stderr, "deltaserve bench: --batch: sizes must be ≥ 1\n");
+            free(batches);
+            return 2;
+        }
+    }
+    if (a.ablation) {
+        rc = ds_bench_ablation(&a, batches, n_batches, argc, argv);
+        free(batches);
+        return rc;
+    }
+
+    ds_config cfg;
+    ds_model_weights host;
+    bool host_loaded = false;
+    ds_error err = {0};
+    FILE *json = NULL;
+    ds_bench_result res;
+    rc = 1;
+    if (ds_config_load(a.model_dir, &cfg, &err) != DS_OK) goto fail;
+    if (!a.dummy) {
+        if (ds_model_load(a.model_dir, &cfg, &host, &err) != DS_OK) goto fail;
+        host_loaded = true;
+    }
+    if (a.json_out && !(json = fopen(a.json_out, "a"))) {
+        ds_error_set(&err, DS_ERR_IO, "--json-out: cannot open '%s'", a.json_out);
+        goto fail;
+    }
+    if (ds_bench_measure(&a, &cfg, host_loaded ? &host : NULL, batches, n_batches, json, &res,
+                         &err) != DS_OK)
+        goto fail;
+    rc = 0;
+fail:
+    if (rc) fprintf(stderr, "deltaserve bench: %s\n", err.msg[0] ? err.msg : "failed");
+    if (json) fclose(json);
+    if (host_loaded) ds_model_weights_free(&host);
+    free(batches);
     return rc;
 }
