@@ -146,6 +146,12 @@ typedef struct ds_cuda_ctx {
 
     /* GEMV: output rows per warp (1, 2 or 4; env DS_CUDA_GEMV_ROWS at create, default 2) */
     int gemv_rows;
+    /* MoE expert GEMVs of decode-sized steps (T ≤ DS_CUDA_GEMV_MAX_ROWS): the largest chunk of
+     * one expert's assignments served per weight pass (1, 2, 4 or 8; env DS_CUDA_MOE_RMAX at
+     * create, default 2). Larger chunks need more registers, and the kernel carrying them runs
+     * at lower occupancy even when (as at batch ≤ 8, nearly always) experts get 1-2 tokens;
+     * an expert with more assignments takes several passes over its weights (L2-hot). */
+    int moe_rmax;
 
     /* Optimisation switches (catalogue items; env at create, README "Switches"), 1 = on:
      * moe_fast_route   DS_OPT_MOE_FAST_ROUTE: decode routing from shared memory
