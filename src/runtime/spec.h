@@ -110,6 +110,12 @@ typedef struct ds_spec_gen {
     int32_t *tokens;        /* [max_tokens] tokens of the current batch */
     int32_t *next;          /* [max_tokens] token t+1 of each row (MTP input) */
     int32_t *out_slots;     /* [k + 1] state snapshot slots */
+    /* verification steps from step graphs (greedy, backend with argmax_logits and graphs,
+     * DS_OPT_SPEC_GRAPHS): graph key tag (unique per generator: the graphs write into `ids`)
+     * and per draft count n, 0 not tried / 1 captured / -1 eager */
+    uint64_t graph_tag;
+    signed char graph_state[DS_SPEC_MAX_K + 1];
+    bool graphs;
 } ds_spec_gen;
 
 ds_status ds_spec_gen_init(ds_spec_gen *g, ds_session *s, int slot, int k, ds_sampler *sampler,

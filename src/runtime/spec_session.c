@@ -6,6 +6,10 @@
 
 #include "runtime/spec.h"
 
+#include <stdatomic.h>
+
+#include "core/env.h"
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -39,6 +43,13 @@ ds_status ds_spec_gen_init(ds_spec_gen *g, ds_session *s, int slot, int k, ds_sa
     g->tokens = malloc(T * sizeof(int32_t));
     g->next = malloc(T * sizeof(int32_t));
     g->out_slots = malloc(K1 * sizeof(int32_t));
+    static atomic_uint serial;
+    const ds_backend_ops *op = m->be->ops;
+    g->graph_tag = (UINT64_C(0x53504543) << 32) |
+                   ((uint64_t)(atomic_fetch_add(&serial, 1u) & 0xffffu) << 16);
+    g->graphs = op->argmax_logits && op->graph_begin && op->graph_end && op->graph_launch &&
+                ds_env_switch("DS_OPT_SPEC_GRAPHS", true) &&
+                ds_env_switch("DS_OPT_FUSED_ARGMAX", true);
     if (!g->logits || !g->ids || !g->tokens || !g->next || !g->out_slots) {
         ds_spec_gen_free(g);
         return ds_error_set(err, DS_ERR_NOMEM, "speculative decoding: out of memory");
@@ -193,6 +204,43 @@ ds_status ds_spec_gen_prefill(ds_spec_gen *g, const int32_t *prompt, int n_promp
     return DS_OK;
 }
 
+/* The target forward of a greedy verification with the lm_head fused with the argmax
+ * (b->n_out = 0: the forward stops at the final norm, whose n + 1 rows are all needed) into
+ * g->ids: replayed from this draft count's graph, captured at its first use, or eager when the
+ * backend cannot capture it. The final-normed rows stay in m->s.normed for the draft. */
+static ds_status verify_graphed(ds_spec_gen *g, ds_batch *b, int n, ds_error *err) {
+    ds_session *s = g->sess;
+    ds_model *m = s->model;
+    ds_backend *be = m->be;
+    const ds_backend_ops *op = be->ops;
+    b->n_out = 0;
+    ds_tensor xn = ds_view2d(m->s.normed.data, m->s.normed.dtype, n + 1, m->cfg.hidden);
+    const uint64_t key = g->graph_tag | (uint64_t)(n + 1);
+    ds_status st;
+    if (op->graph_launch(be, key, b)) return DS_OK;
+    if (g->graph_state[n] == 0) {
+        g->graph_state[n] = -1;
+        if ((st = op->graph_begin(be, key, err)) == DS_OK) {
+            st = ds_model_forward(m, s->cache, b, err);
+            if (st == DS_OK) op->argmax_logits(be, &xn, &m->w.lm_head, g->ids);
+            ds_error end_err = {0};
+            const ds_status end = op->graph_end(be, &end_err); /* always close the capture */
+            if (st == DS_OK && end != DS_OK) {
+                st = end;
+                *err = end_err;
+            }
+        }
+        if (st == DS_OK) {
+            g->graph_state[n] = 1;
+            return DS_OK;
+        }
+        *err = (ds_error){0}; /* nothing of the step ran: eager, now and for this n */
+    }
+    if ((st = ds_model_forward(m, s->cache, b, err)) != DS_OK) return st;
+    op->argmax_logits(be, &xn, &m->w.lm_head, g->ids);
+    return DS_OK;
+}
+
 ds_status ds_spec_gen_step(ds_spec_gen *g, int32_t *tokens, ds_sample_result *res, int *n_out,
                            ds_error *err) {
     ds_session *s = g->sess;
@@ -215,17 +263,23 @@ ds_status ds_spec_gen_step(ds_spec_gen *g, int32_t *tokens, ds_sample_result *re
     for (int i = 0; i <= n; i++) s->out_rows[i] = i;
     b.n_out = n + 1;
     b.state_out_slots = g->out_slots;
-    ds_status st = ds_model_forward(m, s->cache, &b, err);
-    if (st != DS_OK) return st;
+    const bool fast = ds_spec_argmax_suffices(g->sampler, g->n_generated);
+    ds_status st;
+    if (fast && g->graphs) {
+        /* greedy verification from pre-sampled ids (catalogue 9): lm_head fused with the argmax
+         * over all n + 1 rows, no logits; the step replayed from a graph per draft count n */
+        if ((st = verify_graphed(g, &b, n, err)) != DS_OK) return st;
+    } else {
+        if ((st = ds_model_forward(m, s->cache, &b, err)) != DS_OK) return st;
+        ds_tensor lg = ds_view2d(m->s.logits.data, DS_DTYPE_F32, n + 1, V);
+        if (fast)
+            op->argmax(m->be, &lg, g->ids); /* greedy: only the ids leave the device */
+        else
+            op->download(m->be, g->logits, m->s.logits.data,
+                         (size_t)(n + 1) * (size_t)V * sizeof(float));
+    }
 
     /* 2. accept */
-    const bool fast = ds_spec_argmax_suffices(g->sampler, g->n_generated);
-    ds_tensor lg = ds_view2d(m->s.logits.data, DS_DTYPE_F32, n + 1, V);
-    if (fast)
-        op->argmax(m->be, &lg, g->ids); /* greedy: only the ids leave the device */
-    else
-        op->download(m->be, g->logits, m->s.logits.data,
-                     (size_t)(n + 1) * (size_t)V * sizeof(float));
     if ((st = op->synchronize(m->be, err)) != DS_OK) return st;
     ds_spec_result r;
     st = ds_spec_verify(g->sampler, g->n_generated, g->drafts, n, fast ? g->ids : NULL,

@@ -84,8 +84,9 @@ for variant in "${vlist[@]}"; do
     read -ra envs <<< "${variant#*|}"
     log "bench (graphs $g ${envs[*]}) (timeout $t s)"
     echo "### deltaserve bench ... --graphs $g ${envs[*]}" >> "$OUT/bench.log"
+    read -ra extra <<< "${DS_GPU_BENCH_ARGS:-}" # e.g. --num-speculative-tokens 1
     timeout "$t" env "${envs[@]}" "${DSENV[@]}" "${BENCH[@]}" --steps "${DS_GPU_BENCH_STEPS:-512}" \
-        --graphs "$g" >> "$OUT/bench.log" 2>&1
+        --graphs "$g" "${extra[@]}" >> "$OUT/bench.log" 2>&1
     rc=$?; log "bench (graphs $g ${envs[*]}) rc=$rc"; [ $rc -eq 0 ] || rc_all=1
 done
 
@@ -166,7 +167,7 @@ done
     echo '```'; echo; echo "## Op measurements"; echo '```'
     grep -hE "D2D|GEMV|lm_head|attention (decode|prefill)|gdn (decode|prefill)|moe decode" "$OUT/test_cuda_ops.log" 2>/dev/null
     echo '```'; echo; echo "## deltaserve bench (35B-A3B dummy weights)"; echo '```'
-    grep -hE "^###|^prefill|^ *batch|^ *[0-9]+ +[0-9.]+ |bench: " "$OUT/bench.log" 2>/dev/null
+    grep -hE "^###|^prefill|^ *batch|^ *[0-9]+ +[0-9.]+ |bench: |^speculative|greedy generation" "$OUT/bench.log" 2>/dev/null
     echo '```'; echo; echo "## Decode-step profile (eager, events)"; echo '```'
     grep -hE -A32 "^### batch|CUDA profile, decode" "$OUT/profile.log" 2>/dev/null | grep -vE "^(bench|prefill|batch|  *[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+e)" | head -90
     echo '```'; echo; echo "## Speculative verify/draft profile (eager, events)"; echo '```'

@@ -284,18 +284,35 @@ template <int HD>
 __global__ void __launch_bounds__(HD)
     attn_combine_kernel(ds_cuda_batch b, ds_cuda_attn_args a, int nsplit) {
     pdl_enter(); /* cuda_launch.cuh: first, before any access */
+    /* The splits are combined in parallel rather than walked by every thread: each thread
+     * loads the (m, l) of its splits, the block reduces the maximum and the denominator, and
+     * each thread then sums its dimension over the non-empty splits with independent loads. */
+    __shared__ float sf[DS_CUDA_ATTN_MAX_SPLIT]; /* exp(m_c − M), 0 for empty splits */
+    __shared__ float red[32];
     const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
-    const int nh = a.nh;
+    const int nh = a.nh, lane = d & 31, warp = d >> 5;
     const float *w = a.ws + ((int64_t)t * nh + h) * nsplit * (HD + 2);
+    float mx = -INFINITY;
+    for (int c = d; c < nsplit; c += HD) mx = fmaxf(mx, w[c * (HD + 2) + HD]);
+    mx = warp_max(mx);
+    if (lane == 0) red[warp] = mx;
+    __syncthreads();
     float M = -INFINITY;
-    for (int c = 0; c < nsplit; c++) M = fmaxf(M, w[c * (HD + 2) + HD]);
-    float num = 0.f, den = 0.f;
-    for (int c = 0; c < nsplit; c++) {
+    for (int i = 0; i < HD / 32; i++) M = fmaxf(M, red[i]);
+    __syncthreads(); /* red is reused by block_sum */
+    float dpart = 0.f;
+    for (int c = d; c < nsplit; c += HD) {
         const float m = w[c * (HD + 2) + HD];
-        if (m == -INFINITY) continue;
-        const float f = expf(m - M);
-        num += f * w[c * (HD + 2) + d];
-        den += f * w[c * (HD + 2) + HD + 1];
+        const float f = m == -INFINITY ? 0.f : expf(m - M);
+        sf[c] = f;
+        dpart += f * w[c * (HD + 2) + HD + 1];
+    }
+    const float den = block_sum(dpart, red); /* its barriers also publish sf */
+    float num = 0.f;
+#pragma unroll 4
+    for (int c = 0; c < nsplit; c++) {
+        const float f = sf[c];
+        if (f != 0.f) num += f * w[c * (HD + 2) + d];
     }
     const int64_t ld = (int64_t)nh * 2 * HD + 2 * (int64_t)a.nkv * HD;
     const float gate = to_f32(((const bf16 *)a.qkv)[(int64_t)t * ld + (int64_t)h * 2 * HD + HD + d]);
