@@ -496,6 +496,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->gemv_rows = rows ? atoi(rows) : 2;
         const char *rmax = getenv("DS_CUDA_MOE_RMAX"); /* measurement knob, see cuda_notes.md */
         c->moe_rmax = rmax ? atoi(rmax) : 2;
+        const char *rmax_pf = getenv("DS_CUDA_MOE_RMAX_PREFILL");
+        c->moe_rmax_prefill = rmax_pf ? atoi(rmax_pf) : 8;
         c->opt.moe_fast_route = ds_env_switch("DS_OPT_MOE_FAST_ROUTE", true);
         c->opt.moe_fuse_shared = ds_env_switch("DS_OPT_SHARED_EXPERT", true);
         c->opt.fuse_norm = ds_env_switch("DS_OPT_FUSED_NORM", true);

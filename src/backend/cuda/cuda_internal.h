@@ -152,6 +152,8 @@ typedef struct ds_cuda_ctx {
      * at lower occupancy even when (as at batch ≤ 8, nearly always) experts get 1-2 tokens;
      * an expert with more assignments takes several passes over its weights (L2-hot). */
     int moe_rmax;
+    /* the same bound for larger steps (prefill; env DS_CUDA_MOE_RMAX_PREFILL, default 8) */
+    int moe_rmax_prefill;
 
     /* Optimisation switches (catalogue items; env at create, README "Switches"), 1 = on:
      * moe_fast_route   DS_OPT_MOE_FAST_ROUTE: decode routing from shared memory

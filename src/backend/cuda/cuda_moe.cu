@@ -427,11 +427,12 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
 }
 
 /* Launches the expert kernel with the chunk bound RMAX = the largest of 8, 4, 2, 1 not above T
- * (no expert has more assignments than there are tokens), and for decode-sized steps not above
- * ctx->moe_rmax (occupancy, see cuda_internal.h). */
+ * (no expert has more assignments than there are tokens), and not above ctx->moe_rmax (decode-
+ * sized steps) or ctx->moe_rmax_prefill (occupancy, see cuda_internal.h). */
 template <bool DOWN, int ROWS, int UNROLL, class... Args>
 static void launch_experts(ds_cuda_ctx *ctx, int T, dim3 grid, Args &&...args) {
-    if (T <= DS_CUDA_GEMV_MAX_ROWS && ctx->moe_rmax >= 1 && T > ctx->moe_rmax) T = ctx->moe_rmax;
+    const int bound = T <= DS_CUDA_GEMV_MAX_ROWS ? ctx->moe_rmax : ctx->moe_rmax_prefill;
+    if (bound >= 1 && T > bound) T = bound;
     if (T >= 8) ds_launch(ctx, moe_expert_kernel<DOWN, ROWS, UNROLL, 8>, grid, MOE_WARPS * 32, 0, args...);
     else if (T >= 4) ds_launch(ctx, moe_expert_kernel<DOWN, ROWS, UNROLL, 4>, grid, MOE_WARPS * 32, 0, args...);
     else if (T >= 2) ds_launch(ctx, moe_expert_kernel<DOWN, ROWS, UNROLL, 2>, grid, MOE_WARPS * 32, 0, args...);
