@@ -144,7 +144,7 @@ typedef struct ds_cuda_ctx {
     int h_positions_off, h_seq_start_off, h_seq_slot_off, h_block_table_off, h_tok_seq_off;
     int h_state_out_off;          /* -1 when the batch has no state_out_slots */
 
-    /* GEMV: output rows per warp (1, 2 or 4; env DS_CUDA_GEMV_ROWS at create, default 2) */
+    /* GEMV: output rows per warp (1, 2 or 4; env DS_CUDA_GEMV_ROWS at create, default 4) */
     int gemv_rows;
     /* MoE expert GEMVs of decode-sized steps (T ≤ DS_CUDA_GEMV_MAX_ROWS): the largest chunk of
      * one expert's assignments served per weight pass (1, 2, 4 or 8; env DS_CUDA_MOE_RMAX at
@@ -152,7 +152,7 @@ typedef struct ds_cuda_ctx {
      * at lower occupancy even when (as at batch ≤ 8, nearly always) experts get 1-2 tokens;
      * an expert with more assignments takes several passes over its weights (L2-hot). */
     int moe_rmax;
-    /* the same bound for larger steps (prefill; env DS_CUDA_MOE_RMAX_PREFILL, default 8) */
+    /* the same bound for larger steps (prefill; env DS_CUDA_MOE_RMAX_PREFILL, default 4) */
     int moe_rmax_prefill;
 
     /* Optimisation switches (catalogue items; env at create, README "Switches"), 1 = on:
