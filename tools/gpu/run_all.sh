@@ -45,7 +45,7 @@ done
 rc_all=0
 # which parts run (DS_GPU_PARTS, space-separated; default all): ops model bench ablation profile
 # profile_spec ncu serve_bench spec_checks
-PARTS=" ${DS_GPU_PARTS:-ops model bench ablation profile profile_spec ncu serve_bench spec_checks} "
+PARTS=" ${DS_GPU_PARTS:-ops model bench ablation profile profile_spec ncu serve_bench spec_checks} " # also: spec_test
 want() { [[ "$PARTS" == *" $1 "* ]]; }
 ALL_OFF="DS_OPT_MOE_FAST_ROUTE=0 DS_OPT_SHARED_EXPERT=0 DS_OPT_PDL=0 DS_OPT_PREFETCH=0 DS_OPT_FUSED_ARGMAX=0"
 
@@ -66,6 +66,13 @@ if want model; then
     log "test_cuda_model (switches off: $ALL_OFF)"
     timeout 120 env "${offenv[@]}" "${DSENV[@]}" "$BIN/test_cuda_model" > "$OUT/test_cuda_model_off.log" 2>&1
     rc=$?; log "test_cuda_model (off) rc=$rc"; [ $rc -eq 0 ] || rc_all=1
+fi
+
+# MTP on CUDA alone (spec_checks.sh runs it too, with the speculative benches)
+if want spec_test && [ -x "$BIN/test_cuda_spec" ]; then
+    log "test_cuda_spec"
+    timeout 60 "${DSENV[@]}" "$BIN/test_cuda_spec" > "$OUT/test_cuda_spec.log" 2>&1
+    rc=$?; log "test_cuda_spec rc=$rc"; [ $rc -eq 0 ] || rc_all=1
 fi
 
 # ---- 3. bench: graphs, every switch on; then this session's switches off (before/after from
@@ -158,7 +165,7 @@ done
 {
     echo "# GPU run $(date -u +%F) on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
     echo; echo "## Verdicts"; echo '```'
-    grep -hE "^\[  (PASSED|FAILED) +\]|FAILED|skipped" "$OUT/test_cuda_ops.log" "$OUT/test_cuda_model.log" 2>/dev/null
+    grep -hE "^\[  (PASSED|FAILED) +\]|FAILED|skipped" "$OUT/test_cuda_ops.log" "$OUT/test_cuda_model.log" "$OUT/test_cuda_spec.log" 2>/dev/null
     echo '```'; echo; echo "## Whole model vs transformers, graphs, dummy weights"; echo '```'
     for f in test_cuda_model.log test_cuda_model_off.log; do
         [ -f "$OUT/$f" ] || continue
