@@ -34,6 +34,7 @@
 #include "model/loader.h"
 #include "model/model_info.h"
 #include "runtime/spec.h"
+#include "runtime/step_graph.h"
 
 #ifndef DS_GIT_COMMIT
 #define DS_GIT_COMMIT "unknown"
@@ -214,6 +215,25 @@ static bool bench_step_alloc(bench_step *st, int max_batch, int blocks_per_seq) 
            st->out_rows && st->blocks && st->ids;
 }
 
+/* The work of one bench decode step (ds_step_fn): the forward, with the lm_head fused with the
+ * argmax into ids when `fused` (else the forward writes the logits). */
+typedef struct bench_step_work {
+    bench_ctx *b;
+    const ds_batch *bt;
+    bool fused;
+    int32_t *ids;
+} bench_step_work;
+
+static ds_status bench_step_run(void *ctx, ds_error *err) {
+    bench_step_work *w = ctx;
+    ds_model *m = &w->b->model;
+    ds_status rc = ds_model_forward(m, w->b->sess.cache, w->bt, err);
+    if (rc != DS_OK || !w->fused) return rc;
+    ds_tensor xn = ds_view2d(m->s.normed.data, m->s.normed.dtype, w->bt->n_seqs, m->cfg.hidden);
+    m->be->ops->argmax_logits(w->b->be, &xn, &m->w.lm_head, w->ids);
+    return DS_OK;
+}
+
 /* One greedy decode step: ids[i] (the token of slot slots[i]) in, the next token of each
  * sequence out. The batch is built from the session's state as ds_session_decode builds it,
  * then: replay of this batch size's graph, or its capture at the first step, or an eager
@@ -244,41 +264,21 @@ static ds_status bench_decode(bench_ctx *b, bench_step *st, const int32_t *slots
                          .seq_slot = st->seq_gdn, .seq_n_past = st->seq_n_past,
                          .block_table = st->blocks, .max_blocks = s->blocks_per_seq,
                          .n_out = fused ? 0 : B, .out_rows = st->out_rows};
-    ds_tensor xn = ds_view2d(m->s.normed.data, m->s.normed.dtype, B, m->cfg.hidden);
     ds_tensor lg = ds_view2d(m->s.logits.data, DS_DTYPE_F32, B, m->cfg.vocab);
-    const uint64_t key = (uint64_t)B;
-    bool done = false;
+    bench_step_work w = {b, &bt, fused, st->ids};
     ds_status rc;
     if (st->graphs && op->graph_launch && B <= BENCH_MAX_BATCH) {
-        if (op->graph_launch(b->be, key, &bt)) {
-            done = true;
-        } else if (st->graph_state[B] == 0) {
-            st->graph_state[B] = -1;
-            rc = op->graph_begin(b->be, key, err);
-            if (rc == DS_OK) {
-                rc = ds_model_forward(m, s->cache, &bt, err);
-                if (rc == DS_OK && fused) op->argmax_logits(b->be, &xn, &m->w.lm_head, st->ids);
-                ds_error end_err = {0};
-                const ds_status end = op->graph_end(b->be, &end_err); /* always close the capture */
-                if (rc == DS_OK && end != DS_OK) {
-                    rc = end;
-                    *err = end_err;
-                }
-            }
-            if (rc == DS_OK) {
-                st->graph_state[B] = 1;
-                done = true;
-            } else {
-                fprintf(stderr, "bench: batch %d: decode step not capturable, eager steps (%s)\n",
-                        B, err->msg);
-                *err = (ds_error){0};
-            }
-        }
+        ds_error why = {0};
+        const bool first = st->graph_state[B] == 0;
+        rc = ds_step_graph_run(b->be, (uint64_t)B, &st->graph_state[B], &bt, bench_step_run, &w,
+                               &why, err);
+        if (first && st->graph_state[B] < 0)
+            fprintf(stderr, "bench: batch %d: decode step not capturable, eager steps (%s)\n", B,
+                    why.msg);
+    } else {
+        rc = bench_step_run(&w, err);
     }
-    if (!done) {
-        if ((rc = ds_model_forward(m, s->cache, &bt, err)) != DS_OK) return rc;
-        if (fused) op->argmax_logits(b->be, &xn, &m->w.lm_head, st->ids);
-    }
+    if (rc != DS_OK) return rc;
     if (!fused) op->argmax(b->be, &lg, st->ids); /* greedy: only the ids come back */
     if ((rc = op->synchronize(b->be, err)) != DS_OK) return rc;
     memcpy(ids, st->ids, sizeof(int32_t) * (size_t)B);

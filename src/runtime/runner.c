@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/env.h"
+#include "runtime/step_graph.h"
 #include "runtime/spec.h"
 
 /* Graph keys: "SRVG" | runner number | sequence count. The runner number keeps two runners on
@@ -206,49 +207,43 @@ ds_status ds_runner_step(ds_runner *r, const ds_sched_plan *plan, const ds_kv_bl
     return DS_OK;
 }
 
-/* Forward (graph replay, capture, or eager) of a greedy decode batch and the next tokens into
- * r->gids: lm_head + argmax fused when the backend can (b->n_out = 0: the forward stops at the
- * final norm, whose rows are the n sequences), else argmax over the logits rows. */
+/* The work of a greedy step (ds_step_fn): the forward, then the lm_head fused with the argmax
+ * into r->gids (b->n_out = 0: the forward stops at the final norm, whose rows are the n
+ * sequences). */
+typedef struct greedy_step {
+    ds_runner *r;
+    const ds_batch *b;
+} greedy_step;
+
+static ds_status greedy_fused_step(void *ctx, ds_error *err) {
+    greedy_step *g = ctx;
+    ds_model *m = g->r->model;
+    ds_status st = ds_model_forward(m, g->r->cache, g->b, err);
+    if (st != DS_OK) return st;
+    ds_tensor xn = ds_view2d(m->s.normed.data, m->s.normed.dtype, g->b->n_seqs, m->cfg.hidden);
+    m->be->ops->argmax_logits(m->be, &xn, &m->w.lm_head, g->r->gids);
+    return DS_OK;
+}
+
+/* Forward of a greedy decode batch and the next tokens into r->gids: fused lm_head + argmax
+ * replayed from this batch size's graph (captured at its first step; eager when it cannot be)
+ * when the backend can, else the logits and an argmax over them. */
 static ds_status greedy_forward(ds_runner *r, ds_batch *b, ds_error *err) {
     ds_model *m = r->model;
     ds_backend *be = m->be;
     const ds_backend_ops *op = be->ops;
     const int n = b->n_seqs;
     const bool fused = op->argmax_logits != NULL && r->greedy_mode != GREEDY_UNFUSED;
-    if (fused) b->n_out = 0;
-    ds_tensor xn = ds_view2d(m->s.normed.data, m->s.normed.dtype, n, m->cfg.hidden);
-    ds_status st;
-    if (fused && op->graph_launch && op->graph_begin && op->graph_end) {
-        const uint64_t key = r->graph_tag | (uint64_t)n;
-        if (op->graph_launch(be, key, b)) return DS_OK;
-        if (r->graph_state[n] == 0) {
-            r->graph_state[n] = -1;
-            st = op->graph_begin(be, key, err);
-            if (st == DS_OK) {
-                st = ds_model_forward(m, r->cache, b, err);
-                if (st == DS_OK) op->argmax_logits(be, &xn, &m->w.lm_head, r->gids);
-                ds_error end_err = {0};
-                const ds_status end = op->graph_end(be, &end_err); /* always close the capture */
-                if (st == DS_OK && end != DS_OK) {
-                    st = end;
-                    *err = end_err;
-                }
-            }
-            if (st == DS_OK) {
-                r->graph_state[n] = 1;
-                return DS_OK;
-            }
-            /* nothing of the step ran: run it eagerly, and every later step of this size */
-            *err = (ds_error){0};
-        }
-    }
-    if ((st = ds_model_forward(m, r->cache, b, err)) != DS_OK) return st;
     if (fused) {
-        op->argmax_logits(be, &xn, &m->w.lm_head, r->gids);
-    } else {
-        ds_tensor lg = ds_view2d(m->s.logits.data, DS_DTYPE_F32, n, r->vocab);
-        op->argmax(be, &lg, r->gids);
+        b->n_out = 0;
+        greedy_step g = {r, b};
+        return ds_step_graph_run(be, r->graph_tag | (uint64_t)n, &r->graph_state[n], b,
+                                 greedy_fused_step, &g, NULL, err);
     }
+    ds_status st = ds_model_forward(m, r->cache, b, err);
+    if (st != DS_OK) return st;
+    ds_tensor lg = ds_view2d(m->s.logits.data, DS_DTYPE_F32, n, r->vocab);
+    op->argmax(be, &lg, r->gids);
     return DS_OK;
 }
 

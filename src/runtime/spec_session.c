@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 
 #include "core/env.h"
+#include "runtime/step_graph.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -204,41 +205,31 @@ ds_status ds_spec_gen_prefill(ds_spec_gen *g, const int32_t *prompt, int n_promp
     return DS_OK;
 }
 
-/* The target forward of a greedy verification with the lm_head fused with the argmax
- * (b->n_out = 0: the forward stops at the final norm, whose n + 1 rows are all needed) into
- * g->ids: replayed from this draft count's graph, captured at its first use, or eager when the
- * backend cannot capture it. The final-normed rows stay in m->s.normed for the draft. */
-static ds_status verify_graphed(ds_spec_gen *g, ds_batch *b, int n, ds_error *err) {
-    ds_session *s = g->sess;
-    ds_model *m = s->model;
-    ds_backend *be = m->be;
-    const ds_backend_ops *op = be->ops;
-    b->n_out = 0;
-    ds_tensor xn = ds_view2d(m->s.normed.data, m->s.normed.dtype, n + 1, m->cfg.hidden);
-    const uint64_t key = g->graph_tag | (uint64_t)(n + 1);
-    ds_status st;
-    if (op->graph_launch(be, key, b)) return DS_OK;
-    if (g->graph_state[n] == 0) {
-        g->graph_state[n] = -1;
-        if ((st = op->graph_begin(be, key, err)) == DS_OK) {
-            st = ds_model_forward(m, s->cache, b, err);
-            if (st == DS_OK) op->argmax_logits(be, &xn, &m->w.lm_head, g->ids);
-            ds_error end_err = {0};
-            const ds_status end = op->graph_end(be, &end_err); /* always close the capture */
-            if (st == DS_OK && end != DS_OK) {
-                st = end;
-                *err = end_err;
-            }
-        }
-        if (st == DS_OK) {
-            g->graph_state[n] = 1;
-            return DS_OK;
-        }
-        *err = (ds_error){0}; /* nothing of the step ran: eager, now and for this n */
-    }
-    if ((st = ds_model_forward(m, s->cache, b, err)) != DS_OK) return st;
-    op->argmax_logits(be, &xn, &m->w.lm_head, g->ids);
+/* The work of a greedy verification (ds_step_fn): the target forward with the lm_head fused
+ * with the argmax over all n + 1 rows into g->ids (b->n_out = 0: the forward stops at the final
+ * norm, whose rows are all needed; they stay in m->s.normed for the draft). */
+typedef struct verify_step {
+    ds_spec_gen *g;
+    const ds_batch *b;
+} verify_step;
+
+static ds_status verify_fused_step(void *ctx, ds_error *err) {
+    verify_step *v = ctx;
+    ds_model *m = v->g->sess->model;
+    ds_status st = ds_model_forward(m, v->g->sess->cache, v->b, err);
+    if (st != DS_OK) return st;
+    ds_tensor xn = ds_view2d(m->s.normed.data, m->s.normed.dtype, v->b->n_tokens, m->cfg.hidden);
+    m->be->ops->argmax_logits(m->be, &xn, &m->w.lm_head, v->g->ids);
     return DS_OK;
+}
+
+/* verify_fused_step replayed from this draft count's graph, captured at its first use, or eager
+ * when the backend cannot capture it. */
+static ds_status verify_graphed(ds_spec_gen *g, ds_batch *b, int n, ds_error *err) {
+    b->n_out = 0;
+    verify_step v = {g, b};
+    return ds_step_graph_run(g->sess->model->be, g->graph_tag | (uint64_t)(n + 1),
+                             &g->graph_state[n], b, verify_fused_step, &v, NULL, err);
 }
 
 ds_status ds_spec_gen_step(ds_spec_gen *g, int32_t *tokens, ds_sample_result *res, int *n_out,
