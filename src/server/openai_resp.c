@@ -220,8 +220,9 @@ char *ds_oai_response_json(const ds_oai_resp_ctx *c, const ds_oai_result *r) {
     return print_free(o);
 }
 
-static void sse_append(ds_strbuf *out, cJSON *o) {
-    char *s = print_free(o);
+/* One SSE event "data: <json>\n\n" from printed JSON s (taken: freed here; NULL = out of
+ * memory). */
+static void sse_append_text(ds_strbuf *out, char *s) {
     if (!s) {
         out->oom = true;
         return;
@@ -231,6 +232,8 @@ static void sse_append(ds_strbuf *out, cJSON *o) {
     ds_strbuf_puts(out, "\n\n");
     free(s);
 }
+
+static void sse_append(ds_strbuf *out, cJSON *o) { sse_append_text(out, print_free(o)); }
 
 void ds_oai_chunk(ds_strbuf *out, const ds_oai_resp_ctx *c, bool role, const char *reasoning,
                   const char *content, const ds_gen_token *toks, int n_toks,
@@ -284,13 +287,5 @@ void ds_oai_usage_chunk(ds_strbuf *out, const ds_oai_resp_ctx *c, int n_prompt, 
 }
 
 void ds_oai_error_event(ds_strbuf *out, const ds_oai_error *e) {
-    char *s = ds_oai_error_json(e);
-    if (!s) {
-        out->oom = true;
-        return;
-    }
-    ds_strbuf_puts(out, "data: ");
-    ds_strbuf_puts(out, s);
-    ds_strbuf_puts(out, "\n\n");
-    free(s);
+    sse_append_text(out, ds_oai_error_json(e));
 }

@@ -13,6 +13,19 @@ static const char k_gpt2_pattern[] =
 
 /* ---- normalizer ----------------------------------------------------------------------------- */
 
+/* *list = the `key` array of a "Sequence" step at `where`, nesting depth checked. */
+static ds_status sequence_items(const ds_tokenizer *tok, const cJSON *n, const char *key,
+                                const char *where, int depth, const cJSON **list, ds_error *err) {
+    *list = cJSON_GetObjectItemCaseSensitive(n, key);
+    if (!cJSON_IsArray(*list))
+        return ds_error_set(err, DS_ERR_FORMAT, "%s: %s.%s must be an array", tok->name, where,
+                            key);
+    if (depth > 4)
+        return ds_error_set(err, DS_ERR_UNSUPPORTED, "%s: %s: Sequence nested too deeply",
+                            tok->name, where);
+    return DS_OK;
+}
+
 static ds_status add_normalizer(ds_tokenizer *tok, const cJSON *n, const char *where, int depth,
                                 ds_error *err) {
     if (!n || cJSON_IsNull(n)) return DS_OK;
@@ -20,20 +33,15 @@ static ds_status add_normalizer(ds_tokenizer *tok, const cJSON *n, const char *w
     if (!type) return DS_ERR_FORMAT;
     int opts = 0;
     if (strcmp(type, "Sequence") == 0) {
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(n, "normalizers");
-        if (!cJSON_IsArray(list))
-            return ds_error_set(err, DS_ERR_FORMAT, "%s: %s.normalizers must be an array",
-                                tok->name, where);
-        if (depth > 4)
-            return ds_error_set(err, DS_ERR_UNSUPPORTED, "%s: %s: Sequence nested too deeply",
-                                tok->name, where);
+        const cJSON *list;
+        ds_status st = sequence_items(tok, n, "normalizers", where, depth, &list, err);
+        if (st != DS_OK) return st;
         int i = 0;
         const cJSON *c;
         cJSON_ArrayForEach(c, list) {
             char sub[128];
             snprintf(sub, sizeof sub, "%s.normalizers[%d]", where, i++);
-            ds_status st = add_normalizer(tok, c, sub, depth + 1, err);
-            if (st != DS_OK) return st;
+            if ((st = add_normalizer(tok, c, sub, depth + 1, err)) != DS_OK) return st;
         }
         return DS_OK;
     } else if (strcmp(type, "NFC") == 0) {
@@ -111,20 +119,15 @@ static ds_status add_pretok(ds_tokenizer *tok, const cJSON *p, const char *where
     const char *type = tok_json_type(tok, p, where, err);
     if (!type) return DS_ERR_FORMAT;
     if (strcmp(type, "Sequence") == 0) {
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(p, "pretokenizers");
-        if (!cJSON_IsArray(list))
-            return ds_error_set(err, DS_ERR_FORMAT, "%s: %s.pretokenizers must be an array",
-                                tok->name, where);
-        if (depth > 4)
-            return ds_error_set(err, DS_ERR_UNSUPPORTED, "%s: %s: Sequence nested too deeply",
-                                tok->name, where);
+        const cJSON *list;
+        ds_status st = sequence_items(tok, p, "pretokenizers", where, depth, &list, err);
+        if (st != DS_OK) return st;
         int i = 0;
         const cJSON *c;
         cJSON_ArrayForEach(c, list) {
             char sub[128];
             snprintf(sub, sizeof sub, "%s.pretokenizers[%d]", where, i++);
-            ds_status st = add_pretok(tok, c, sub, depth + 1, bytelevel_seen, err);
-            if (st != DS_OK) return st;
+            if ((st = add_pretok(tok, c, sub, depth + 1, bytelevel_seen, err)) != DS_OK) return st;
         }
         return DS_OK;
     }
