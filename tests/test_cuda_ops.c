@@ -609,6 +609,163 @@ static void test_argmax_logits(void **state) {
     free(w);
 }
 
+/* Lowest index of the maximum of row[0..N) over the ids bans[0..n) does not list (the plain
+ * argmax when none is left): the contract of set_argmax_bans (backend.h), written here. */
+static int ref_banned_argmax(const float *row, int64_t N, const int32_t *bans, int n) {
+    int best = -1;
+    for (int64_t v = 0; v < N; v++) {
+        bool banned = false;
+        for (int j = 0; j < n && !banned; j++) banned = bans[j] == v;
+        if (!banned && (best < 0 || row[v] > row[best])) best = (int)v;
+    }
+    if (best >= 0) return best;
+    best = 0;
+    for (int64_t v = 1; v < N; v++)
+        if (row[v] > row[best]) best = (int)v;
+    return best;
+}
+
+/* argmax_logits ids into ids[R] (synchronised) */
+static void fused_ids(const ds_tensor *xg, const ds_linear *hg, int32_t *ids, int R) {
+    for (int i = 0; i < R; i++) ids[i] = -1;
+    g_cuda->ops->argmax_logits(g_cuda, xg, hg, ids);
+    ds_error err = {0};
+    if (g_cuda->ops->synchronize(g_cuda, &err) != DS_OK) fail_msg("%s", err.msg);
+}
+
+static void check_banned(const char *what, const int32_t *ids, const float *lg, int R, int64_t N,
+                         const int32_t *tab, int B, int n_ban) {
+    for (int i = 0; i < R; i++) {
+        const int want = ref_banned_argmax(lg + (size_t)i * N, N, i < B ? tab + (size_t)i * n_ban : NULL,
+                                           i < B ? n_ban : 0);
+        if (ids[i] != want) fail_msg("%s: row %d: fused %d, expected %d", what, i, ids[i], want);
+    }
+}
+
+/* fused lm_head + argmax with banned ids (catalogue item 6): the masked argmax of the CUDA logits
+ * exactly; ties (rows 100 = 30000), all but one id banned, every id banned (plain argmax), rows
+ * of the second 8-row chunk, -1 padding, the table kept until replaced; and a recorded graph
+ * replays with the table current at launch time (the kernel reads it from device memory) */
+static void test_argmax_logits_bans(void **state) {
+    (void)state;
+    assert_non_null(g_cuda->ops->set_argmax_bans);
+    const ds_backend_ops *op = g_cuda->ops;
+    test_rng r = {36};
+    tmodel *w = calloc(1, sizeof *w);
+    const int64_t N = 50000, K = 2048;
+    const int64_t rows[1] = {N};
+    ds_linear head = lin(w, &r, 1, rows, K);
+    uint16_t *W = head.parts[0].data;
+    for (int64_t k = 0; k < K; k++) W[30000 * K + k] = W[100 * K + k];
+    ds_linear hg = linear_to_cuda(&head);
+    const int R = 11;
+    float *xv = rand_vals(&r, (size_t)R * K, 1.0f);
+    for (int64_t k = 0; k < K; k++) xv[k] = ds_bf16_to_f32(W[100 * K + k]) * 8.0f;
+    pair x = pair_in(xv, R, K), lo = pair_out(R, N, DS_DTYPE_F32);
+    ds_tensor xg = tcuda(&x, DS_DTYPE_BF16), lgt = tcuda(&lo, DS_DTYPE_F32);
+    op->logits(g_cuda, &xg, &hg, &lgt);
+    float *lg = act_download(g_cuda, lo.cuda, DS_DTYPE_F32, (size_t)R * N);
+    int32_t ids[16], plain[16];
+    fused_ids(&xg, &hg, plain, R);
+    check_banned("no table", plain, lg, R, N, NULL, 0, 0);
+    assert_int_equal(plain[0], 100);
+
+    /* rows 0..10 (both chunks): ban each row's plain winner, row 0 also its tie partner in a
+     * second table; -1 padding and an id past the vocabulary are ignored */
+    enum { NB = 4 };
+    int32_t tab[16 * NB];
+    for (int i = 0; i < R; i++) {
+        tab[i * NB + 0] = plain[i];
+        tab[i * NB + 1] = -1;
+        tab[i * NB + 2] = (int32_t)N + 7;
+        tab[i * NB + 3] = i % 2 ? -1 : (int32_t)(i * 1000);
+    }
+    assert_true(op->set_argmax_bans(g_cuda, tab, R, NB));
+    fused_ids(&xg, &hg, ids, R);
+    check_banned("one banned per row", ids, lg, R, N, tab, R, NB);
+    assert_int_equal(ids[0], 30000); /* the tie partner */
+    for (int i = 0; i < R; i++) assert_int_not_equal(ids[i], plain[i]);
+    fused_ids(&xg, &hg, ids, R); /* still in force */
+    check_banned("one banned per row, again", ids, lg, R, N, tab, R, NB);
+    /* row 0 bans the tie pair, rows 1-8 nothing (-1 rows), rows 9 and 10 of the second 8-row
+     * chunk keep their bans from above */
+    for (int i = 0; i < 9 * NB; i++) tab[i] = -1;
+    tab[0] = 100;
+    tab[1] = 30000;
+    assert_true(op->set_argmax_bans(g_cuda, tab, R, NB));
+    fused_ids(&xg, &hg, ids, R);
+    check_banned("tie pair + second chunk", ids, lg, R, N, tab, R, NB);
+    assert_true(ids[0] != 100 && ids[0] != 30000);
+    assert_int_equal(ids[5], plain[5]);
+    assert_true(ids[9] != plain[9] && ids[10] != plain[10]);
+    const int pair_banned = ids[0];
+
+    /* all but one id banned (row 0: only 777 left); every id banned (the plain argmax) */
+    int32_t *big = malloc(sizeof(int32_t) * 2 * (size_t)N);
+    assert_non_null(big);
+    for (int64_t v = 0, j = 0; v < N; v++)
+        if (v != 777) big[j++] = (int32_t)v;
+    big[N - 1] = -1;
+    assert_true(op->set_argmax_bans(g_cuda, big, 1, (int)N));
+    fused_ids(&xg, &hg, ids, R);
+    assert_int_equal(ids[0], 777);
+    for (int i = 1; i < R; i++) assert_int_equal(ids[i], plain[i]);
+    for (int64_t v = 0; v < N; v++) big[v] = (int32_t)(N - 1 - v);
+    assert_true(op->set_argmax_bans(g_cuda, big, 1, (int)N));
+    fused_ids(&xg, &hg, ids, R);
+    assert_memory_equal(ids, plain, sizeof(int32_t) * (size_t)R);
+    /* too large a table (2·N ids): refused, and the table is cleared */
+    assert_true(op->set_argmax_bans(g_cuda, tab, 1, NB));
+    assert_false(op->set_argmax_bans(g_cuda, big, 2, (int)N));
+    fused_ids(&xg, &hg, ids, R);
+    assert_memory_equal(ids, plain, sizeof(int32_t) * (size_t)R);
+    free(big);
+
+    /* a graph recorded with one table replays with the next one and with none */
+    {
+        int32_t tok[16] = {0}, pos[16] = {0}, start[17], slot[16], past[16] = {0}, bt[16] = {0};
+        for (int i = 0; i <= R; i++) start[i] = i;
+        for (int i = 0; i < R; i++) slot[i] = 0;
+        ds_batch b = {.n_tokens = R, .n_seqs = R, .tokens = tok, .positions = pos,
+                      .seq_start = start, .seq_slot = slot, .seq_n_past = past,
+                      .block_table = bt, .max_blocks = 1};
+        const uint64_t key = UINT64_C(0xba45ba45);
+        int32_t gids[16];
+        const int32_t t1[1] = {100};
+        assert_true(op->set_argmax_bans(g_cuda, t1, 1, 1));
+        op->set_batch(g_cuda, &b);
+        ds_error err = {0};
+        if (op->graph_begin(g_cuda, key, &err) != DS_OK) fail_msg("graph_begin: %s", err.msg);
+        op->argmax_logits(g_cuda, &xg, &hg, gids);
+        if (op->graph_end(g_cuda, &err) != DS_OK) fail_msg("graph_end: %s", err.msg);
+        if (op->synchronize(g_cuda, &err) != DS_OK) fail_msg("%s", err.msg);
+        assert_int_equal(gids[0], 30000);
+        const int32_t t2[2 * 2] = {100, 30000, plain[1], -1};
+        assert_true(op->set_argmax_bans(g_cuda, t2, 2, 2));
+        for (int i = 0; i < R; i++) gids[i] = -1;
+        assert_true(op->graph_launch(g_cuda, key, &b));
+        if (op->synchronize(g_cuda, &err) != DS_OK) fail_msg("%s", err.msg);
+        check_banned("graph replay, new table", gids, lg, R, N, t2, 2, 2);
+        assert_true(gids[0] != 100 && gids[0] != 30000 && gids[1] != plain[1]);
+        const int replay_banned = gids[0];
+        assert_true(op->set_argmax_bans(g_cuda, NULL, 0, 0));
+        assert_true(op->graph_launch(g_cuda, key, &b));
+        if (op->synchronize(g_cuda, &err) != DS_OK) fail_msg("%s", err.msg);
+        assert_memory_equal(gids, plain, sizeof(int32_t) * (size_t)R);
+        printf("  argmax_logits bans: R=%d [%lld -> %lld]: plain %d, tie pair banned -> %d, "
+               "graph replay with a new table -> %d\n", R, (long long)K, (long long)N, plain[0],
+               pair_banned, replay_banned);
+    }
+    assert_true(op->set_argmax_bans(g_cuda, NULL, 0, 0)); /* later tests see no table */
+    free(lg);
+    pair_free(&x);
+    pair_free(&lo); /* frees drop the graph (it wrote into gids) */
+    free(xv);
+    linear_cuda_free(&hg);
+    for (int i = 0; i < w->n_keep; i++) free(w->keep[i]);
+    free(w);
+}
+
 /* concat: exact copies, 16-byte path (widths % 8 == 0) and element path */
 static void test_concat(void **state) {
     (void)state;
@@ -788,6 +945,21 @@ static void test_mixers(void **state) {
         news[1] = 5;
         batch_make(tb, 2, slots, past, news, m->cfg.vocab, &r);
         snprintf(label, sizeof label, "%s mixed 1+5", SHAPES[si].name);
+        mixer_step(m, &c, tb, &r, label);
+        /* a further chunk of both sequences (CUDA's GDN prefill form reads the conv history
+         * and state of earlier steps), then a decode step on what it left */
+        past[0] += 1;
+        past[1] += 5;
+        news[0] = 20;
+        news[1] = 17;
+        batch_make(tb, 2, slots, past, news, m->cfg.vocab, &r);
+        snprintf(label, sizeof label, "%s chunk 20+17", SHAPES[si].name);
+        mixer_step(m, &c, tb, &r, label);
+        past[0] += 20;
+        past[1] += 17;
+        news[0] = news[1] = 1;
+        batch_make(tb, 2, slots, past, news, m->cfg.vocab, &r);
+        snprintf(label, sizeof label, "%s decode after the chunk", SHAPES[si].name);
         mixer_step(m, &c, tb, &r, label);
         /* long context on slot 1: 1500-token prefill, then decode (KV split over many blocks) */
         {
@@ -1219,7 +1391,8 @@ int main(void) {
         cmocka_unit_test(test_elementwise), cmocka_unit_test(test_linear),
         cmocka_unit_test(test_argmax),      cmocka_unit_test(test_moe),
         cmocka_unit_test(test_mixers),      cmocka_unit_test(test_model_fixtures),
-        cmocka_unit_test(test_argmax_logits), cmocka_unit_test(test_concat),
+        cmocka_unit_test(test_argmax_logits), cmocka_unit_test(test_argmax_logits_bans),
+        cmocka_unit_test(test_concat),
         cmocka_unit_test(test_gdn_snapshots), cmocka_unit_test(test_bench),
     };
     /* DS_CUDA_TESTS=name,name… runs a subset (e.g. under compute-sanitizer) */

@@ -153,6 +153,19 @@ typedef struct ds_backend_ops {
      * copies them back asynchronously, so the op can sit inside a captured step graph). */
     void (*argmax_logits)(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head,
                           int32_t *ids);
+    /* Banned ids of argmax_logits (catalogue item 6: min_tokens masks without host
+     * round-trips; NULL when the backend has no argmax_logits). ids [B, n_ban] host, row r
+     * padded with -1 (any id outside [0, V) is ignored): from now on argmax_logits row r < B
+     * returns the argmax over the ids its table row does not list (lowest index on ties, NaN
+     * never wins); rows ≥ B are unbanned. When no id is left (every id banned, or all the
+     * others NaN) the row gets the plain argmax. B = 0 or n_ban = 0 clears the table.
+     * The table is copied at once (outside any graph recording, like set_batch) into a backend
+     * buffer at a fixed address together with B and n_ban, which the device reads at every
+     * argmax_logits: a recorded graph replays with whatever table is current, and nothing is
+     * uploaded unless this is called. The table is one per backend: the caller owns it.
+     * Returns false, with the table cleared, when B·n_ban exceeds the backend's capacity (at
+     * least 256 rows of 136 ids). */
+    bool (*set_argmax_bans)(ds_backend *be, const int32_t *ids, int B, int n_ban);
 
     /* Step graphs (all three or none). graph_begin(key) starts recording: the ops that follow
      * are recorded, not run, except set_batch, whose upload happens at once and stays out of

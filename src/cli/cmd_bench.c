@@ -530,7 +530,9 @@ ds_status ds_bench_measure(const bench_args *a, const ds_config *cfg, const ds_m
     bench_step bs = {.graphs = a->graphs};
     ds_status st;
     if ((st = ds_cli_backend_create(a->device, a->threads, &b.be, err)) != DS_OK) goto done;
-    const int step_tokens = a->prompt_len < 512 ? a->prompt_len : 512;
+    /* prefill chunk: the server's default --max-num-batched-tokens (engine.c), so TTFT here is
+     * what a server with default settings gives a prompt of this length */
+    const int step_tokens = a->prompt_len < 2048 ? a->prompt_len : 2048;
     const int max_out = max_batch * (a->n_spec + 1); /* a verification: k + 1 rows a sequence */
     const int max_tokens = step_tokens > max_out ? step_tokens : max_out;
     double t_load = now_s();

@@ -6,7 +6,9 @@
  * needed: benchmarks of full-size shapes); --tokenizer DIR takes the tokenizer and chat template
  * from another checkpoint (required when -m DIR has no tokenizer.json). The tokenizer's ids must
  * all lie inside the model's vocabulary. --num-speculative-tokens k turns on MTP speculative
- * decoding in the engine (runtime/spec.h).
+ * decoding in the engine (runtime/spec.h). --warmup-graphs all|off|N: step shapes recorded as
+ * graphs before the server listens (runtime/graph_warmup.h); the report of what was recorded
+ * and which shapes fell back to eager (with the backend's reason) goes to stderr.
  *
  * Loads the model and tokenizer, sizes the caches, starts the engine thread and the HTTP
  * server, prints "listening on http://HOST:PORT" to stderr, and runs until SIGINT/SIGTERM,
@@ -62,8 +64,12 @@ static void usage(FILE *f) {
             "  --tokenizer DIR             tokenizer + chat template from DIR (default: -m DIR;\n"
             "                              required when -m DIR has no tokenizer.json)\n"
             "  --num-speculative-tokens K  MTP draft tokens per step, 0..%d (default 0 = off)\n"
+            "  --warmup-graphs all|off|N   record the step graph of every decode (or\n"
+            "                              verification) shape before listening: all (default,\n"
+            "                              up to %d), off (at first use), or the N smallest;\n"
+            "                              stderr lists the shapes that fell back to eager\n"
             "  --device cpu|cuda|auto      --threads N\n",
-            SERVE_MAX_SPEC);
+            SERVE_MAX_SPEC, DS_GRAPH_WARMUP_MAX);
 }
 
 typedef struct serve_args {
@@ -121,6 +127,19 @@ static int parse_args(int argc, char **argv, serve_args *a) {
         } else if ((v = ds_arg_value(argc, argv, &i, "--num-speculative-tokens", cmd, &bad))) {
             if (!ds_arg_int(cmd, "--num-speculative-tokens", v, 0, SERVE_MAX_SPEC, &n)) return 2;
             a->eng.num_speculative_tokens = (int)n;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--warmup-graphs", cmd, &bad))) {
+            if (!strcmp(v, "all")) {
+                a->eng.warmup_graphs = DS_GRAPH_WARMUP_ALL;
+            } else if (!strcmp(v, "off")) {
+                a->eng.warmup_graphs = 0;
+            } else if (v[0] >= '0' && v[0] <= '9') {
+                if (!ds_arg_int(cmd, "--warmup-graphs", v, 0, 1 << 20, &n)) return 2;
+                a->eng.warmup_graphs = (int)n;
+            } else {
+                fprintf(stderr, "deltaserve serve: --warmup-graphs: '%s' is not all, off or a "
+                                "number of shapes\n", v);
+                return 2;
+            }
         } else if ((v = ds_arg_value(argc, argv, &i, "--host", cmd, &bad))) {
             a->host = v;
         } else if ((v = ds_arg_value(argc, argv, &i, "--port", cmd, &bad))) {
@@ -345,6 +364,7 @@ int ds_cmd_serve(int argc, char **argv) {
     }
     a.eng.num_kv_blocks = blocks > 0x7fffffffLL ? 0x7fffffff : (int)blocks;
     if (ds_engine_create(&model, &a.eng, &eng, &err) != DS_OK) goto fail;
+    ds_graph_report_print(ds_engine_graph_report(eng), "deltaserve serve: ", stderr);
 
     /* What /v1/models reports under "deltaserve" (benchmarks record it). */
     cJSON *ij = cJSON_CreateObject();

@@ -11,15 +11,20 @@
  *
  * With speculative decoding (opts.num_speculative_tokens = k > 0) a step is instead
  *   ds_runner_verify(plan)             decodes feed [last token, drafts]; argmax ids of every row
+ *                                      (all-greedy decodes with one draft count: from a step
+ *                                      graph per shape, ds_runner_step_graphed)
  *   per sequence that wants logits: ds_spec_verify (accept drafts, correction/bonus token),
  *     ds_runner_commit (GDN state of the last accepted token), push the 1..k+1 tokens
  *   ds_runner_draft                    the MTP over the step's rows, k drafts per sequence
  * (runtime/spec.h).
  *
  * A step that is pure greedy decode (every item feeds one token, wants only its argmax: greedy,
- * no penalties, no logprobs) runs through ds_runner_step_greedy when the runner offers it (a
- * backend with fused argmax_logits, graphs when it has them; DS_SERVE_GRAPHS=0 turns it off):
- * only the ids come back, and the sampler just accepts them.
+ * no penalties, no logprobs) runs through ds_runner_step_greedy_bans when the runner offers it
+ * (a backend with fused argmax_logits, graphs when it has them; DS_SERVE_GRAPHS=0 turns it
+ * off): only the ids come back, and the sampler just accepts them. Items below their
+ * min_tokens join it with their EOS / stop ids banned on the device when the runner can
+ * (DS_OPT_DEVICE_MASKS, catalogue item 6; key = the request's serial while it is below
+ * min_tokens), else the step takes the logits path.
  *
  * Sequences whose chunk ends mid-prompt get no logits row. The engine sleeps on its condvar
  * when it has nothing to run. Because the stats are published before final events are
@@ -35,6 +40,9 @@
 #include "runtime/scheduler.h"
 #include "runtime/state_slots.h"
 
+_Static_assert(DS_RUNNER_MAX_BANS >= DS_SAMPLER_MAX_EOS + DS_SAMPLING_MAX_STOP_IDS,
+               "a greedy row's ban list holds every EOS id and stop_token_id");
+
 struct ds_engine {
     ds_model *model; /* borrowed */
     ds_engine_opts o;
@@ -43,9 +51,12 @@ struct ds_engine {
     ds_state_slots slots; /* GDN state slot bookkeeping */
     ds_scheduler sched;   /* queues + policy */
     ds_runner runner;     /* the backend cache + step buffers */
+    ds_graph_report warmup; /* the start-up graph warmup (written before the thread starts) */
 
     int k;                    /* draft tokens per step (0: no speculative decoding) */
     int32_t *k_next;          /* [max_num_seqs] engine thread: drafts wanted per plan item */
+    uint64_t *ban_keys;       /* [max_num_seqs] engine thread: ban key per greedy plan item */
+    uint64_t n_serial;        /* engine thread: serials handed to requests so far */
     ds_request *done;         /* engine thread: finished this round, events not yet delivered */
     ds_engine_stats counters; /* engine thread: the counters part of the stats */
 
@@ -70,6 +81,7 @@ void ds_engine_opts_default(ds_engine_opts *o) {
         .block_size = 16,
         .num_kv_blocks = 0,
         .num_speculative_tokens = 0,
+        .warmup_graphs = DS_GRAPH_WARMUP_ALL,
     };
 }
 
@@ -106,6 +118,7 @@ static void publish_stats(ds_engine *e) {
     p->slots_total = e->slots.n_slots;
     p->slots_used = ds_state_slots_n_used(&e->slots);
     p->preemptions = e->sched.n_preemptions;
+    ds_graph_count(&e->runner, &p->graph_shapes_captured, &p->graph_shapes_eager);
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -161,24 +174,43 @@ static void sample_one(ds_engine *e, ds_request *r, float *row) {
 }
 
 /* A plan the greedy decode path can run: every item feeds one token and wants logits, and its
- * next token is the plain argmax (greedy, no penalties, no logprobs, min_tokens reached). */
-static bool greedy_plan(const ds_sched_plan *plan) {
+ * next token is the plain argmax (greedy, no penalties, no logprobs, min_tokens reached), or
+ * the argmax without its banned ids when it is below min_tokens and the runner bans ids on the
+ * device. Fills e->ban_keys: the request's serial for an item whose ids must be banned, else 0. */
+static bool greedy_plan(ds_engine *e, const ds_sched_plan *plan) {
+    const bool bans = ds_runner_device_bans(&e->runner);
     for (int i = 0; i < plan->n_items; i++) {
         const ds_sched_item *it = &plan->items[i];
         const ds_request *r = it->seq->owner;
-        if (it->n_tokens != 1 || it->n_draft != 0 || !it->wants_logits ||
-            !ds_spec_argmax_suffices(&r->sampler, r->n_generated))
-            return false;
+        if (it->n_tokens != 1 || it->n_draft != 0 || !it->wants_logits) return false;
+        e->ban_keys[i] = 0;
+        if (ds_spec_argmax_suffices(&r->sampler, r->n_generated)) continue;
+        if (!bans || !ds_spec_argmax_banned_suffices(&r->sampler)) return false;
+        const ds_sampler *smp = &r->sampler;
+        if (smp->n_eos + smp->params.n_stop_token_ids > 0) e->ban_keys[i] = r->serial;
     }
     return plan->n_items > 0;
 }
 
-/* One greedy decode step (runner.h: fused argmax, step graphs): only the ids come back. */
-static void run_step_greedy(ds_engine *e, const ds_sched_plan *plan) {
+/* ds_runner_ban_fn: the ids request `item` bans below its min_tokens. */
+static int fill_bans(void *ctx, int item, int32_t *ids, int cap) {
+    const ds_sched_plan *plan = ctx;
+    const ds_request *r = plan->items[item].seq->owner;
+    return ds_spec_min_tokens_bans(&r->sampler, ids, cap);
+}
+
+/* One greedy decode step (runner.h: fused argmax, step graphs, banned ids): only the ids come
+ * back. False, having run nothing, when the runner cannot ban ids after all (the caller runs
+ * the plan through the logits path). */
+static bool run_step_greedy(ds_engine *e, const ds_sched_plan *plan) {
     ds_error err = {0};
     const int32_t *ids = NULL; /* [plan->n_items] */
-    ds_status st = ds_runner_step_greedy(&e->runner, plan, &e->kv, &ids, &err);
+    ds_status st = ds_runner_step_greedy_bans(&e->runner, plan, &e->kv, e->ban_keys, fill_bans,
+                                              (void *)plan, &ids, &err);
+    e->counters.ban_uploads = e->runner.ban_uploads;
+    if (st == DS_OK && !ids) return false;
     e->counters.steps++;
+    e->counters.greedy_steps++;
     for (int i = 0; i < plan->n_items; i++) {
         ds_request *r = plan->items[i].seq->owner;
         if (st != DS_OK) { /* device failure: the step's requests cannot continue */
@@ -196,6 +228,7 @@ static void run_step_greedy(ds_engine *e, const ds_sched_plan *plan) {
         }
         push_sampled(e, r, &res);
     }
+    return true;
 }
 
 /* Records the tokens one verification emitted (already accepted by the sampler) and pushes them;
@@ -219,6 +252,19 @@ static void emit_tokens(ds_engine *e, ds_request *r, const int32_t *toks,
     if (vr->reason != DS_FINISH_NONE) end_request(e, r, vr->reason, vr->stop_token);
 }
 
+/* A verification whose every item is a decode (one known token + its drafts) deciding from the
+ * argmax ids alone: ds_runner_step_graphed's plan (it checks that the draft counts agree). */
+static bool spec_graph_plan(const ds_sched_plan *plan) {
+    for (int i = 0; i < plan->n_items; i++) {
+        const ds_sched_item *it = &plan->items[i];
+        const ds_request *r = it->seq->owner;
+        if (it->n_tokens != 1 || !it->wants_logits ||
+            !ds_spec_argmax_suffices(&r->sampler, r->n_generated))
+            return false;
+    }
+    return plan->n_items > 0;
+}
+
 /* One speculative step (see the top of this file). */
 static void run_step_spec(ds_engine *e) {
     const ds_sched_plan *plan = ds_scheduler_schedule(&e->sched);
@@ -228,7 +274,10 @@ static void run_step_spec(ds_engine *e) {
     }
     ds_error err = {0};
     ds_runner *rn = &e->runner;
-    ds_status st = ds_runner_verify(rn, plan, &e->kv, &err);
+    /* all-greedy verifications replay a graph per shape (runner.h ds_runner_step_graphed) */
+    ds_status st = spec_graph_plan(plan)
+                       ? ds_runner_step_graphed(rn, plan, &e->kv, NULL, NULL, &err)
+                       : ds_runner_verify(rn, plan, &e->kv, &err);
     e->counters.steps++;
     int32_t toks[DS_SPEC_MAX_K + 1];
     ds_sample_result res[DS_SPEC_MAX_K + 1];
@@ -289,10 +338,8 @@ static void run_step(ds_engine *e) {
         DS_ASSERT(ds_scheduler_n_running(&e->sched) + ds_scheduler_n_waiting(&e->sched) == 0);
         return;
     }
-    if (ds_runner_greedy_ready(&e->runner) && greedy_plan(plan)) {
-        run_step_greedy(e, plan);
+    if (ds_runner_greedy_ready(&e->runner) && greedy_plan(e, plan) && run_step_greedy(e, plan))
         return;
-    }
     ds_error err = {0};
     float *logits = NULL; /* [plan->n_out, V] */
     ds_status st = ds_runner_step(&e->runner, plan, &e->kv, &logits, &err);
@@ -334,6 +381,7 @@ static void *engine_main(void *arg) {
 
         for (ds_request *r = subs, *next; r; r = next) {
             next = r->next_sub;
+            r->serial = ++e->n_serial;
             ds_scheduler_add(&e->sched, &r->seq);
         }
         abort_requests(e, stopping); /* cancelled ones (all when stopping) free their caches now */
@@ -405,10 +453,12 @@ static ds_status check_opts(const ds_model *m, const ds_engine_opts *o, ds_error
 
 static void engine_free_parts(ds_engine *e) {
     ds_runner_free(&e->runner);
+    ds_graph_report_free(&e->warmup);
     ds_scheduler_free(&e->sched);
     ds_kv_blocks_free(&e->kv);
     ds_state_slots_free(&e->slots);
     free(e->k_next);
+    free(e->ban_keys);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     free(e);
@@ -446,9 +496,16 @@ ds_status ds_engine_create(ds_model *model, const ds_engine_opts *opts, ds_engin
     ds_scheduler_set_spec(&e->sched, e->k);
     e->counters.num_speculative_tokens = e->k;
     e->k_next = ds_xcalloc((size_t)o->max_num_seqs, sizeof(int32_t));
+    e->ban_keys = ds_xcalloc((size_t)o->max_num_seqs, sizeof(uint64_t));
 
     st = ds_runner_init_spec(&e->runner, model, o->max_num_seqs, o->max_num_batched_tokens,
                              (int)n_blocks, o->block_size, (int)max_blocks, e->k, err);
+    if (st != DS_OK) {
+        engine_free_parts(e);
+        return st;
+    }
+    /* every step shape recorded before the first request (graph_warmup.h) */
+    st = ds_graph_warmup(&e->runner, &e->kv, o->warmup_graphs, &e->warmup, err);
     if (st != DS_OK) {
         engine_free_parts(e);
         return st;
@@ -554,3 +611,5 @@ void ds_engine_get_stats(ds_engine *e, ds_engine_stats *s) {
     s->requests_rejected = e->rejected;
     pthread_mutex_unlock(&e->mu);
 }
+
+const ds_graph_report *ds_engine_graph_report(const ds_engine *e) { return &e->warmup; }

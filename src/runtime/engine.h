@@ -23,6 +23,7 @@
 
 #include "core/status.h"
 #include "model/model.h"
+#include "runtime/graph_warmup.h"
 #include "runtime/spec.h"
 #include "sampling/sampler.h"
 
@@ -38,12 +39,17 @@ typedef struct ds_engine_opts {
     int num_kv_blocks;          /* 0 = derive from max_num_seqs × max_model_len */
     int num_speculative_tokens; /* MTP draft tokens per step (0 = off; 1..DS_SPEC_MAX_K): the
                                    model needs an MTP head and max_out ≥ max_num_seqs · (k + 1) */
+    int warmup_graphs;          /* step shapes recorded at create, before any request
+                                   (graph_warmup.h): DS_GRAPH_WARMUP_ALL (the default), 0 =
+                                   none (recorded at their first step), N = the N smallest */
 } ds_engine_opts;
 
 void ds_engine_opts_default(ds_engine_opts *o);
 
 /* The model must be initialised with max_tokens ≥ max_num_batched_tokens and max_out ≥
  * max_num_seqs (· (k + 1) with speculative decoding). The engine does not own the model.
+ * Before its thread starts (so before any request) it records the step graph of every shape
+ * opts.warmup_graphs asks for (runtime/graph_warmup.h; ds_engine_graph_report says how it went).
  *
  * Speculative decoding (num_speculative_tokens = k > 0, runtime/spec.h): every running decode
  * is verified with the k tokens its MTP head drafted, in the same batch as everything else;
@@ -91,10 +97,18 @@ typedef struct ds_engine_stats {
     int slots_total, slots_used;
     uint64_t requests_finished, requests_aborted, requests_rejected, preemptions;
     uint64_t prompt_tokens, generation_tokens, steps;
+    uint64_t greedy_steps;        /* steps of them on the greedy ids-only path (runner.h) */
+    uint64_t ban_uploads;         /* banned-id tables sent to the backend (DS_OPT_DEVICE_MASKS) */
     int num_speculative_tokens;   /* k (0: speculative decoding off) */
     ds_spec_stats spec;           /* drafts, draft tokens, accepted tokens (per position) */
+    int graph_shapes_captured;    /* step shapes with a recorded graph (warmup or first use) */
+    int graph_shapes_eager;       /* step shapes whose recording failed: they run eagerly */
 } ds_engine_stats;
 
 void ds_engine_get_stats(ds_engine *e, ds_engine_stats *s);
+
+/* What the start-up graph warmup did (ds_graph_report_print prints it); valid until
+ * ds_engine_destroy. */
+const ds_graph_report *ds_engine_graph_report(const ds_engine *e);
 
 #endif

@@ -41,6 +41,7 @@ struct ds_request {
     int n_pushed;              /* tokens pushed in total */
 
     /* ---- engine side (engine thread only, after submission) ---- */
+    uint64_t serial;           /* ≥ 1, unique per engine: names its ban list (runner bans) */
     int n_prompt;
     int max_new;               /* params.max_tokens */
     int32_t *tokens;           /* [n_prompt + max_new] prompt then generated tokens */

@@ -12,6 +12,12 @@
  * one backend (several engines in a process) from replaying each other's recordings. */
 static atomic_uint g_runner_serial;
 
+/* bans_id of the runner that called set_argmax_bans last, on any backend (0: none yet). A
+ * backend holds one ban table, so a runner trusts the table it uploaded only while nobody
+ * else uploaded since; otherwise it uploads its own again (bans_sync). */
+static atomic_uint g_bans_setter;
+static atomic_uint g_bans_serial; /* bans_id of the last runner created */
+
 
 /* greedy_mode 3: greedy ids-only steps with the lm_head and the argmax unfused (logits written,
  * then op->argmax; eager, no graphs): DS_OPT_FUSED_ARGMAX=0 on a backend with argmax_logits,
@@ -33,6 +39,16 @@ static bool greedy_init(ds_runner *r) {
     const unsigned serial = atomic_fetch_add(&g_runner_serial, 1u) & 0xffffu;
     r->graph_tag = (UINT64_C(0x53525647) << 32) | ((uint64_t)serial << 16);
     DS_ASSERT(r->max_seqs < (1 << 16));
+    /* catalogue item 6: rows below min_tokens stay on the fused path, their ids banned there */
+    const bool fused = op->argmax_logits != NULL && r->greedy_mode != GREEDY_UNFUSED;
+    r->device_bans = fused && op->set_argmax_bans && ds_env_switch("DS_OPT_DEVICE_MASKS", true);
+    if (r->device_bans) {
+        const size_t S = (size_t)r->max_seqs;
+        r->ban_keys = calloc(S, sizeof(uint64_t));
+        r->ban_table = malloc(S * DS_RUNNER_MAX_BANS * sizeof(int32_t));
+        r->ban_count = calloc(S, sizeof(int));
+        if (!r->ban_keys || !r->ban_table || !r->ban_count) return false;
+    }
     return r->gids && r->graph_state;
 }
 
@@ -47,6 +63,8 @@ ds_status ds_runner_init_spec(ds_runner *r, ds_model *m, int max_seqs, int max_t
     *r = (ds_runner){.model = m, .max_seqs = max_seqs, .max_tokens = max_tokens,
                      .max_blocks = max_blocks, .block_size = block_size, .vocab = m->cfg.vocab,
                      .k = k, .max_out = max_seqs * (k + 1)};
+    do r->bans_id = atomic_fetch_add(&g_bans_serial, 1u) + 1u;
+    while (r->bans_id == 0); /* 0 means "nobody" in g_bans_setter */
     DS_ASSERT(max_seqs > 0 && max_tokens >= max_seqs && max_blocks > 0 && k >= 0);
     DS_ASSERT(max_tokens <= m->max_tokens && r->max_out <= m->max_out);
     const size_t S = (size_t)max_seqs, T = (size_t)max_tokens, O = (size_t)r->max_out;
@@ -101,12 +119,19 @@ ds_status ds_runner_init_spec(ds_runner *r, ds_model *m, int max_seqs, int max_t
 }
 
 void ds_runner_free(ds_runner *r) {
+    if (r->ban_rows > 0) {
+        /* leave no bans behind for the backend's next user (bench, a later runner); whoever
+         * uploaded since now finds the setter changed and uploads its table again */
+        r->model->be->ops->set_argmax_bans(r->model->be, NULL, 0, 0);
+        atomic_store(&g_bans_setter, r->bans_id);
+    }
     if (r->cache) r->model->be->ops->cache_free(r->model->be, r->cache);
     void *bufs[] = {r->tokens,   r->positions, r->seq_start, r->seq_slot, r->seq_n_past,
                     r->block_table, r->out_rows, r->logits, r->gdn_cur,  r->drafts,
                     r->state_out, r->next,     r->ids,       r->row0,     r->d_order,
                     r->d_k,      r->d_tokens,  r->d_pos,     r->d_start,  r->d_slot,
-                    r->d_past,   r->d_table,   r->gids,      r->graph_state};
+                    r->d_past,   r->d_table,   r->gids,      r->graph_state, r->ban_keys,
+                    r->ban_table, r->ban_count};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     *r = (ds_runner){0};
 }
@@ -247,9 +272,68 @@ static ds_status greedy_forward(ds_runner *r, ds_batch *b, ds_error *err) {
     return DS_OK;
 }
 
+/* Makes the backend's ban table the one this fused greedy step needs: row i bans fill(i)'s
+ * ids when keys[i] != 0 (keys NULL: no row). Nothing is built or uploaded when the rows' keys
+ * equal those of this runner's last upload and no other runner uploaded since (then the table
+ * on the backend is still that one), or when the step needs no bans and nobody ever uploaded
+ * any. Returns false when the backend refused the table (it is empty then). */
+static bool bans_sync(ds_runner *r, int n, const uint64_t *keys, ds_runner_ban_fn fill,
+                      void *ctx) {
+    ds_backend *be = r->model->be;
+    if (!be->ops->set_argmax_bans) return true; /* then no bans exist on this backend */
+    int rows = 0; /* up to the last banned row */
+    if (keys)
+        for (int i = 0; i < n; i++)
+            if (keys[i]) rows = i + 1;
+    DS_ASSERT(rows == 0 || (r->device_bans && fill));
+    const unsigned last = atomic_load(&g_bans_setter);
+    if (rows == 0 && last == 0) return true;
+    bool same = last == r->bans_id && rows == r->ban_rows;
+    for (int i = 0; same && i < rows; i++) same = keys[i] == r->ban_keys[i];
+    if (same) return true;
+
+    /* rows at stride DS_RUNNER_MAX_BANS, then packed to [rows, n_ban] (-1 padded) in place:
+     * row i moves to i·n_ban ≤ i·DS_RUNNER_MAX_BANS, never over a row not yet moved */
+    int32_t *tab = r->ban_table;
+    int n_ban = 0;
+    for (int i = 0; i < rows; i++) {
+        int c = keys[i] ? fill(ctx, i, tab + (size_t)i * DS_RUNNER_MAX_BANS, DS_RUNNER_MAX_BANS)
+                        : 0;
+        DS_ASSERT(c >= 0 && c <= DS_RUNNER_MAX_BANS);
+        r->ban_count[i] = c;
+        if (c > n_ban) n_ban = c;
+    }
+    for (int i = 0; i < rows; i++) {
+        int32_t *dst = tab + (size_t)i * (size_t)n_ban;
+        memmove(dst, tab + (size_t)i * DS_RUNNER_MAX_BANS, (size_t)r->ban_count[i] * sizeof(int32_t));
+        for (int j = r->ban_count[i]; j < n_ban; j++) dst[j] = -1;
+    }
+    const bool ok = be->ops->set_argmax_bans(be, tab, n_ban > 0 ? rows : 0, n_ban);
+    r->ban_uploads++;
+    atomic_store(&g_bans_setter, r->bans_id);
+    r->ban_rows = ok ? rows : 0;
+    if (ok && rows > 0) memcpy(r->ban_keys, keys, (size_t)rows * sizeof(uint64_t));
+    return ok;
+}
+
 ds_status ds_runner_step_greedy(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
                                 const int32_t **ids, ds_error *err) {
+    return ds_runner_step_greedy_bans(r, plan, kv, NULL, NULL, NULL, ids, err);
+}
+
+ds_status ds_runner_step_greedy_bans(ds_runner *r, const ds_sched_plan *plan,
+                                     const ds_kv_blocks *kv, const uint64_t *keys,
+                                     ds_runner_ban_fn fill, void *ctx, const int32_t **ids,
+                                     ds_error *err) {
     DS_ASSERT(r->greedy_mode && r->k == 0 && plan->n_items > 0 && plan->n_items <= r->max_seqs);
+    const ds_backend_ops *op = r->model->be->ops;
+    for (int i = 0; keys && !r->device_bans && i < plan->n_items; i++) DS_ASSERT(keys[i] == 0);
+    if (op->argmax_logits && r->greedy_mode != GREEDY_UNFUSED &&
+        !bans_sync(r, plan->n_items, keys, fill, ctx)) {
+        r->device_bans = false; /* refused: too large for it */
+        *ids = NULL;
+        return DS_OK;
+    }
     ds_batch b = build_batch(r, plan, kv);
     DS_ASSERT(b.n_tokens == b.n_seqs && b.n_out == b.n_seqs); /* one token, one row each */
     ds_status st = greedy_forward(r, &b, err);
@@ -384,4 +468,105 @@ ds_status ds_runner_draft(ds_runner *r, const ds_sched_plan *plan, const ds_kv_b
                 r->d_tokens[p];
     }
     return op->synchronize(m->be, err);
+}
+
+/* ---- serving steps through step graphs, saying why when not (runtime/graph_warmup.h) -------- */
+
+/* Why r records no graphs of its serving steps; NULL when it does. */
+static const char *graph_off_reason(const ds_runner *r) {
+    const ds_backend_ops *op = r->model->be->ops;
+    if (!op->graph_begin || !op->graph_end || !op->graph_launch)
+        return "the backend records no step graphs";
+    if (!op->argmax_logits) return "the backend has no fused lm_head + argmax (argmax_logits)";
+    if (r->k == 0) {
+        if (r->greedy_mode == 0) return "DS_SERVE_GRAPHS=0: greedy steps take the logits path";
+        if (r->greedy_mode == GREEDY_UNFUSED)
+            return "DS_OPT_FUSED_ARGMAX=0: greedy steps run the lm_head and the argmax unfused, "
+                   "eagerly";
+        return NULL;
+    }
+    const char *env = getenv("DS_SERVE_GRAPHS");
+    if (env && !strcmp(env, "0")) return "DS_SERVE_GRAPHS=0";
+    if (!ds_env_switch("DS_OPT_FUSED_ARGMAX", true))
+        return "DS_OPT_FUSED_ARGMAX=0: verification takes the logits and a separate argmax";
+    if (!ds_env_switch("DS_OPT_SPEC_GRAPHS", true)) return "DS_OPT_SPEC_GRAPHS=0";
+    return NULL;
+}
+
+/* The work of a graphed greedy verification (ds_step_fn): the forward (b->n_out = 0: it stops
+ * at the final norm, whose rows the MTP draft reads next) and the lm_head fused with the argmax
+ * over every row into r->ids, which are the rows ds_runner_verify would give: item i's
+ * 1 + n_draft rows start at r->row0[i] = its first token. */
+static ds_status verify_fused_step(void *ctx, ds_error *err) {
+    greedy_step *g = ctx;
+    ds_model *m = g->r->model;
+    ds_status st = ds_model_forward(m, g->r->cache, g->b, err);
+    if (st != DS_OK) return st;
+    ds_tensor xn = ds_view2d(m->s.normed.data, m->s.normed.dtype, g->b->n_tokens, m->cfg.hidden);
+    m->be->ops->argmax_logits(m->be, &xn, &m->w.lm_head, g->r->ids);
+    return DS_OK;
+}
+
+ds_status ds_runner_step_graphed(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
+                                 int *graphed, ds_error *why, ds_error *err) {
+    ds_backend *be = r->model->be;
+    int unused;
+    if (!graphed) graphed = &unused;
+    *graphed = 0;
+    const char *off = graph_off_reason(r);
+    if (!plan) {
+        if (off && why) ds_error_set(why, DS_ERR_UNSUPPORTED, "%s", off);
+        return DS_OK;
+    }
+    const int n = plan->n_items;
+    DS_ASSERT(n > 0 && n <= r->max_seqs);
+    greedy_step g = {r, NULL};
+    ds_step_fn fn;
+    ds_batch b;
+    size_t idx; /* of the shape in r->graph_state and r's graph keys */
+    if (r->k == 0) {
+        DS_ASSERT(r->greedy_mode);
+        if (off) {
+            if (why) ds_error_set(why, DS_ERR_UNSUPPORTED, "%s", off);
+            const int32_t *ids;
+            return ds_runner_step_greedy(r, plan, kv, &ids, err);
+        }
+        b = build_batch(r, plan, kv);
+        DS_ASSERT(b.n_tokens == n && b.n_out == n); /* one token, one row each */
+        idx = (size_t)n;
+        fn = greedy_fused_step;
+    } else {
+        const int d = plan->items[0].n_draft;
+        bool uniform = true;
+        for (int i = 0; i < n; i++) {
+            const ds_sched_item *it = &plan->items[i];
+            uniform = uniform && it->n_tokens == 1 && it->wants_logits && it->n_draft == d;
+        }
+        if (!off && !uniform) off = "a verification whose items feed different token counts";
+        if (off) {
+            if (why) ds_error_set(why, DS_ERR_UNSUPPORTED, "%s", off);
+            return ds_runner_verify(r, plan, kv, err);
+        }
+        const size_t n_states = ((size_t)r->max_seqs + 1) * (size_t)(r->k + 1);
+        if (!r->graph_state) {
+            DS_ASSERT(n_states < ((size_t)1 << 16));
+            r->graph_state = calloc(n_states, 1);
+            if (!r->graph_state)
+                return ds_error_set(err, DS_ERR_NOMEM, "runner: out of memory for graph states");
+            const unsigned serial = atomic_fetch_add(&g_runner_serial, 1u) & 0xffffu;
+            r->graph_tag = (UINT64_C(0x53525653) << 32) | ((uint64_t)serial << 16); /* "SRVS" */
+        }
+        r->batch = build_batch(r, plan, kv);
+        r->n_out = 0; /* no logits rows: ds_runner_logits must not be asked for this step */
+        b = r->batch;
+        idx = (size_t)n * (size_t)(r->k + 1) + (size_t)d;
+        fn = verify_fused_step;
+    }
+    b.n_out = 0;
+    g.b = &b;
+    ds_status st = ds_step_graph_run(be, r->graph_tag | (uint64_t)idx, &r->graph_state[idx], &b,
+                                     fn, &g, why, err);
+    if (st == DS_OK) st = be->ops->synchronize(be, err);
+    *graphed = r->graph_state[idx];
+    return st;
 }

@@ -23,6 +23,14 @@
  * on even without argmax_logits (forward + argmax over the logits: exercises the engine's side
  * on the CPU).
  *
+ * Banned ids on the greedy path (catalogue item 6, ds_runner_step_greedy_bans): an item below
+ * its min_tokens must not get its EOS / stop ids. With DS_OPT_DEVICE_MASKS (default on) on a
+ * fused path whose backend has set_argmax_bans, such items stay on the fused path: the runner
+ * keeps the backend's [rows, n_ban] table of banned ids and rebuilds + uploads it only when the
+ * rows' ban keys change (a new request in a row, a row reaching its min_tokens), so a steady
+ * batch uploads it once and a graph replay reads it from the same device buffer. Off (or no
+ * such backend): those items take the logits path (ds_runner_step + the host sampler).
+ *
  * Later (design.md): upload only what changed. */
 #ifndef DS_RUNNER_H
 #define DS_RUNNER_H
@@ -33,6 +41,13 @@
 #include "model/model.h"
 #include "runtime/kv_blocks.h"
 #include "runtime/scheduler.h"
+
+/* Banned ids per greedy row: EOS ids (DS_SAMPLER_MAX_EOS) + stop_token_ids
+ * (DS_SAMPLING_MAX_STOP_IDS); the engine checks the sum. */
+#define DS_RUNNER_MAX_BANS 136
+
+/* Writes the banned ids of plan item `item` (at most cap) to ids; returns how many. */
+typedef int (*ds_runner_ban_fn)(void *ctx, int item, int32_t *ids, int cap);
 
 typedef struct ds_runner {
     ds_model *model; /* borrowed */
@@ -74,6 +89,18 @@ typedef struct ds_runner {
                                  -1 eager (capture failed) */
     uint64_t graph_tag;       /* high bits of this runner's graph keys (| sequence count): unique
                                  per runner in the process, disjoint from small keys (bench) */
+
+    /* banned ids of greedy rows (ds_runner_step_greedy_bans; runner.c bans_sync) */
+    bool device_bans;         /* items below min_tokens may take the fused path with their ids
+                                 banned on the device (DS_OPT_DEVICE_MASKS, fused argmax, backend
+                                 set_argmax_bans); the ban_* buffers exist only then */
+    uint32_t bans_id;         /* this runner in the process-wide record of who set a backend's
+                                 ban table last (nonzero) */
+    int ban_rows;             /* rows of the table this runner uploaded last (0: empty) */
+    uint64_t *ban_keys;       /* [max_seqs] the ban key of each of those rows (0: no bans) */
+    int32_t *ban_table;       /* [max_seqs, DS_RUNNER_MAX_BANS] host staging of the table */
+    int *ban_count;           /* [max_seqs] ids of each staged row */
+    uint64_t ban_uploads;     /* set_argmax_bans calls (a steady batch uploads once) */
 } ds_runner;
 
 /* Creates the cache: max_seqs state slots, n_blocks KV blocks of block_size tokens; block-table
@@ -98,6 +125,19 @@ static inline bool ds_runner_greedy_ready(const ds_runner *r) { return r->greedy
  * token of each item, in plan order (valid until the next step). No logits are produced. */
 ds_status ds_runner_step_greedy(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
                                 const int32_t **ids, ds_error *err);
+/* True when ds_runner_step_greedy_bans may get banned rows (see the top of this file). */
+static inline bool ds_runner_device_bans(const ds_runner *r) { return r->device_bans; }
+/* ds_runner_step_greedy where item i never gets the ids fill(ctx, i, ...) lists when
+ * keys[i] != 0. A key names one ban list for as long as it is used (the engine: the request's
+ * serial while it is below min_tokens, 0 after): fill is called only when the keys of the
+ * rows changed since the last upload. keys NULL = no bans. Nonzero keys need
+ * ds_runner_device_bans. Returns DS_OK with *ids = NULL, having run nothing, when the backend
+ * refused the table (too large; device_bans is off from then on): run the plan through
+ * ds_runner_step instead. */
+ds_status ds_runner_step_greedy_bans(ds_runner *r, const ds_sched_plan *plan,
+                                     const ds_kv_blocks *kv, const uint64_t *keys,
+                                     ds_runner_ban_fn fill, void *ctx, const int32_t **ids,
+                                     ds_error *err);
 
 /* ---- speculative steps ----------------------------------------------------------------------
  * ds_runner_verify runs the plan: item i feeds its known tokens and then its n_draft drafts
@@ -120,5 +160,26 @@ static inline const int32_t *ds_runner_drafts(const ds_runner *r, int slot) {
  * its last accepted one). Drafts land in ds_runner_drafts(r, slot). */
 ds_status ds_runner_draft(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
                           const int32_t *k_next, ds_error *err);
+
+/* ---- step graphs of serving steps (runtime/graph_warmup.h) -------------------------------
+ * Runs a plan of greedy steps the way serving runs it, from the step graph of its shape when r
+ * records one, and says what happened: *graphed (may be NULL) is 1 when the step ran from a
+ * graph (recorded now or replayed), -1 when the shape's recording failed (now: *why has the
+ * backend's reason; or at an earlier step) and it ran eagerly, 0 when r graphs no such step
+ * (*why says why) and it ran eagerly. why may be NULL.
+ *  - k = 0: every item feeds one token and wants its argmax (ds_runner_step_greedy's plan; ids
+ *    in r->gids); graph per sequence count n, state r->graph_state[n], key graph_tag | n
+ *    (for the warmup: the backend's banned-id table is left as it is, the engine's steps take
+ *    ds_runner_step_greedy_bans);
+ *  - k > 0: a verification (ds_runner_verify's results: r->ids, r->row0, then ds_runner_draft)
+ *    whose items each feed one known token + the same n_draft = d drafts and decide from the
+ *    argmax ids only (the caller checks that: greedy, no penalties / logprobs / pending
+ *    min_tokens); the lm_head + argmax fused over all n · (1 + d) rows, no logits
+ *    (ds_runner_logits must not be called for the step); graph per (n, d), state
+ *    r->graph_state[n · (k + 1) + d] of (max_seqs + 1) · (k + 1) (allocated at the first call),
+ *    keys tagged "SRVS". Other plans, or no graphs: ds_runner_verify (*graphed 0).
+ * plan NULL runs nothing: *graphed 0 with *why set when r graphs no steps at all. */
+ds_status ds_runner_step_graphed(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
+                                 int *graphed, ds_error *why, ds_error *err);
 
 #endif

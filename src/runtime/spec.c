@@ -49,11 +49,23 @@ bool ds_spec_request_ok(const ds_sampling_params *p) {
     return ds_sampling_params_is_greedy(p) || p->logprobs < 0;
 }
 
-bool ds_spec_argmax_suffices(const ds_sampler *s, int n_generated) {
+bool ds_spec_argmax_banned_suffices(const ds_sampler *s) {
     const ds_sampling_params *p = &s->params;
     return ds_sampling_params_is_greedy(p) && p->logprobs < 0 && p->presence_penalty == 0.0f &&
-           p->frequency_penalty == 0.0f && p->repetition_penalty == 1.0f &&
-           n_generated >= p->min_tokens;
+           p->frequency_penalty == 0.0f && p->repetition_penalty == 1.0f;
+}
+
+bool ds_spec_argmax_suffices(const ds_sampler *s, int n_generated) {
+    return ds_spec_argmax_banned_suffices(s) && n_generated >= s->params.min_tokens;
+}
+
+int ds_spec_min_tokens_bans(const ds_sampler *s, int32_t *ids, int cap) {
+    const int n_stop = s->params.n_stop_token_ids;
+    DS_ASSERT(s->n_eos + n_stop <= cap);
+    int n = 0;
+    for (int i = 0; i < s->n_eos; i++) ids[n++] = s->eos_ids[i];
+    for (int i = 0; i < n_stop; i++) ids[n++] = s->params.stop_token_ids[i];
+    return n;
 }
 
 static void plain_result(ds_sample_result *r, int token) {

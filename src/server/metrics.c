@@ -182,6 +182,14 @@ void ds_metrics_render(ds_metrics *m, const ds_engine_stats *st, const char *mod
     counter(out, L, "request_rejected_total",
             "Requests refused at submission (queue full or invalid).", st->requests_rejected);
 
+    gauge(out, L, "graph_shapes_captured",
+          "Step shapes replayed from a recorded step graph (start-up warmup or first use).",
+          st->graph_shapes_captured);
+    gauge(out, L, "graph_shapes_eager",
+          "Step shapes whose graph recording failed: they run eagerly (the start-up report on "
+          "stderr lists those of the warmup, with the reason).",
+          st->graph_shapes_eager);
+
     if (st->num_speculative_tokens > 0) spec_counters(out, L, st);
 
     pthread_mutex_lock(&m->mu);

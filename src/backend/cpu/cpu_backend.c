@@ -134,6 +134,7 @@ static void cpu_destroy(ds_backend *be) {
         free(cpu->scratch);
         for (int i = 0; i < DS_CPU_WORK_COUNT; i++) ds_cpu_aligned_free(cpu->work[i].p);
         free(cpu->inv_freq);
+        free(cpu->bans);
         free(cpu);
     }
     free(be);
@@ -168,6 +169,8 @@ static const ds_backend_ops cpu_ops = {
     .copy_bandwidth_gbps = ds_cpu_copy_bandwidth_gbps,
     .device_name = ds_cpu_device_name,
     .concat = ds_cpu_op_concat,
+    .argmax_logits = ds_cpu_op_argmax_logits,
+    .set_argmax_bans = ds_cpu_set_argmax_bans,
 };
 
 ds_status ds_backend_cpu_create(int n_threads, ds_backend **out, ds_error *err) {

@@ -1,5 +1,6 @@
 /* cpu_elementwise.c — row-wise ops: embed, RMSNorm, residual add + RMSNorm, SiLU·mul,
- * gather_rows, argmax. Rows are split across threads only when there is enough work. */
+ * gather_rows (argmax: cpu_argmax.c). Rows are split across threads only when there is enough
+ * work. */
 #include <math.h>
 
 #include "backend/cpu/cpu_internal.h"
@@ -176,27 +177,5 @@ void ds_cpu_op_concat(ds_backend *be, const ds_tensor *a, const ds_tensor *b, ds
     for (int64_t r = 0; r < R; r++) {
         memcpy(po + r * (A + B), pa + r * A, (size_t)A * sizeof(float));
         memcpy(po + r * (A + B) + A, pb + r * B, (size_t)B * sizeof(float));
-    }
-}
-
-/* ---- argmax ---------------------------------------------------------------------------------- */
-
-void ds_cpu_op_argmax(ds_backend *be, const ds_tensor *logits, int32_t *ids) {
-    (void)be;
-    DS_ASSERT(logits->dtype == DS_DTYPE_F32);
-    int64_t V = last_dim(logits), R = n_rows(logits);
-    const float *l = logits->data;
-    for (int64_t r = 0; r < R; r++) {
-        const float *row = l + r * V;
-        int64_t best = 0;
-        float bv = row[0];
-        /* Strict > keeps the lowest index on ties; a NaN never wins over a number. */
-        for (int64_t v = 1; v < V; v++) {
-            if (row[v] > bv || (isnan(bv) && !isnan(row[v]))) {
-                bv = row[v];
-                best = v;
-            }
-        }
-        ids[r] = (int32_t)best;
     }
 }

@@ -34,6 +34,11 @@ typedef struct ds_cpu {
     float *inv_freq; /* [rot_dim / 2] */
     int inv_freq_rot;
     double inv_freq_theta;
+    /* argmax_logits' banned ids (set_argmax_bans): row r < ban_rows of the table bans
+     * [ban_rows, ban_n] (-1 padded) lists the ids row r of argmax_logits must not return */
+    int32_t *bans; /* [ban_cap] */
+    size_t ban_cap;
+    int ban_rows, ban_n;
 } ds_cpu;
 
 static inline ds_cpu *ds_cpu_of(ds_backend *be) { return (ds_cpu *)be->impl; }
@@ -85,7 +90,10 @@ void ds_cpu_op_linear(ds_backend *be, const ds_tensor *x, const ds_linear *w, ds
 void ds_cpu_op_silu_mul(ds_backend *be, const ds_tensor *gate_up, ds_tensor *out);
 void ds_cpu_op_gather_rows(ds_backend *be, const ds_tensor *x, ds_tensor *out);
 void ds_cpu_op_logits(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head, ds_tensor *out);
-void ds_cpu_op_argmax(ds_backend *be, const ds_tensor *logits, int32_t *ids);
+void ds_cpu_op_argmax(ds_backend *be, const ds_tensor *logits, int32_t *ids); /* cpu_argmax.c */
+void ds_cpu_op_argmax_logits(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head,
+                             int32_t *ids);
+bool ds_cpu_set_argmax_bans(ds_backend *be, const int32_t *ids, int B, int n_ban);
 void ds_cpu_op_concat(ds_backend *be, const ds_tensor *a, const ds_tensor *b, ds_tensor *out);
 
 ds_status ds_cpu_cache_create(ds_backend *be, const ds_config *cfg, const ds_cache_desc *desc,

@@ -179,6 +179,9 @@ static void cu_destroy(ds_backend *be) {
         cudaFree(c->d_amax_v);
         cudaFree(c->d_amax_i);
         cudaFree(c->d_amax_cnt);
+        cudaFree(c->d_bans);
+        if (c->h_bans) cudaFreeHost(c->h_bans);
+        if (c->bans_done) cudaEventDestroy(c->bans_done);
         if (c->side) cudaStreamDestroy(c->side);
         for (int i = 0; i < DS_CUDA_LT_CACHE; i++) {
             ds_cuda_lt_plan *p = &c->lt_plans[i];
@@ -195,6 +198,7 @@ static void cu_destroy(ds_backend *be) {
         cudaFree(c->d_meta);
         cudaFree(c->d_ids);
         cudaFree(c->d_moe_scratch);
+        cudaFree(c->d_gdn_scratch);
         for (int i = 0; i < 2; i++) {
             if (c->h_meta[i]) cudaFreeHost(c->h_meta[i]);
             if (c->meta_done[i]) cudaEventDestroy(c->meta_done[i]);
@@ -455,6 +459,7 @@ static const ds_backend_ops cuda_ops = {
     .device_name = cu_device_name,
     .concat = ds_cuda_op_concat,
     .argmax_logits = ds_cuda_op_argmax_logits,
+    .set_argmax_bans = ds_cuda_set_argmax_bans,
     .graph_begin = ds_cuda_graph_begin,
     .graph_end = ds_cuda_graph_end,
     .graph_launch = ds_cuda_graph_launch,
@@ -504,6 +509,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->opt.pdl = ds_env_switch("DS_OPT_PDL", true);
         /* default off: measured slower (docs/cuda_notes.md, session 3) */
         c->opt.prefetch = ds_env_switch("DS_OPT_PREFETCH", false);
+        c->opt.moe_gemm = ds_env_switch("DS_OPT_MOE_GEMM", true);
+        c->opt.gdn_prefill = ds_env_switch("DS_OPT_GDN_PREFILL", true);
     }
     CREATE_CHECK(cudaSetDevice(device));
     struct cudaDeviceProp prop;
@@ -526,10 +533,15 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
     CREATE_CHECK(cudaMalloc((void **)&c->d_ids, sizeof(int32_t) * DS_CUDA_MAX_TOKENS));
     CREATE_CHECK(cudaHostAlloc((void **)&c->h_ids, sizeof(int32_t) * DS_CUDA_MAX_TOKENS,
                                cudaHostAllocDefault));
-    CREATE_CHECK(cudaMalloc((void **)&c->d_amax_v, sizeof(float) * DS_CUDA_AMAX_BLOCKS * 8));
-    CREATE_CHECK(cudaMalloc((void **)&c->d_amax_i, sizeof(int32_t) * DS_CUDA_AMAX_BLOCKS * 8));
+    CREATE_CHECK(cudaMalloc((void **)&c->d_amax_v, sizeof(float) * DS_CUDA_AMAX_BLOCKS * 8 * 2));
+    CREATE_CHECK(cudaMalloc((void **)&c->d_amax_i, sizeof(int32_t) * DS_CUDA_AMAX_BLOCKS * 8 * 2));
     CREATE_CHECK(cudaMalloc((void **)&c->d_amax_cnt, sizeof(int)));
     CREATE_CHECK(cudaMemset(c->d_amax_cnt, 0, sizeof(int)));
+    CREATE_CHECK(cudaMalloc((void **)&c->d_bans, sizeof(int32_t) * (2 + DS_CUDA_BAN_INTS)));
+    CREATE_CHECK(cudaMemset(c->d_bans, 0, sizeof(int32_t) * 2)); /* no bans */
+    CREATE_CHECK(cudaHostAlloc((void **)&c->h_bans, sizeof(int32_t) * (2 + DS_CUDA_BAN_INTS),
+                               cudaHostAllocDefault));
+    CREATE_CHECK(cudaEventCreateWithFlags(&c->bans_done, cudaEventDisableTiming));
     {
         const char *step = getenv("DS_CUDA_PROFILER_STEP");
         c->profiler_step = step ? atoi(step) : 0;

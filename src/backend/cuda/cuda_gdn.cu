@@ -79,12 +79,31 @@ __global__ void __launch_bounds__(GDN_SEG * DV) gdn_kernel(ds_cuda_batch b, ds_c
     for (int ii = 0; ii < RPS; ii++) st[ii] = S[(int64_t)(seg * RPS + ii) * DV + j];
 
     const float qscale0 = rsqrtf((float)DK);
-    for (int t = ts; t < te; t++) {
+    /* This thread's inputs of token t (its conv channel; the gate pair; its z), loaded one
+     * token ahead: the loads for t + 1 are in flight while token t's recurrence runs, so a
+     * prefill token costs the recurrence's synchronisations, not also a global-memory latency. */
+    const int64_t g_off = conv_dim + (int64_t)hv * DV;
+    auto load_inputs = [&](int t, bf16 &xv, bf16 &bv, bf16 &av, bf16 &zv) {
         const bf16 *prow = (const bf16 *)a.proj + (int64_t)t * ldp;
+        if (c < NCH) xv = prow[gc];
+        else if (c == NCH) {
+            bv = prow[g_off + h];
+            av = prow[g_off + hv + h];
+        }
+        if (tid < DV) zv = prow[conv_dim + (int64_t)h * DV + tid];
+    };
+    const float dt_bias_h = a.dt_bias[h], neg_a_h = a.neg_exp_A[h];
+    const float norm_w_j = tid < DV ? a.norm_w[tid] : 0.f;
+    const bf16 zero = __float2bfloat16_rn(0.f);
+    bf16 nx = zero, nb = zero, na = zero, nz = zero;
+    load_inputs(ts, nx, nb, na, nz);
+    for (int t = ts; t < te; t++) {
+        const bf16 cx = nx, cb = nb, ca = na, cz = nz;
+        if (t + 1 < te) load_inputs(t + 1, nx, nb, na, nz);
         /* conv (kernel KC, causal, over history + this token) + SiLU */
         float y = 0.f;
         if (c < NCH) {
-            const float x = to_f32(prow[gc]);
+            const float x = to_f32(cx);
             float acc = cw[KC - 1] * x;
 #pragma unroll
             for (int i = 0; i < KC - 1; i++) acc = fmaf(cw[i], hist[i], acc);
@@ -102,11 +121,11 @@ __global__ void __launch_bounds__(GDN_SEG * DV) gdn_kernel(ds_cuda_batch b, ds_c
             else if (c < 2 * DK) ks[c - DK] = y;
             else vs[c - 2 * DK] = y;
         } else if (c == NCH) {
-            const float bb = to_f32(prow[conv_dim + (int64_t)hv * DV + h]);
-            const float aa = to_f32(prow[conv_dim + (int64_t)hv * DV + hv + h]) + a.dt_bias[h];
+            const float bb = to_f32(cb);
+            const float aa = to_f32(ca) + dt_bias_h;
             const float sp = aa > 20.f ? aa : log1pf(expf(aa)); /* softplus, torch threshold 20 */
             scal[0] = sigmoid_f(bb);                            /* β */
-            scal[1] = expf(a.neg_exp_A[h] * sp);                /* α = exp(g) */
+            scal[1] = expf(neg_a_h * sp);                       /* α = exp(g) */
         }
         /* q/k L2 norms */
         const float sq = warp_sum(c < DK ? y * y : 0.f);
@@ -167,9 +186,9 @@ __global__ void __launch_bounds__(GDN_SEG * DV) gdn_kernel(ds_cuda_batch b, ds_c
 #pragma unroll
             for (int w = 0; w < (DV + 31) / 32; w++) ms += ored[w];
             const float n = o * rsqrtf(ms / (float)DV + a.eps);
-            const float z = to_f32(prow[conv_dim + (int64_t)h * DV + tid]);
+            const float z = to_f32(cz);
             ((bf16 *)a.out)[(int64_t)t * hv * DV + (int64_t)h * DV + tid] =
-                __float2bfloat16_rn(n * a.norm_w[tid] * silu_f(z));
+                __float2bfloat16_rn(n * norm_w_j * silu_f(z));
         }
     }
 
@@ -184,6 +203,7 @@ __global__ void __launch_bounds__(GDN_SEG * DV) gdn_kernel(ds_cuda_batch b, ds_c
 
 extern "C" void ds_cuda_gdn(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a) {
     if (ctx->batch.n_tokens <= 0) return;
+    if (ds_cuda_gdn_prefill(ctx, a)) return; /* long runs of tokens: cuda_gdn_prefill.cu */
     const dim3 grid(a->hv, ctx->batch.n_seqs);
     const int shape = (a->dk == a->dv && a->kernel == GDN_KC && a->hk > 0 && a->hv % a->hk == 0) ? a->dk : 0;
     switch (shape) {

@@ -170,14 +170,26 @@ static __device__ __forceinline__ void amax_merge(float &bv, int &bi, float v, i
  * gemv_kernel does (same chunking and reduction order, so the values equal the logits path),
  * keeps the best (value, row) per input row, and writes it as the block's partial. The last
  * block to finish (atomic ticket) merges all partials per input row; the merge is a max with a
- * lowest-index tie rule, so its result does not depend on the order blocks finished in. */
+ * lowest-index tie rule, so its result does not depend on the order blocks finished in.
+ *
+ * Banned ids (set_argmax_bans, catalogue item 6): bans = [B, n_ban, table [B, n_ban]] at a
+ * fixed address, read on the device at every launch (a graph replay sees the current table).
+ * Input row r of this chunk is batch row row0 + r. When some row of the chunk has bans, each
+ * block scatters the banned ids that fall in its own SPAN candidate rows into a bit mask per
+ * input row (integer indexing: n_ban loads per input row, no per-candidate search) and keeps a
+ * second (max, index) that skips them; the merge takes that one unless no candidate was left
+ * (every id banned, or the rest NaN), then the plain one. */
 template <int R, int ROWS, int UNROLL>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_argmax_kernel(const bf16 *__restrict__ W, int64_t N, int64_t K, const bf16 *__restrict__ x,
                        int64_t ldx, float *__restrict__ pv, int32_t *__restrict__ pi,
-                       int *__restrict__ counter, int32_t *__restrict__ ids, int pf_bytes) {
-    __shared__ float sv[GEMV_WARPS][R];
-    __shared__ int si[GEMV_WARPS][R];
+                       int64_t masked_off, int *__restrict__ counter, int32_t *__restrict__ ids,
+                       const int32_t *__restrict__ bans, int row0, int pf_bytes) {
+    constexpr int SPAN = GEMV_WARPS * ROWS; /* candidate rows of one block */
+    static_assert(SPAN <= 32, "one 32-bit ban mask per input row and block");
+    __shared__ float sv[2][GEMV_WARPS][R];
+    __shared__ int si[2][GEMV_WARPS][R];
+    __shared__ unsigned ban_bits[R];
     __shared__ int is_last;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t n0 = ((int64_t)blockIdx.x * GEMV_WARPS + warp) * ROWS;
@@ -193,26 +205,49 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         for (int r = 0; r < R; r++) acc[rr][r] = 0.f;
     if (n0 < N) gemv_warp_partial<R, ROWS, UNROLL, true>(W, K, n0, N, xs, 0, K, acc);
     gemv_warp_reduce<R, ROWS>(acc);
+
+    /* the same values in every thread: the branches below are uniform */
+    const int n_ban = bans[1];
+    int n_banned_rows = bans[0] - row0; /* input rows of this chunk with a table row */
+    if (n_banned_rows > R) n_banned_rows = R;
+    const bool masked = n_ban > 0 && n_banned_rows > 0;
+    if (masked) {
+        if (threadIdx.x < R) ban_bits[threadIdx.x] = 0u;
+        __syncthreads();
+        const int64_t nb0 = (int64_t)blockIdx.x * SPAN;
+        const int32_t *tab = bans + 2 + (int64_t)row0 * n_ban;
+        for (int i = threadIdx.x; i < n_banned_rows * n_ban; i += blockDim.x) {
+            const int64_t off = (int64_t)tab[i] - nb0; /* -1 padding never lands in [0, SPAN) */
+            if (off >= 0 && off < SPAN) atomicOr(&ban_bits[i / n_ban], 1u << (int)off);
+        }
+        __syncthreads();
+    }
     if (lane == 0) {
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            float bv = -INFINITY;
-            int bi = 0x7fffffff;
+            float bv = -INFINITY, mv = -INFINITY;
+            int bi = 0x7fffffff, mi = 0x7fffffff;
+            const unsigned bits = masked && r < n_banned_rows ? ban_bits[r] : 0u;
 #pragma unroll
-            for (int rr = 0; rr < ROWS; rr++)
-                if (n0 + rr < N) amax_merge(bv, bi, acc[rr][r], (int)(n0 + rr));
-            sv[warp][r] = bv;
-            si[warp][r] = bi;
+            for (int rr = 0; rr < ROWS; rr++) {
+                if (n0 + rr >= N) continue;
+                amax_merge(bv, bi, acc[rr][r], (int)(n0 + rr));
+                if (!((bits >> (warp * ROWS + rr)) & 1u)) amax_merge(mv, mi, acc[rr][r], (int)(n0 + rr));
+            }
+            sv[0][warp][r] = bv;
+            si[0][warp][r] = bi;
+            sv[1][warp][r] = mv;
+            si[1][warp][r] = mi;
         }
     }
     __syncthreads();
-    if (threadIdx.x < R) {
-        const int r = threadIdx.x;
+    if (threadIdx.x < (masked ? 2 * R : R)) {
+        const int m = threadIdx.x / R, r = threadIdx.x % R; /* m = 1: without the banned ids */
         float bv = -INFINITY;
         int bi = 0x7fffffff;
-        for (int w = 0; w < GEMV_WARPS; w++) amax_merge(bv, bi, sv[w][r], si[w][r]);
-        pv[(int64_t)blockIdx.x * R + r] = bv;
-        pi[(int64_t)blockIdx.x * R + r] = bi;
+        for (int w = 0; w < GEMV_WARPS; w++) amax_merge(bv, bi, sv[m][w][r], si[m][w][r]);
+        pv[m * masked_off + (int64_t)blockIdx.x * R + r] = bv;
+        pi[m * masked_off + (int64_t)blockIdx.x * R + r] = bi;
     }
     __threadfence();
     __syncthreads();
@@ -220,35 +255,43 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     __syncthreads();
     if (!is_last) return;
     __threadfence();
-    /* warp r merges input row r over all blocks */
+    /* warp r merges input row r over all blocks (and the masked partials of a banned row) */
     for (int r = warp; r < R; r += GEMV_WARPS) {
-        float bv = -INFINITY;
-        int bi = 0x7fffffff;
-        for (int blk = lane; blk < (int)gridDim.x; blk += 32)
-            amax_merge(bv, bi, __ldcg(&pv[(int64_t)blk * R + r]), __ldcg(&pi[(int64_t)blk * R + r]));
+        const bool row_masked = masked && r < n_banned_rows;
+        int best = 0x7fffffff;
+        for (int m = row_masked ? 1 : 0; m >= 0 && best == 0x7fffffff; m--) {
+            float bv = -INFINITY;
+            int bi = 0x7fffffff;
+            for (int blk = lane; blk < (int)gridDim.x; blk += 32)
+                amax_merge(bv, bi, __ldcg(&pv[m * masked_off + (int64_t)blk * R + r]),
+                           __ldcg(&pi[m * masked_off + (int64_t)blk * R + r]));
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            amax_merge(bv, bi, ov, oi);
+            for (int o = 16; o > 0; o >>= 1) {
+                const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+                const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+                amax_merge(bv, bi, ov, oi);
+            }
+            best = bi; /* the same in every lane after the butterfly */
         }
-        if (lane == 0) ids[r] = bi == 0x7fffffff ? 0 : bi; /* all -inf/NaN: id 0, as argmax */
+        if (lane == 0) ids[r] = best == 0x7fffffff ? 0 : best; /* all -inf/NaN: id 0, as argmax */
     }
     if (threadIdx.x == 0) *counter = 0; /* clean for the next launch or graph replay */
 }
 
 template <int ROWS, int UNROLL>
 static void launch_argmax(ds_cuda_ctx *ctx, unsigned bx, const bf16 *W, int64_t N, int64_t K,
-                          const bf16 *x, int64_t ldx, int R, int32_t *ids) {
+                          const bf16 *x, int64_t ldx, int R, int32_t *ids, int row0) {
     float *pv = ctx->d_amax_v;
     int32_t *pi = ctx->d_amax_i;
+    const int64_t moff = (int64_t)DS_CUDA_AMAX_BLOCKS * 8; /* the masked partials follow */
     int *cnt = ctx->d_amax_cnt;
+    const int32_t *bans = ctx->d_bans;
     const int pf = gemv_prefetch_bytes(ctx, N, K, K, bx);
     switch (R) {
 #define AMAX_CASE(RR)                                                                             \
     case RR:                                                                                      \
         ds_launch(ctx, gemv_argmax_kernel<RR, ROWS, UNROLL>, bx, GEMV_WARPS * 32, 0, W, N, K, x, \
-                  ldx, pv, pi, cnt, ids, pf);                                                     \
+                  ldx, pv, pi, moff, cnt, ids, bans, row0, pf);                                   \
         break;
         AMAX_CASE(1) AMAX_CASE(2) AMAX_CASE(3) AMAX_CASE(4)
         AMAX_CASE(5) AMAX_CASE(6) AMAX_CASE(7) AMAX_CASE(8)
@@ -272,9 +315,9 @@ extern "C" void ds_cuda_argmax_gemv(ds_cuda_ctx *ctx, const void *W, int64_t N, 
     for (int r0 = 0; r0 < R; r0 += 8) { /* chunks of 8 rows run one after the other */
         const int n = R - r0 < 8 ? R - r0 : 8;
         const bf16 *xr = xb + (int64_t)r0 * ldx;
-        if (rows == 1) launch_argmax<1, 8>(ctx, (unsigned)bx, Wb, N, K, xr, ldx, n, d_ids + r0);
-        else if (rows == 4) launch_argmax<4, 2>(ctx, (unsigned)bx, Wb, N, K, xr, ldx, n, d_ids + r0);
-        else launch_argmax<2, 4>(ctx, (unsigned)bx, Wb, N, K, xr, ldx, n, d_ids + r0);
+        if (rows == 1) launch_argmax<1, 8>(ctx, (unsigned)bx, Wb, N, K, xr, ldx, n, d_ids + r0, r0);
+        else if (rows == 4) launch_argmax<4, 2>(ctx, (unsigned)bx, Wb, N, K, xr, ldx, n, d_ids + r0, r0);
+        else launch_argmax<2, 4>(ctx, (unsigned)bx, Wb, N, K, xr, ldx, n, d_ids + r0, r0);
         DS_CU_LAUNCHED2(ctx, "gemv_argmax_kernel", N, K);
     }
 }

@@ -35,6 +35,7 @@ extern "C" {
 #define DS_CUDA_ATTN_SPLIT_ROWS 1024 /* S·nsplit bound of the decode-attention workspace */
 #define DS_CUDA_ATTN_MAX_SPLIT 64
 #define DS_CUDA_AMAX_BLOCKS 65536    /* lm_head row blocks of the fused argmax (V ≤ 1 Mi rows) */
+#define DS_CUDA_BAN_INTS (1 << 16)   /* banned-id table of the fused argmax (rows · ids per row) */
 #define DS_CUDA_MAX_GRAPHS 64        /* captured step graphs kept at once */
 #define DS_CUDA_PROF_EVENTS 8192     /* kernels timed per profiled step (DS_CUDA_PROFILE) */
 #define DS_CUDA_PROF_ENTRIES 512     /* distinct (kernel, shape) rows of the profile */
@@ -165,9 +166,14 @@ typedef struct ds_cuda_ctx {
      *                  (cuda_launch.cuh)
      * prefetch         DS_OPT_PREFETCH: weights prefetched into L2 while a kernel waits for its
      *                  predecessor, the routed experts' weights right after routing (catalogue
-     *                  item 11; needs pdl to overlap anything) */
+     *                  item 11; needs pdl to overlap anything)
+     * moe_gemm         DS_OPT_MOE_GEMM: routed experts of steps above DS_CUDA_GEMV_MAX_ROWS
+     *                  tokens as a grouped tensor-core GEMM (cuda_moe_gemm.cu)
+     * gdn_prefill      DS_OPT_GDN_PREFILL: Gated DeltaNet of steps with a run of at least
+     *                  DS_CUDA_GDN_PREFILL_MIN_TOKENS tokens of one sequence in four launches,
+     *                  the recurrence one warp per state column (cuda_gdn_prefill.cu) */
     struct {
-        int moe_fast_route, moe_fuse_shared, fuse_norm, pdl, prefetch;
+        int moe_fast_route, moe_fuse_shared, fuse_norm, pdl, prefetch, moe_gemm, gdn_prefill;
     } opt;
 
     /* GEMV split-K */
@@ -183,13 +189,22 @@ typedef struct ds_cuda_ctx {
     /* argmax */
     int32_t *d_ids;               /* [DS_CUDA_MAX_TOKENS] */
     int32_t *h_ids;               /* pinned [DS_CUDA_MAX_TOKENS] */
-    float *d_amax_v;              /* fused lm_head argmax partials [DS_CUDA_AMAX_BLOCKS · 8] */
-    int32_t *d_amax_i;            /* [DS_CUDA_AMAX_BLOCKS · 8] */
+    float *d_amax_v;              /* fused lm_head argmax partials [2][DS_CUDA_AMAX_BLOCKS · 8]:
+                                     plain, then without the banned ids */
+    int32_t *d_amax_i;            /* [2][DS_CUDA_AMAX_BLOCKS · 8] */
     int *d_amax_cnt;              /* [1], zero between launches */
+    /* banned ids of the fused argmax (set_argmax_bans): [0] = rows B, [1] = ids per row n_ban,
+     * then the table [B, n_ban] (-1 padded); a fixed address read by every launch, so graph
+     * replays see the current table */
+    int32_t *d_bans;              /* device [2 + DS_CUDA_BAN_INTS] */
+    int32_t *h_bans;              /* pinned staging [2 + DS_CUDA_BAN_INTS] */
+    cudaEvent_t bans_done;        /* recorded after the last upload from h_bans */
 
     /* MoE scratch (sized by prepare_weights from the model; freed at destroy) */
     size_t moe_scratch_bytes;
     void *d_moe_scratch;
+    size_t gdn_scratch_bytes;     /* cuda_gdn_prefill.cu's scratch, 0 when the shape has none */
+    void *d_gdn_scratch;
 } ds_cuda_ctx;
 
 /* Error recording (cuda_backend.c). Returns 1 when `e` is a failure. */
@@ -232,7 +247,9 @@ void ds_cuda_argmax(ds_cuda_ctx *ctx, const float *logits, int R, int64_t V, int
 void ds_cuda_spin(ds_cuda_ctx *ctx, double us);
 /* d_ids[r] = argmax_n Σ_k x[r, k]·W[n, k] for r < R (any R; chunks of 8), without writing
  * logits: one GEMV pass with a per-block (max, index) and a last-block reduction per chunk.
- * Same dot products as ds_cuda_gemv (no split-K), lowest index on ties, NaN never wins. */
+ * Same dot products as ds_cuda_gemv (no split-K), lowest index on ties, NaN never wins.
+ * Rows r < ctx->d_bans[0] exclude the ids of their row of the ban table (backend.h
+ * set_argmax_bans; the plain argmax when nothing is left). */
 void ds_cuda_argmax_gemv(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K, const void *x,
                          int64_t ldx, int R, int32_t *d_ids);
 /* out[r] = [a[r] | b[r]] (bf16 rows). */
@@ -275,6 +292,11 @@ typedef struct ds_cuda_gdn_args {
     void *out;                    /* [T, hv·dv] bf16 */
 } ds_cuda_gdn_args;
 void ds_cuda_gdn(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a);
+/* The prefill form (cuda_gdn_prefill.cu): runs it and returns true when the step suits it. */
+#define DS_CUDA_GDN_PREFILL_MIN_TOKENS 16
+bool ds_cuda_gdn_prefill(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a);
+/* Bytes of its scratch for DS_CUDA_MAX_TOKENS tokens; 0 when it is not built for the shape. */
+size_t ds_cuda_gdn_prefill_scratch_bytes(int hk, int hv, int dk, int dv, int kernel);
 
 /* MoE (cuda_moe.cu). */
 typedef struct ds_cuda_moe_args {

@@ -9,6 +9,8 @@
  *  4. expert gate_up GEMV: a block per (active expert, 16 output rows) reads only that expert's
  *     rows and serves all its assigned tokens (≤ 8 at a time) → h [A, 2I] bf16;
  *  5. expert down GEMV with SiLU(g)·u computed in its input loader → y [A, H] fp32;
+ *     (4 and 5 for steps above DS_CUDA_GEMV_MAX_ROWS tokens: the grouped tensor-core GEMM of
+ *     cuda_moe_gemm.cu, which writes SiLU(g)·u [A, I] bf16 into h, then y);
  *  6. shared down GEMV → ysh [T, H] fp32;
  *  7. combine: out[t] = Σ_i w_i·y[t·k + i] + sg[t]·ysh[t], summed in slot order → bf16, over
  *     (H/512, T) blocks with each thread's k loads issued together.
@@ -18,6 +20,7 @@
 
 #include "cuda_gemv.cuh"
 #include "cuda_launch.cuh"
+#include "cuda_moe_gemm.h"
 #include "cuda_norm.cuh"
 
 #define MOE_MAX_E 1024
@@ -25,7 +28,7 @@
 
 /* scratch layout for T tokens (A = T·k assignments), 256-byte aligned pieces */
 typedef struct moe_scratch {
-    float *L;        /* [T, NL] */
+    float *L;        /* [T, NL], row pitch moe_ldl */
     int32_t *ids;    /* [A] */
     float *wts;      /* [A] */
     bf16 *sh_act;    /* [T, Is] */
@@ -41,9 +44,16 @@ typedef struct moe_scratch {
 
 static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
 
+/* Row pitch (floats) of the router logits L [T, NL], NL = E + 2Is + 1: NL rounded up to a
+ * multiple of 8. With the pitch 1281 (Qwen3.5-35B-A3B) cuBLASLt's prefill GEMM ran at
+ * 15 TFLOP/s, its output rows not 16-byte aligned. */
+static __host__ __device__ int64_t moe_ldl(int E, int Is) {
+    return ((int64_t)E + 2 * Is + (Is ? 1 : 0) + 7) & ~(int64_t)7;
+}
+
 static size_t moe_layout(char *base, int T, int H, int E, int k, int I, int Is, moe_scratch *s) {
     const size_t A = (size_t)T * k;
-    const size_t NL = (size_t)E + 2 * (size_t)Is + (Is ? 1 : 0);
+    const size_t NL = (size_t)moe_ldl(E, Is);
     size_t off = 0;
 #define TAKE(field, type, count)                                      \
     do {                                                              \
@@ -125,8 +135,7 @@ static __device__ void route_from_shared(int t, int E, int k, int norm_topk, con
 static __device__ void route_token(int t, int E, int k, int Is, int norm_topk, const moe_scratch &sc,
                                    float *pr, int32_t *ids_s) {
     const int lane = threadIdx.x & 31;
-    const int64_t NL = (int64_t)E + 2 * Is + (Is ? 1 : 0);
-    const float *Lr = sc.L + (int64_t)t * NL;
+    const float *Lr = sc.L + (int64_t)t * moe_ldl(E, Is);
     for (int e = lane; e < E; e += 32) pr[e] = Lr[e];
     __syncwarp();
     route_from_shared(t, E, k, norm_topk, sc, pr, ids_s);
@@ -177,7 +186,7 @@ static __device__ int block_excl_scan(int v, int *excl, int *wsum) {
 
 /* Groups the A assignments (expert ids in shared memory) by expert, stable: counts per expert
  * (integer shared atomics), exclusive scans for the offsets and the active-expert ranks, then
- * each active expert's thread lists its assignments in ascending order from shared memory.
+ * one warp places the assignments in ascending order from shared memory.
  * One thread per expert (E ≤ blockDim.x = 1024). */
 /* L2 prefetch, right after routing, of the gate_up weights of the experts a step selected:
  * expert e's [2I, H] matrix starts at base + e·bytes_per_expert; each active expert gets an
@@ -201,13 +210,30 @@ static __device__ void group_from_shared(int A, int E, const int32_t *ids_s, int
     if (c > 0) {
         sc.act[rank] = e;
         sc.off[rank] = start;
-        int n = 0;
-        for (int a = 0; a < A && n < c; a++)
-            if (ids_s[a] == e) sc.sorted[start + n++] = a;
     }
+    if (e < E) cnt[e] = start; /* from here: expert e's next free place in sc.sorted */
     if (threadIdx.x == 0) {
         *sc.n_act = nact;
         sc.off[nact] = A;
+    }
+    __syncthreads();
+    /* Stable placement by one warp, 32 assignments at a time in ascending order: lanes with
+     * the same expert (match_any) take consecutive places in lane order, then the lowest of
+     * them advances the expert's cursor. (One thread per expert scanning all A ids cost
+     * 236 µs per layer at A = 4096.) */
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        const unsigned lt = (1u << lane) - 1u;
+        for (int a0 = 0; a0 < A; a0 += 32) {
+            const int a = a0 + lane;
+            const int ex = a < A ? ids_s[a] : -1 - lane; /* padding lanes match nobody */
+            const unsigned peers = __match_any_sync(0xffffffffu, ex);
+            const int rk = __popc(peers & lt);
+            if (a < A) sc.sorted[cnt[ex] + rk] = a;
+            __syncwarp();
+            if (a < A && rk == 0) cnt[ex] += __popc(peers);
+            __syncwarp();
+        }
     }
     if (pf.base && c > 0) {
         int64_t share = (int64_t)(DS_CUDA_PREFETCH_BUDGET / (unsigned)nact) & ~(int64_t)15;
@@ -260,7 +286,7 @@ __global__ void __launch_bounds__(1024)
     __shared__ int cnt[MOE_MAX_E];
     __shared__ int wsum[32];
     pdl_enter(); /* cuda_launch.cuh: before any access */
-    const int64_t NL = (int64_t)E + 2 * Is + (Is ? 1 : 0);
+    const int64_t NL = moe_ldl(E, Is); /* row pitch of L */
     for (int i = threadIdx.x; i < T * E; i += blockDim.x) {
         const int t = i / E;
         lg[i] = sc.L[(int64_t)t * NL + (i - t * E)];
@@ -555,6 +581,7 @@ extern "C" void ds_cuda_moe_init(ds_cuda_ctx *ctx) {
     const int bytes = need < (int)ctx->smem_optin - 8192 ? need : (int)ctx->smem_optin - 8192;
     DS_CU(ctx, cudaFuncSetAttribute(moe_group_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     bytes));
+    ds_cuda_moe_gemm_init(ctx);
 }
 
 extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
@@ -573,8 +600,9 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
     moe_layout((char *)ctx->d_moe_scratch, T, H, E, k, I, Is, &sc);
 
     /* 1. router | shared gate_up | shared gate */
-    if (T <= DS_CUDA_GEMV_MAX_ROWS) ds_cuda_gemv(ctx, a->w_in, NL, H, a->x, H, T, sc.L, NL, 1);
-    else ds_cuda_gemm_lt(ctx, a->w_in, NL, H, a->x, H, T, sc.L, NL, 1);
+    const int64_t ldl = moe_ldl(E, Is);
+    if (T <= DS_CUDA_GEMV_MAX_ROWS) ds_cuda_gemv(ctx, a->w_in, NL, H, a->x, H, T, sc.L, ldl, 1);
+    else ds_cuda_gemm_lt(ctx, a->w_in, NL, H, a->x, H, T, sc.L, ldl, 1);
     /* 2. route, 3. group: one launch for small steps (the fast kernel when the router logits
      * fit in shared memory), else a route grid and a group block with the ids staged in
      * dynamic shared memory */
@@ -602,18 +630,27 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
         DS_CU_LAUNCHED2(ctx, "moe_group_kernel", A, E);
     }
     /* 4. gate_up, 5. down (+ 6. the shared expert's down in the same launch for GEMV-sized
-     * steps when ctx->opt.moe_fuse_shared) */
+     * steps when ctx->opt.moe_fuse_shared). Larger steps: the grouped tensor-core GEMM
+     * (cuda_moe_gemm.cu, DS_OPT_MOE_GEMM) */
     const int nblk = A < E ? A : E;
     const bool fuse_sh = Is > 0 && T <= DS_CUDA_GEMV_MAX_ROWS && ctx->opt.moe_fuse_shared;
-    {
-        constexpr int ROWS = 2;
-        dim3 grid(nblk, DS_DIV_UP(2 * I, MOE_WARPS * ROWS));
-        launch_experts<false, ROWS, 4>(ctx, T, grid, (const bf16 *)a->w_gu, H, I, k,
-                                       (const bf16 *)a->x, sc, (const bf16 *)NULL, 0, T,
-                                       pf_on ? (const bf16 *)a->w_down : (const bf16 *)NULL);
-        DS_CU_LAUNCHED2(ctx, "moe_expert_kernel<gate_up>", T, 2 * I);
-    }
-    {
+    if (T > DS_CUDA_GEMV_MAX_ROWS && ctx->opt.moe_gemm && ds_cuda_moe_gemm_fits(H, I)) {
+        ds_moe_gemm_args g = {};
+        g.A = A, g.E = E, g.H = H, g.I = I, g.top_k = k;
+        g.x = a->x, g.w_gu = a->w_gu, g.w_down = a->w_down;
+        g.groups = ds_moe_groups{sc.n_act, sc.act, sc.off, sc.sorted};
+        g.act = sc.h; /* [A, I] of the [A, 2I] buffer */
+        g.y = sc.y;
+        ds_cuda_moe_gemm(ctx, &g);
+    } else {
+        {
+            constexpr int ROWS = 2;
+            dim3 grid(nblk, DS_DIV_UP(2 * I, MOE_WARPS * ROWS));
+            launch_experts<false, ROWS, 4>(ctx, T, grid, (const bf16 *)a->w_gu, H, I, k,
+                                           (const bf16 *)a->x, sc, (const bf16 *)NULL, 0, T,
+                                           pf_on ? (const bf16 *)a->w_down : (const bf16 *)NULL);
+            DS_CU_LAUNCHED2(ctx, "moe_expert_kernel<gate_up>", T, 2 * I);
+        }
         constexpr int ROWS = 4;
         dim3 grid(nblk + (fuse_sh ? 1 : 0), DS_DIV_UP(H, MOE_WARPS * ROWS));
         launch_experts<true, ROWS, 2>(ctx, T, grid, (const bf16 *)a->w_down, H, I, k,

@@ -1,6 +1,7 @@
 /* cuda_ops.c — the op table entries: shape checks (DS_ASSERT: shapes are internal invariants)
  * on the host, then the launchers of cuda_*.cu. Nothing here synchronises except argmax,
- * which must hand ids back to the host. */
+ * which must hand ids back to the host (and set_argmax_bans, which waits for its own previous
+ * upload before reusing the staging buffer). */
 #include <math.h>
 #include <string.h>
 
@@ -136,6 +137,34 @@ void ds_cuda_op_argmax_logits(ds_backend *be, const ds_tensor *x, const ds_linea
         c->pending_ids = ids;
         c->pending_n = (int)R;
     }
+}
+
+/* The banned-id table of argmax_logits (backend.h): header + table packed into pinned staging
+ * and copied with one async copy into d_bans, whose address never changes (graphs recorded
+ * the pointer, the kernel reads the sizes from the header). Before the staging is refilled the
+ * previous copy from it must be done; uploads happen only when the caller's table changed, so
+ * that wait is normally over long ago. During a capture the copy goes to the side stream and is
+ * waited for (not recorded), as set_batch's. */
+bool ds_cuda_set_argmax_bans(ds_backend *be, const int32_t *ids, int B, int n_ban) {
+    ds_cuda_ctx *c = ds_cuda_ctx_of(be);
+    DS_ASSERT(B >= 0 && n_ban >= 0 && (B == 0 || n_ban == 0 || ids));
+    const int64_t n = (int64_t)B * n_ban;
+    const bool fits = n <= DS_CUDA_BAN_INTS;
+    if (n == 0 || !fits) B = n_ban = 0; /* cleared */
+    DS_CU(c, cudaEventSynchronize(c->bans_done));
+    int32_t *h = c->h_bans;
+    h[0] = B;
+    h[1] = n_ban;
+    if (B > 0) memcpy(h + 2, ids, sizeof(int32_t) * (size_t)n);
+    const size_t bytes = sizeof(int32_t) * (size_t)(2 + (B > 0 ? n : 0));
+    if (c->capturing) {
+        DS_CU(c, cudaMemcpyAsync(c->d_bans, h, bytes, cudaMemcpyHostToDevice, c->side));
+        DS_CU(c, cudaStreamSynchronize(c->side));
+    } else {
+        DS_CU(c, cudaMemcpyAsync(c->d_bans, h, bytes, cudaMemcpyHostToDevice, c->stream));
+        DS_CU(c, cudaEventRecord(c->bans_done, c->stream));
+    }
+    return fits;
 }
 
 void ds_cuda_op_concat(ds_backend *be, const ds_tensor *a, const ds_tensor *b, ds_tensor *out) {

@@ -410,6 +410,26 @@ ds_status ds_cuda_build_weights(ds_backend *be, const ds_config *cfg, const ds_m
             ctx->moe_scratch_bytes = need;
         }
     }
+    /* scratch of the GDN prefill form (cuda_gdn_prefill.cu) when it is built for this shape;
+     * without it prefill runs the fused kernel */
+    const size_t gdn_need = cfg->gdn_v_heads > 0
+                                ? ds_cuda_gdn_prefill_scratch_bytes(cfg->gdn_k_heads, cfg->gdn_v_heads,
+                                                                    cfg->gdn_k_dim, cfg->gdn_v_dim,
+                                                                    cfg->gdn_conv_kernel)
+                                : 0;
+    if (gdn_need > ctx->gdn_scratch_bytes) {
+        cudaFree(ctx->d_gdn_scratch);
+        ctx->d_gdn_scratch = NULL;
+        ctx->gdn_scratch_bytes = 0;
+        if (cudaMalloc(&ctx->d_gdn_scratch, gdn_need) != cudaSuccess) {
+            (void)cudaGetLastError();
+            ctx->d_gdn_scratch = NULL;
+            b.st = ds_error_set(err, DS_ERR_NOMEM, "CUDA weights: cannot allocate %.2f GB of GDN scratch",
+                                (double)gdn_need / 1e9);
+            goto fail;
+        }
+        ctx->gdn_scratch_bytes = gdn_need;
+    }
     return DS_OK;
 fail:
     ds_cuda_release_weights(be, out);

@@ -1,0 +1,299 @@
+/* cuda_gdn_prefill.cu — Gated DeltaNet for steps with long runs of tokens per sequence
+ * (prefill), in four launches instead of cuda_gdn.cu's one (DS_OPT_GDN_PREFILL).
+ *
+ * Why: the fused kernel walks a sequence's tokens in one block per value head (32 blocks at
+ * Qwen3.5-35B-A3B), and per token it convolves, reduces the q/k norms, runs the recurrence and
+ * the gated RMSNorm with four block-wide barriers and a global load in the chain: 1.7 µs a
+ * token, 26 of the 78 ms of a 512-token prefill chunk. Only the recurrence is sequential in
+ * time; everything else is parallel over tokens. So:
+ *   1. prep   (token, key head) blocks: conv + SiLU of the key head's q, k and its value heads'
+ *             v channels, q/k L2 norms (q also scaled by dk^-1/2), gates α = exp(g), β
+ *             → scratch q̂, k̂ [T, hk, dk], v [T, hv, dv], (α, β) [T, hv] (fp32);
+ *   2. scan   one warp per (sequence, value head, 4 state columns): lane l holds rows
+ *             [4l, 4l + 4) of its columns in registers; per token S ← αS, kv = Sᵀk̂ (a warp sum),
+ *             δ = β(v − kv), S ← S + k̂δ, o = Sᵀq̂ (a warp sum): no barriers, inputs loaded
+ *             GP_SCAN_AHEAD tokens ahead; 1024 warps at 35B-A3B instead of 32 blocks → o [T, hv, dv] fp32;
+ *   3. out    (token, value head) blocks: gated RMSNorm o·rsqrt(mean o² + eps)·w·SiLU(z) → bf16;
+ *   4. hist   (sequence, value head) blocks: the conv history after the step's last token
+ *             (after prep has read the old one).
+ * The arithmetic is the fused kernel's, in the same order per value except the reductions
+ * (warp shuffles here): results agree to fp32 rounding. Built for dk = dv = 128 and conv
+ * kernel 4 (every Qwen3.5 config); speculative snapshot steps (state_out) and other shapes keep
+ * the fused kernel. Layouts as cuda_gdn.cu (conv history per value head, q/k duplicated). */
+#include <math.h>
+
+#include "cuda_launch.cuh"
+
+#define GP_KC 4          /* conv kernel */
+#define GP_DK 128        /* key dim = value dim */
+#define GP_MAX_G 8       /* value heads per key head */
+#define GP_PREP_THREADS 512
+#define GP_SCAN_WARPS 4  /* warps per scan block */
+#define GP_SCAN_COLS 4   /* state columns per scan warp */
+#define GP_SCAN_AHEAD 4  /* tokens whose inputs a scan warp has in flight */
+
+/* Pieces of ctx->d_gdn_scratch for T tokens (fp32). */
+struct gdn_scratch {
+    float *q;  /* [T, hk, dk] normalised, scaled by dk^-1/2 */
+    float *k;  /* [T, hk, dk] normalised */
+    float *v;  /* [T, hv, dv] */
+    float *ab; /* [T, hv, 2] α, β */
+    float *o;  /* [T, hv, dv] recurrence output before the gated norm */
+};
+
+static gdn_scratch gdn_scratch_of(float *base, int64_t T, int hk, int hv) {
+    gdn_scratch s;
+    s.q = base;
+    s.k = s.q + T * hk * GP_DK;
+    s.v = s.k + T * hk * GP_DK;
+    s.ab = s.v + T * hv * GP_DK;
+    s.o = s.ab + T * hv * 2;
+    return s;
+}
+
+extern "C" size_t ds_cuda_gdn_prefill_scratch_bytes(int hk, int hv, int dk, int dv, int kernel) {
+    if (dk != GP_DK || dv != GP_DK || kernel != GP_KC || hk <= 0 || hv % hk || hv / hk > GP_MAX_G)
+        return 0;
+    const int64_t T = DS_CUDA_MAX_TOKENS;
+    return sizeof(float) * (size_t)(T * hk * GP_DK * 2 + T * hv * GP_DK * 2 + T * hv * 2);
+}
+
+/* 1. prep: block (key head kh, token t), channels c of [q (dk) | k (dk) | v of the G value
+ * heads (G·dv)]. */
+__global__ void __launch_bounds__(GP_PREP_THREADS)
+    gdn_prep_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
+    constexpr int DK = GP_DK, KC = GP_KC, NCH = 3 * GP_DK; /* history channels per value head */
+    __shared__ float ys[2 * DK + GP_MAX_G * DK];
+    __shared__ float red[2][GP_PREP_THREADS / 32];
+    pdl_enter(); /* cuda_launch.cuh: before any access */
+    const int kh = blockIdx.x, t = blockIdx.y;
+    const int hk = a.hk, hv = a.hv, G = hv / hk;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int s = b.tok_seq[t];
+    const int ts = b.seq_start[s], slot = b.seq_slot[s];
+    const int p = t - ts; /* position in this step's run of the sequence */
+    const int64_t conv_dim = 2 * (int64_t)hk * DK + (int64_t)hv * DK;
+    const int64_t ldp = conv_dim + (int64_t)hv * DK + 2 * hv;
+    const bf16 *proj = (const bf16 *)a.proj;
+    const float *CHs = a.conv_hist + (int64_t)slot * a.conv_slot_stride;
+    const int nch = 2 * DK + G * DK;
+    float sq = 0.f, sk = 0.f;
+    for (int c = tid; c < nch; c += blockDim.x) {
+        int64_t gc;
+        int hh, ch; /* where the history keeps this channel: value head hh, channel ch */
+        if (c < DK) {
+            gc = (int64_t)kh * DK + c, hh = kh * G, ch = c;
+        } else if (c < 2 * DK) {
+            gc = (int64_t)hk * DK + (int64_t)kh * DK + (c - DK), hh = kh * G, ch = c;
+        } else {
+            const int vi = c - 2 * DK, h = kh * G + vi / DK, cv = vi % DK;
+            gc = 2 * (int64_t)hk * DK + (int64_t)h * DK + cv, hh = h, ch = 2 * DK + cv;
+        }
+        const float *hist = CHs + ((int64_t)hh * NCH + ch) * (KC - 1);
+        const float *cw = a.conv_w + gc * KC;
+        float acc = cw[KC - 1] * to_f32(proj[(int64_t)t * ldp + gc]);
+#pragma unroll
+        for (int i = 0; i < KC - 1; i++) {
+            const int pp = p - (KC - 1) + i; /* tap i reads x at run position pp */
+            const float x = pp >= 0 ? to_f32(proj[(int64_t)(ts + pp) * ldp + gc]) : hist[KC - 1 + pp];
+            acc = fmaf(cw[i], x, acc);
+        }
+        const float y = silu_f(acc);
+        ys[c] = y;
+        if (c < DK) sq += y * y;
+        else if (c < 2 * DK) sk += y * y;
+    }
+    if (tid < G) {
+        const int h = kh * G + tid;
+        const float bb = to_f32(proj[(int64_t)t * ldp + conv_dim + (int64_t)hv * DK + h]);
+        const float aa = to_f32(proj[(int64_t)t * ldp + conv_dim + (int64_t)hv * DK + hv + h]) + a.dt_bias[h];
+        const float sp = aa > 20.f ? aa : log1pf(expf(aa)); /* softplus, torch threshold 20 */
+        float *ab = sc.ab + ((int64_t)t * hv + h) * 2;
+        ab[0] = expf(a.neg_exp_A[h] * sp); /* α = exp(g) */
+        ab[1] = sigmoid_f(bb);             /* β */
+    }
+    sq = warp_sum(sq);
+    sk = warp_sum(sk);
+    if (lane == 0) {
+        red[0][warp] = sq;
+        red[1][warp] = sk;
+    }
+    __syncthreads();
+    float qss = 0.f, kss = 0.f;
+#pragma unroll
+    for (int w = 0; w < GP_PREP_THREADS / 32; w++) {
+        qss += red[0][w];
+        kss += red[1][w];
+    }
+    const float qscale = rsqrtf(qss + 1e-6f) * rsqrtf((float)DK);
+    const float kscale = rsqrtf(kss + 1e-6f);
+    for (int c = tid; c < nch; c += blockDim.x) {
+        if (c < DK) sc.q[((int64_t)t * hk + kh) * DK + c] = ys[c] * qscale;
+        else if (c < 2 * DK) sc.k[((int64_t)t * hk + kh) * DK + c - DK] = ys[c] * kscale;
+        else sc.v[((int64_t)t * hv + kh * G) * DK + (c - 2 * DK)] = ys[c];
+    }
+}
+
+/* 2. scan: warp (sequence blockIdx.z, value head blockIdx.y, columns j0 .. j0 + GP_SCAN_COLS).
+ * A warp serves GP_SCAN_COLS columns so that all warps of a 1-sequence prefill are resident at
+ * once (the chain per token is latency, not work: more warps than fit in one wave multiply the
+ * time; one column per warp with an 8-token ring needed 200 registers and ran 2.7x slower),
+ * and the q̂ / k̂ loads serve all its columns. */
+__global__ void __launch_bounds__(GP_SCAN_WARPS * 32)
+    gdn_scan_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
+    constexpr int DK = GP_DK, DV = GP_DK, RPL = DK / 32, C = GP_SCAN_COLS; /* rows per lane */
+    static_assert(RPL == 4 && C == 4, "float4 loads of q, k (rows) and v (columns)");
+    pdl_enter(); /* cuda_launch.cuh: before any access */
+    const int lane = threadIdx.x & 31;
+    const int j0 = (blockIdx.x * GP_SCAN_WARPS + (threadIdx.x >> 5)) * C;
+    const int h = blockIdx.y, s = blockIdx.z;
+    const int hk = a.hk, hv = a.hv, kh = h / (hv / hk);
+    const int ts = b.seq_start[s], te = b.seq_start[s + 1];
+    if (ts >= te) return;
+    float *S = a.state + (int64_t)b.seq_slot[s] * a.state_slot_stride + (int64_t)h * DK * DV;
+    float st[RPL][C]; /* S[4·lane + r][j0 + c] */
+#pragma unroll
+    for (int r = 0; r < RPL; r++) {
+        const float4 v4 = *(const float4 *)(S + (int64_t)(lane * RPL + r) * DV + j0);
+        st[r][0] = v4.x, st[r][1] = v4.y, st[r][2] = v4.z, st[r][3] = v4.w;
+    }
+
+    /* inputs of the next GP_SCAN_AHEAD tokens in a register ring: a token's chain (warp sums)
+     * is shorter than an L2 round trip */
+    constexpr int D = GP_SCAN_AHEAD;
+    float4 rk[D], rq[D], rv[D];
+    float2 rab[D];
+    auto load = [&](int t, float4 &k4, float4 &q4, float4 &v4, float2 &ab) {
+        k4 = *(const float4 *)(sc.k + ((int64_t)t * hk + kh) * DK + lane * RPL);
+        q4 = *(const float4 *)(sc.q + ((int64_t)t * hk + kh) * DK + lane * RPL);
+        v4 = *(const float4 *)(sc.v + ((int64_t)t * hv + h) * DV + j0);
+        ab = *(const float2 *)(sc.ab + ((int64_t)t * hv + h) * 2);
+    };
+#pragma unroll
+    for (int i = 0; i < D; i++)
+        if (ts + i < te) load(ts + i, rk[i], rq[i], rv[i], rab[i]);
+    /* the inner loop must unroll fully (no break) so that the ring stays in registers */
+    for (int t0 = ts; t0 < te; t0 += D) {
+#pragma unroll
+        for (int i = 0; i < D; i++) {
+            const int t = t0 + i;
+            if (t < te) {
+                const float kk[RPL] = {rk[i].x, rk[i].y, rk[i].z, rk[i].w};
+                const float qq[RPL] = {rq[i].x, rq[i].y, rq[i].z, rq[i].w};
+                const float vv[C] = {rv[i].x, rv[i].y, rv[i].z, rv[i].w};
+                const float alpha = rab[i].x, beta = rab[i].y;
+                if (t + D < te) load(t + D, rk[i], rq[i], rv[i], rab[i]);
+                float part[C], part2[C];
+#pragma unroll
+                for (int c = 0; c < C; c++) {
+                    part[c] = 0.f;
+#pragma unroll
+                    for (int r = 0; r < RPL; r++) {
+                        st[r][c] *= alpha;
+                        part[c] = fmaf(st[r][c], kk[r], part[c]);
+                    }
+                }
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+                    for (int c = 0; c < C; c++) part[c] += __shfl_xor_sync(0xffffffffu, part[c], o);
+#pragma unroll
+                for (int c = 0; c < C; c++) {
+                    const float delta = beta * (vv[c] - part[c]);
+                    part2[c] = 0.f;
+#pragma unroll
+                    for (int r = 0; r < RPL; r++) {
+                        st[r][c] = fmaf(kk[r], delta, st[r][c]);
+                        part2[c] = fmaf(st[r][c], qq[r], part2[c]);
+                    }
+                }
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+                    for (int c = 0; c < C; c++) part2[c] += __shfl_xor_sync(0xffffffffu, part2[c], o);
+                if (lane == 0)
+                    *(float4 *)(sc.o + ((int64_t)t * hv + h) * DV + j0) =
+                        make_float4(part2[0], part2[1], part2[2], part2[3]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < RPL; r++)
+        *(float4 *)(S + (int64_t)(lane * RPL + r) * DV + j0) =
+            make_float4(st[r][0], st[r][1], st[r][2], st[r][3]);
+}
+
+/* 3. out: block (value head, token), thread j of dv. */
+__global__ void __launch_bounds__(GP_DK) gdn_out_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
+    constexpr int DV = GP_DK;
+    __shared__ float red[DV / 32];
+    pdl_enter(); /* cuda_launch.cuh: before any access */
+    (void)b;
+    const int h = blockIdx.x, t = blockIdx.y, j = threadIdx.x;
+    const int hk = a.hk, hv = a.hv;
+    const int64_t conv_dim = 2 * (int64_t)hk * GP_DK + (int64_t)hv * DV;
+    const int64_t ldp = conv_dim + (int64_t)hv * DV + 2 * hv;
+    const float o = sc.o[((int64_t)t * hv + h) * DV + j];
+    const float o2 = warp_sum(o * o);
+    if ((j & 31) == 0) red[j >> 5] = o2;
+    __syncthreads();
+    float ms = 0.f;
+#pragma unroll
+    for (int w = 0; w < DV / 32; w++) ms += red[w];
+    const float n = o * rsqrtf(ms / (float)DV + a.eps);
+    const float z = to_f32(((const bf16 *)a.proj)[(int64_t)t * ldp + conv_dim + (int64_t)h * DV + j]);
+    ((bf16 *)a.out)[(int64_t)t * hv * DV + (int64_t)h * DV + j] = __float2bfloat16_rn(n * a.norm_w[j] * silu_f(z));
+}
+
+/* 4. hist: block (value head, sequence), thread c of the value head's 3·dk history channels:
+ * the last KC − 1 conv inputs after the step (from this step's rows, or the old history when
+ * the run is shorter than that). */
+__global__ void __launch_bounds__(3 * GP_DK) gdn_hist_kernel(ds_cuda_batch b, ds_cuda_gdn_args a) {
+    constexpr int DK = GP_DK, KC = GP_KC, NCH = 3 * GP_DK;
+    pdl_enter(); /* cuda_launch.cuh: before any access */
+    const int h = blockIdx.x, s = blockIdx.y, c = threadIdx.x;
+    const int hk = a.hk, hv = a.hv, kh = h / (hv / hk);
+    const int ts = b.seq_start[s], te = b.seq_start[s + 1];
+    if (ts >= te) return;
+    const int64_t conv_dim = 2 * (int64_t)hk * DK + (int64_t)hv * DK;
+    const int64_t ldp = conv_dim + (int64_t)hv * DK + 2 * hv;
+    int64_t gc;
+    if (c < DK) gc = (int64_t)kh * DK + c;
+    else if (c < 2 * DK) gc = (int64_t)hk * DK + (int64_t)kh * DK + (c - DK);
+    else gc = 2 * (int64_t)hk * DK + (int64_t)h * DK + (c - 2 * DK);
+    float *CH = a.conv_hist + (int64_t)b.seq_slot[s] * a.conv_slot_stride + ((int64_t)h * NCH + c) * (KC - 1);
+    float old[KC - 1], nh[KC - 1];
+#pragma unroll
+    for (int i = 0; i < KC - 1; i++) old[i] = CH[i];
+    const int n = te - ts;
+#pragma unroll
+    for (int i = 0; i < KC - 1; i++) {
+        const int pp = n - (KC - 1) + i;
+        nh[i] = pp >= 0 ? to_f32(((const bf16 *)a.proj)[(int64_t)(ts + pp) * ldp + gc]) : old[KC - 1 + pp];
+    }
+#pragma unroll
+    for (int i = 0; i < KC - 1; i++) CH[i] = nh[i];
+}
+
+/* Runs the four launches when this step suits them (see the file comment); false: the caller
+ * runs the fused kernel. */
+extern "C" bool ds_cuda_gdn_prefill(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a) {
+    const ds_cuda_batch *b = &ctx->batch;
+    if (!ctx->opt.gdn_prefill || !ctx->d_gdn_scratch || ctx->h_state_out_off >= 0 ||
+        ctx->info.max_seq_tokens < DS_CUDA_GDN_PREFILL_MIN_TOKENS)
+        return false;
+    const size_t need = ds_cuda_gdn_prefill_scratch_bytes(a->hk, a->hv, a->dk, a->dv, a->kernel);
+    if (need == 0 || need > ctx->gdn_scratch_bytes) return false;
+    const int T = b->n_tokens, S = b->n_seqs;
+    const gdn_scratch sc = gdn_scratch_of((float *)ctx->d_gdn_scratch, T, a->hk, a->hv);
+    ds_launch(ctx, gdn_prep_kernel, dim3(a->hk, T), GP_PREP_THREADS, 0, *b, *a, sc);
+    DS_CU_LAUNCHED2(ctx, "gdn_prep_kernel", T, a->hk);
+    ds_launch(ctx, gdn_scan_kernel, dim3(GP_DK / (GP_SCAN_WARPS * GP_SCAN_COLS), a->hv, S),
+              GP_SCAN_WARPS * 32, 0, *b, *a, sc);
+    DS_CU_LAUNCHED2(ctx, "gdn_scan_kernel", S, a->hv);
+    ds_launch(ctx, gdn_out_kernel, dim3(a->hv, T), GP_DK, 0, *b, *a, sc);
+    DS_CU_LAUNCHED2(ctx, "gdn_out_kernel", T, a->hv);
+    ds_launch(ctx, gdn_hist_kernel, dim3(a->hv, S), 3 * GP_DK, 0, *b, *a);
+    DS_CU_LAUNCHED2(ctx, "gdn_hist_kernel", S, a->hv);
+    return true;
+}

@@ -1,0 +1,41 @@
+/* cuda_moe_gemm.h — the routed experts of prefill-sized MoE steps as a grouped GEMM on tensor
+ * cores (cuda_moe_gemm.cu), called by ds_cuda_moe after routing and grouping. */
+#ifndef DS_CUDA_MOE_GEMM_H
+#define DS_CUDA_MOE_GEMM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cuda_internal.h"
+
+/* The assignments grouped by expert, on the device (written by cuda_moe.cu's group step). */
+typedef struct ds_moe_groups {
+    const int32_t *n_act;  /* [1] number of active experts */
+    const int32_t *act;    /* [E] active expert ids, ascending */
+    const int32_t *off;    /* [n_act + 1] first assignment of each active expert in sorted */
+    const int32_t *sorted; /* [A] assignment indices (token·top_k + slot), grouped by expert */
+} ds_moe_groups;
+
+typedef struct ds_moe_gemm_args {
+    int A, E, H, I, top_k; /* A = T·top_k assignments */
+    const void *x;         /* [T, H] bf16 */
+    const void *w_gu;      /* [E, 2I, H] bf16: gate rows, then up rows */
+    const void *w_down;    /* [E, H, I] bf16 */
+    ds_moe_groups groups;
+    void *act;             /* out of gate_up, in of down: [A, I] bf16, SiLU(g)·u */
+    float *y;              /* [A, H] fp32 per-assignment expert outputs */
+} ds_moe_gemm_args;
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* Whether the tile kernels cover this shape (K of both passes a multiple of 32). */
+bool ds_cuda_moe_gemm_fits(int H, int I);
+/* Once at backend creation (the kernels' dynamic shared memory limit). */
+void ds_cuda_moe_gemm_init(ds_cuda_ctx *ctx);
+void ds_cuda_moe_gemm(ds_cuda_ctx *ctx, const ds_moe_gemm_args *a);
+#ifdef __cplusplus
+}
+#endif
+
+#endif
