@@ -9,10 +9,10 @@
  *   1. prep   (token, key head) blocks: conv + SiLU of the key head's q, k and its value heads'
  *             v channels, q/k L2 norms (q also scaled by dk^-1/2), gates α = exp(g), β
  *             → scratch q̂, k̂ [T, hk, dk], v [T, hv, dv], (α, β) [T, hv] (fp32);
- *   2. scan   one warp per (sequence, value head, 4 state columns): lane l holds rows
+ *   2. scan   one warp per (sequence, value head, C = 4 or 2 state columns): lane l holds rows
  *             [4l, 4l + 4) of its columns in registers; per token S ← αS, kv = Sᵀk̂ (a warp sum),
  *             δ = β(v − kv), S ← S + k̂δ, o = Sᵀq̂ (a warp sum): no barriers, inputs loaded
- *             GP_SCAN_AHEAD tokens ahead; 1024 warps at 35B-A3B instead of 32 blocks → o [T, hv, dv] fp32;
+ *             GP_SCAN_AHEAD tokens ahead; 2048 warps at 35B-A3B (C = 2) instead of 32 blocks → o [T, hv, dv] fp32;
  *   3. out    (token, value head) blocks: gated RMSNorm o·rsqrt(mean o² + eps)·w·SiLU(z) → bf16;
  *   4. hist   (sequence, value head) blocks: the conv history after the step's last token
  *             (after prep has read the old one).
@@ -29,7 +29,8 @@
 #define GP_MAX_G 8       /* value heads per key head */
 #define GP_PREP_THREADS 512
 #define GP_SCAN_WARPS 4  /* warps per scan block */
-#define GP_SCAN_COLS 4   /* state columns per scan warp */
+/* state columns per scan warp: a template parameter C of 2 or 4 (ctx->gdn_scan_cols, default
+ * 2: 2048 warps at 35B-A3B, 96 registers, still one wave) */
 #define GP_SCAN_AHEAD 4  /* tokens whose inputs a scan warp has in flight */
 
 /* Pieces of ctx->d_gdn_scratch for T tokens (fp32). */
@@ -134,15 +135,37 @@ __global__ void __launch_bounds__(GP_PREP_THREADS)
     }
 }
 
-/* 2. scan: warp (sequence blockIdx.z, value head blockIdx.y, columns j0 .. j0 + GP_SCAN_COLS).
- * A warp serves GP_SCAN_COLS columns so that all warps of a 1-sequence prefill are resident at
+/* C consecutive fp32 values (C = 2 or 4), one vector load / store */
+template <int C> struct fcols {
+    float v[C];
+};
+template <int C> static __device__ __forceinline__ fcols<C> ld_cols(const float *p) {
+    fcols<C> r;
+    if constexpr (C == 4) {
+        const float4 x = *(const float4 *)p;
+        r.v[0] = x.x, r.v[1] = x.y, r.v[2] = x.z, r.v[3] = x.w;
+    } else {
+        static_assert(C == 2, "2 or 4 columns");
+        const float2 x = *(const float2 *)p;
+        r.v[0] = x.x, r.v[1] = x.y;
+    }
+    return r;
+}
+template <int C> static __device__ __forceinline__ void st_cols(float *p, const float (&v)[C]) {
+    if constexpr (C == 4) *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+    else *(float2 *)p = make_float2(v[0], v[1]);
+}
+
+/* 2. scan: warp (sequence blockIdx.z, value head blockIdx.y, columns j0 .. j0 + C).
+ * A warp serves C columns so that all warps of a 1-sequence prefill are resident at
  * once (the chain per token is latency, not work: more warps than fit in one wave multiply the
  * time; one column per warp with an 8-token ring needed 200 registers and ran 2.7x slower),
  * and the q̂ / k̂ loads serve all its columns. */
+template <int C>
 __global__ void __launch_bounds__(GP_SCAN_WARPS * 32)
     gdn_scan_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
-    constexpr int DK = GP_DK, DV = GP_DK, RPL = DK / 32, C = GP_SCAN_COLS; /* rows per lane */
-    static_assert(RPL == 4 && C == 4, "float4 loads of q, k (rows) and v (columns)");
+    constexpr int DK = GP_DK, DV = GP_DK, RPL = DK / 32; /* rows per lane */
+    static_assert(RPL == 4, "float4 loads of q and k");
     pdl_enter(); /* cuda_launch.cuh: before any access */
     const int lane = threadIdx.x & 31;
     const int j0 = (blockIdx.x * GP_SCAN_WARPS + (threadIdx.x >> 5)) * C;
@@ -154,19 +177,21 @@ __global__ void __launch_bounds__(GP_SCAN_WARPS * 32)
     float st[RPL][C]; /* S[4·lane + r][j0 + c] */
 #pragma unroll
     for (int r = 0; r < RPL; r++) {
-        const float4 v4 = *(const float4 *)(S + (int64_t)(lane * RPL + r) * DV + j0);
-        st[r][0] = v4.x, st[r][1] = v4.y, st[r][2] = v4.z, st[r][3] = v4.w;
+        const fcols<C> row = ld_cols<C>(S + (int64_t)(lane * RPL + r) * DV + j0);
+#pragma unroll
+        for (int c = 0; c < C; c++) st[r][c] = row.v[c];
     }
 
     /* inputs of the next GP_SCAN_AHEAD tokens in a register ring: a token's chain (warp sums)
      * is shorter than an L2 round trip */
     constexpr int D = GP_SCAN_AHEAD;
-    float4 rk[D], rq[D], rv[D];
+    float4 rk[D], rq[D];
+    fcols<C> rv[D];
     float2 rab[D];
-    auto load = [&](int t, float4 &k4, float4 &q4, float4 &v4, float2 &ab) {
+    auto load = [&](int t, float4 &k4, float4 &q4, fcols<C> &vc, float2 &ab) {
         k4 = *(const float4 *)(sc.k + ((int64_t)t * hk + kh) * DK + lane * RPL);
         q4 = *(const float4 *)(sc.q + ((int64_t)t * hk + kh) * DK + lane * RPL);
-        v4 = *(const float4 *)(sc.v + ((int64_t)t * hv + h) * DV + j0);
+        vc = ld_cols<C>(sc.v + ((int64_t)t * hv + h) * DV + j0);
         ab = *(const float2 *)(sc.ab + ((int64_t)t * hv + h) * 2);
     };
 #pragma unroll
@@ -180,9 +205,9 @@ __global__ void __launch_bounds__(GP_SCAN_WARPS * 32)
             if (t < te) {
                 const float kk[RPL] = {rk[i].x, rk[i].y, rk[i].z, rk[i].w};
                 const float qq[RPL] = {rq[i].x, rq[i].y, rq[i].z, rq[i].w};
-                const float vv[C] = {rv[i].x, rv[i].y, rv[i].z, rv[i].w};
+                const fcols<C> vv = rv[i];
                 const float alpha = rab[i].x, beta = rab[i].y;
-                if (t + D < te) load(t + D, rk[i], rq[i], rv[i], rab[i]);
+                if (t + D < te) load(t + D, rk[i], rq[i], rv[i], rab[i]); /* slot i is free now */
                 float part[C], part2[C];
 #pragma unroll
                 for (int c = 0; c < C; c++) {
@@ -199,7 +224,7 @@ __global__ void __launch_bounds__(GP_SCAN_WARPS * 32)
                     for (int c = 0; c < C; c++) part[c] += __shfl_xor_sync(0xffffffffu, part[c], o);
 #pragma unroll
                 for (int c = 0; c < C; c++) {
-                    const float delta = beta * (vv[c] - part[c]);
+                    const float delta = beta * (vv.v[c] - part[c]);
                     part2[c] = 0.f;
 #pragma unroll
                     for (int r = 0; r < RPL; r++) {
@@ -211,16 +236,12 @@ __global__ void __launch_bounds__(GP_SCAN_WARPS * 32)
                 for (int o = 16; o > 0; o >>= 1)
 #pragma unroll
                     for (int c = 0; c < C; c++) part2[c] += __shfl_xor_sync(0xffffffffu, part2[c], o);
-                if (lane == 0)
-                    *(float4 *)(sc.o + ((int64_t)t * hv + h) * DV + j0) =
-                        make_float4(part2[0], part2[1], part2[2], part2[3]);
+                if (lane == 0) st_cols<C>(sc.o + ((int64_t)t * hv + h) * DV + j0, part2);
             }
         }
     }
 #pragma unroll
-    for (int r = 0; r < RPL; r++)
-        *(float4 *)(S + (int64_t)(lane * RPL + r) * DV + j0) =
-            make_float4(st[r][0], st[r][1], st[r][2], st[r][3]);
+    for (int r = 0; r < RPL; r++) st_cols<C>(S + (int64_t)(lane * RPL + r) * DV + j0, st[r]);
 }
 
 /* 3. out: block (value head, token), thread j of dv. */
@@ -288,8 +309,12 @@ extern "C" bool ds_cuda_gdn_prefill(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a)
     const gdn_scratch sc = gdn_scratch_of((float *)ctx->d_gdn_scratch, T, a->hk, a->hv);
     ds_launch(ctx, gdn_prep_kernel, dim3(a->hk, T), GP_PREP_THREADS, 0, *b, *a, sc);
     DS_CU_LAUNCHED2(ctx, "gdn_prep_kernel", T, a->hk);
-    ds_launch(ctx, gdn_scan_kernel, dim3(GP_DK / (GP_SCAN_WARPS * GP_SCAN_COLS), a->hv, S),
-              GP_SCAN_WARPS * 32, 0, *b, *a, sc);
+    if (ctx->gdn_scan_cols == 2)
+        ds_launch(ctx, gdn_scan_kernel<2>, dim3(GP_DK / (GP_SCAN_WARPS * 2), a->hv, S),
+                  GP_SCAN_WARPS * 32, 0, *b, *a, sc);
+    else
+        ds_launch(ctx, gdn_scan_kernel<4>, dim3(GP_DK / (GP_SCAN_WARPS * 4), a->hv, S),
+                  GP_SCAN_WARPS * 32, 0, *b, *a, sc);
     DS_CU_LAUNCHED2(ctx, "gdn_scan_kernel", S, a->hv);
     ds_launch(ctx, gdn_out_kernel, dim3(a->hv, T), GP_DK, 0, *b, *a, sc);
     DS_CU_LAUNCHED2(ctx, "gdn_out_kernel", T, a->hv);

@@ -155,6 +155,11 @@ typedef struct ds_cuda_ctx {
     int moe_rmax;
     /* the same bound for larger steps (prefill; env DS_CUDA_MOE_RMAX_PREFILL, default 4) */
     int moe_rmax_prefill;
+    /* measurement knobs of the prefill kernels (env at create): warps along N of the grouped
+     * expert GEMM's block (DS_CUDA_MOE_GEMM_WN, 2 or 4, default 2: cuda_moe_gemm.cu) and state
+     * columns per warp of the GDN prefill recurrence (DS_CUDA_GDN_SCAN_COLS, 2 or 4, default
+     * 2: cuda_gdn_prefill.cu) */
+    int moe_gemm_wn, gdn_scan_cols;
 
     /* Optimisation switches (catalogue items; env at create, README "Switches"), 1 = on:
      * moe_fast_route   DS_OPT_MOE_FAST_ROUTE: decode routing from shared memory

@@ -32,7 +32,11 @@ using namespace nvcuda;
 #define GG_BK 32             /* K per pipeline stage */
 #define GG_LDS (GG_BK + 8)   /* smem row pitch (bf16): 80 bytes, rows start on distinct banks */
 #define GG_LDC (GG_BN + 4)   /* fp32 pitch of the epilogue tile */
-#define GG_THREADS 256       /* 8 warps: 2 (M) × 4 (N), 32 × 32 each */
+/* Warps: 2 (M) × WN (N), each 32 × (GG_BN / WN): WN = 4 (256 threads, 32 × 32 warp tiles, two
+ * smem fragment loads per MMA) or WN = 2 (128 threads, 32 × 64: 1.5 loads per MMA). Chosen at
+ * creation (DS_CUDA_MOE_GEMM_WN, default 2: prefill of 1024 tokens 83.69 ms with 4, 79.32 ms
+ * with 2, run s4-run5). */
+#define GG_THREADS(WN) (64 * (WN))
 /* Pipeline depth: GG_STAGES − 1 stages of weight tiles in flight per block. 4 stages measured
  * no faster than 2 (gate_up 20.5 vs 19.4 ms per 1024-token prefill, runs s4-run3 / s4-run2):
  * the kernel is not bound by the bytes in flight (see docs/cuda_notes.md, session 4). */
@@ -84,8 +88,8 @@ static __device__ void gg_find_tile(int bx, const ds_moe_groups &g, int *expert_
     }
 }
 
-template <bool GATE_UP>
-__global__ void __launch_bounds__(GG_THREADS)
+template <bool GATE_UP, int WN>
+__global__ void __launch_bounds__(GG_THREADS(WN))
     moe_group_gemm_kernel(const bf16 *__restrict__ W, int N, int K, const bf16 *__restrict__ x,
                           int k_top, ds_moe_groups g, void *__restrict__ out) {
     extern __shared__ __align__(128) unsigned char gg_dyn[];
@@ -115,15 +119,19 @@ __global__ void __launch_bounds__(GG_THREADS)
     const bf16 *We = W + (int64_t)e * w_rows * K;
     __syncthreads();
 
-    /* per thread: one 16-byte chunk of the A tile (row tid/4), two of the B tile */
+    /* per thread: CA 16-byte chunks of the A tile (rows ar + RS·j), CB of the B tile, all at
+     * column ch of the stage */
+    constexpr int NT = GG_THREADS(WN), RS = NT / 4, CA = GG_BM / RS, CB = GG_BN / RS;
     const int ch = (tid & 3) * 8;
     const int ar = tid >> 2;
-    const bf16 *asrc = arow[ar];
-    const bf16 *bsrc[2];
-    bool bval[2];
+    const bf16 *asrc[CA];
 #pragma unroll
-    for (int j = 0; j < 2; j++) {
-        const int r = ar + 64 * j;
+    for (int j = 0; j < CA; j++) asrc[j] = arow[ar + RS * j];
+    const bf16 *bsrc[CB];
+    bool bval[CB];
+#pragma unroll
+    for (int j = 0; j < CB; j++) {
+        const int r = ar + RS * j;
         int64_t wr;
         if (GATE_UP) {
             const int c = n0 + (r & 63);
@@ -136,18 +144,21 @@ __global__ void __launch_bounds__(GG_THREADS)
         bsrc[j] = We + wr * K + ch;
     }
     auto load_stage = [&](int s, int k0) { /* one commit group */
-        gg_cp16(&sm.pipe.a[s][ar][ch], asrc ? asrc + k0 + ch : We, asrc ? 16 : 0);
 #pragma unroll
-        for (int j = 0; j < 2; j++) gg_cp16(&sm.pipe.b[s][ar + 64 * j][ch], bsrc[j] + k0, bval[j] ? 16 : 0);
+        for (int j = 0; j < CA; j++)
+            gg_cp16(&sm.pipe.a[s][ar + RS * j][ch], asrc[j] ? asrc[j] + k0 + ch : We, asrc[j] ? 16 : 0);
+#pragma unroll
+        for (int j = 0; j < CB; j++) gg_cp16(&sm.pipe.b[s][ar + RS * j][ch], bsrc[j] + k0, bval[j] ? 16 : 0);
         gg_commit();
     };
 
-    const int warp = tid >> 5, wm = warp >> 2, wn = warp & 3;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+    constexpr int WTN = GG_BN / WN, FN = WTN / 16; /* warp tile columns, fragments */
+    const int warp = tid >> 5, wm = warp / WN, wn = warp % WN;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][FN];
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.f);
+        for (int j = 0; j < FN; j++) wmma::fill_fragment(acc[i][j], 0.f);
 
     const int KT = K / GG_BK;
     /* stages 0 .. GG_STAGES − 2 in flight; every iteration commits one group (possibly empty)
@@ -167,16 +178,16 @@ __global__ void __launch_bounds__(GG_THREADS)
 #pragma unroll
         for (int kk = 0; kk < GG_BK; kk += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb[FN];
 #pragma unroll
             for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], &sm.pipe.a[s][wm * 32 + i * 16][kk], GG_LDS);
             /* B(k, n) = W[n, k]: the weight tile rows are B's columns */
 #pragma unroll
-            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], &sm.pipe.b[s][wn * 32 + j * 16][kk], GG_LDS);
+            for (int j = 0; j < FN; j++) wmma::load_matrix_sync(fb[j], &sm.pipe.b[s][wn * WTN + j * 16][kk], GG_LDS);
 #pragma unroll
             for (int i = 0; i < 2; i++)
 #pragma unroll
-                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+                for (int j = 0; j < FN; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
         }
     }
     gg_wait<0>();
@@ -184,14 +195,14 @@ __global__ void __launch_bounds__(GG_THREADS)
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int j = 0; j < 2; j++)
-            wmma::store_matrix_sync(&sm.c[wm * 32 + i * 16][wn * 32 + j * 16], acc[i][j], GG_LDC,
+        for (int j = 0; j < FN; j++)
+            wmma::store_matrix_sync(&sm.c[wm * 32 + i * 16][wn * WTN + j * 16], acc[i][j], GG_LDC,
                                     wmma::mem_row_major);
     __syncthreads();
 
     if (GATE_UP) {
         bf16 *act = (bf16 *)out; /* [A, N] */
-        for (int idx = tid; idx < GG_BM * 64; idx += GG_THREADS) {
+        for (int idx = tid; idx < GG_BM * 64; idx += NT) {
             const int r = idx >> 6, c = idx & 63;
             if (r >= rows || n0 + c >= N) continue;
             const float gv = __bfloat162float(__float2bfloat16_rn(sm.c[r][c]));
@@ -200,7 +211,7 @@ __global__ void __launch_bounds__(GG_THREADS)
         }
     } else {
         float *y = (float *)out; /* [A, N] */
-        for (int idx = tid; idx < GG_BM * (GG_BN / 4); idx += GG_THREADS) {
+        for (int idx = tid; idx < GG_BM * (GG_BN / 4); idx += NT) {
             const int r = idx / (GG_BN / 4), c = (idx % (GG_BN / 4)) * 4;
             if (r >= rows || n0 + c >= N) continue; /* N % 8 == 0: n0 + c < N → all 4 valid */
             *(float4 *)&y[(int64_t)asg[r] * N + n0 + c] =
@@ -213,24 +224,32 @@ extern "C" bool ds_cuda_moe_gemm_fits(int H, int I) {
     return H % GG_BK == 0 && I % GG_BK == 0 && H % 8 == 0 && I % 8 == 0;
 }
 
-/* Dynamic shared memory limit of both instantiations, set once at creation. */
+/* Dynamic shared memory limit of every instantiation, set once at creation. */
 extern "C" void ds_cuda_moe_gemm_init(ds_cuda_ctx *ctx) {
-    DS_CU(ctx, cudaFuncSetAttribute(moe_group_gemm_kernel<true>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sizeof(gg_smem)));
-    DS_CU(ctx, cudaFuncSetAttribute(moe_group_gemm_kernel<false>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sizeof(gg_smem)));
+    void (*kernels[])(const bf16 *, int, int, const bf16 *, int, ds_moe_groups, void *) = {
+        moe_group_gemm_kernel<true, 4>, moe_group_gemm_kernel<false, 4>,
+        moe_group_gemm_kernel<true, 2>, moe_group_gemm_kernel<false, 2>};
+    for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++)
+        DS_CU(ctx, cudaFuncSetAttribute(kernels[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)sizeof(gg_smem)));
 }
 
-extern "C" void ds_cuda_moe_gemm(ds_cuda_ctx *ctx, const ds_moe_gemm_args *a) {
+template <int WN>
+static void launch_gemms(ds_cuda_ctx *ctx, const ds_moe_gemm_args *a) {
     const int tiles = DS_DIV_UP(a->A, GG_BM) + (a->A < a->E ? a->A : a->E);
     /* gate_up: act [A, I] from x [T, H] and W_gu [E, 2I, H] */
     dim3 gu(tiles, DS_DIV_UP(a->I, GG_BN / 2));
-    ds_launch(ctx, moe_group_gemm_kernel<true>, gu, GG_THREADS, sizeof(gg_smem), (const bf16 *)a->w_gu, a->I,
-              a->H, (const bf16 *)a->x, a->top_k, a->groups, (void *)a->act);
+    ds_launch(ctx, moe_group_gemm_kernel<true, WN>, gu, GG_THREADS(WN), sizeof(gg_smem),
+              (const bf16 *)a->w_gu, a->I, a->H, (const bf16 *)a->x, a->top_k, a->groups, (void *)a->act);
     DS_CU_LAUNCHED2(ctx, "moe_group_gemm_kernel<gate_up>", a->A, a->I);
     /* down: y [A, H] fp32 from act [A, I] and W_down [E, H, I] */
     dim3 dn(tiles, DS_DIV_UP(a->H, GG_BN));
-    ds_launch(ctx, moe_group_gemm_kernel<false>, dn, GG_THREADS, sizeof(gg_smem), (const bf16 *)a->w_down, a->H,
-              a->I, (const bf16 *)a->act, a->top_k, a->groups, (void *)a->y);
+    ds_launch(ctx, moe_group_gemm_kernel<false, WN>, dn, GG_THREADS(WN), sizeof(gg_smem),
+              (const bf16 *)a->w_down, a->H, a->I, (const bf16 *)a->act, a->top_k, a->groups, (void *)a->y);
     DS_CU_LAUNCHED2(ctx, "moe_group_gemm_kernel<down>", a->A, a->H);
+}
+
+extern "C" void ds_cuda_moe_gemm(ds_cuda_ctx *ctx, const ds_moe_gemm_args *a) {
+    if (ctx->moe_gemm_wn == 2) launch_gemms<2>(ctx, a);
+    else launch_gemms<4>(ctx, a);
 }
