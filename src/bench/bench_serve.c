@@ -72,6 +72,7 @@ static char *finish_body(const ds_bench_opts *o, const char *model, cJSON *req, 
     cJSON_AddNumberToObject(req, "max_tokens", max_tokens);
     cJSON_AddNumberToObject(req, "temperature", o->temperature);
     if (o->ignore_eos) cJSON_AddTrueToObject(req, "ignore_eos");
+    if (o->min_tokens > 0) cJSON_AddNumberToObject(req, "min_tokens", o->min_tokens < max_tokens ? o->min_tokens : max_tokens);
     cJSON_AddTrueToObject(req, "stream");
     cJSON *so = cJSON_AddObjectToObject(req, "stream_options");
     cJSON_AddTrueToObject(so, "include_usage");
@@ -528,6 +529,7 @@ int ds_bench_serve_run(const ds_bench_opts *o) {
     cJSON_AddNumberToObject(ds, "output_len", o->output_len);
     cJSON_AddNumberToObject(ds, "range_ratio", o->range_ratio);
     cJSON_AddBoolToObject(ds, "ignore_eos", o->ignore_eos);
+    cJSON_AddNumberToObject(ds, "min_tokens", o->min_tokens);
     cJSON_AddNumberToObject(ds, "temperature", o->temperature);
     cJSON_AddNumberToObject(ds, "seed", (double)o->seed);
     cJSON *runs = cJSON_AddArrayToObject(result, "runs");

@@ -33,6 +33,7 @@ typedef struct ds_bench_opts {
     int input_len, output_len;   /* random dataset; output_len also for jsonl lines without one */
     double range_ratio;          /* lengths uniform in [L(1-r), L(1+r)] */
     bool ignore_eos;
+    int min_tokens;              /* > 0: sent as min_tokens (vLLM's extension) */
     double temperature;
     uint64_t seed;
     int levels[DS_BENCH_MAX_LEVELS]; /* max concurrency per run; 0 = unlimited */

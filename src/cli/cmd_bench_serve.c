@@ -38,6 +38,7 @@ static void usage(FILE *f) {
             "  --max-concurrency LIST    e.g. 1,4,8 (default); 0 = unlimited\n"
             "  --request-rate R          Poisson arrivals per second (default inf)\n"
             "  --temperature T           (default 0)   --no-ignore-eos\n"
+            "  --min-tokens N            send min_tokens N (capped at each request's max_tokens)\n"
             "  --seed S                  (default 0)   --no-warmup\n"
             "  --request-timeout S       per request (default 21600)\n"
             "  --result-json FILE        write the results as JSON\n");
@@ -220,6 +221,9 @@ int ds_cmd_bench_serve(int argc, char **argv) {
             if (!strcmp(v, "inf")) o.request_rate = INFINITY;
             else if (!ds_arg_float(cmd, "--request-rate", v, 1e-6, 1e9, &d)) return 2;
             else o.request_rate = d;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--min-tokens", cmd, &bad))) {
+            if (!ds_arg_int(cmd, "--min-tokens", v, 0, 1 << 20, &n)) return 2;
+            o.min_tokens = (int)n;
         } else if ((v = ds_arg_value(argc, argv, &i, "--temperature", cmd, &bad))) {
             if (!ds_arg_float(cmd, "--temperature", v, 0, 100, &d)) return 2;
             o.temperature = d;

@@ -31,6 +31,11 @@ check "TPOT consistent with E2EL and TTFT" [ "$(js 'd.runs.every(r=>Math.abs(r.m
 check "metadata recorded" [ "$(js 'typeof d.git_commit+typeof d.date+d.server.deltaserve.backend+d.model+d.dataset.seed' <"$tmp/r.json")" = "stringstringcputiny3" ]
 check "command line recorded" grep -q -- '--random-input-len 40' "$tmp/r.json"
 
+# min_tokens is sent (recorded, and with EOS allowed every request still gives its 24 tokens)
+"$BIN" "${BENCH[@]}" --port "$PORT" --num-prompts 6 --random-input-len 20 --random-output-len 24 \
+  --no-ignore-eos --min-tokens 24 --max-concurrency 3 --no-warmup --result-json "$tmp/m.json" >/dev/null 2>&1
+check "min_tokens run" [ "$(js 'd.runs[0].completed+"/"+d.runs[0].total_output_tokens+"/"+d.dataset.min_tokens+"/"+d.dataset.ignore_eos' <"$tmp/m.json")" = "6/144/24/false" ]
+
 # range ratio + Poisson arrivals + unlimited concurrency
 "$BIN" "${BENCH[@]}" --base-url "http://127.0.0.1:$PORT" --num-prompts 10 --random-input-len 20 \
   --random-output-len 10 --random-range-ratio 0.5 --max-concurrency 0 --request-rate 200 \

@@ -12,7 +12,8 @@
 # timeout; the whole stays under DS_PART_BUDGET_S (default 150) seconds.
 # Overrides (for a CPU check of the plumbing): DS_SB_MODEL, DS_SB_TOKENIZER, DS_SB_DEVICE,
 # DS_SB_IN, DS_SB_OUT_LEN, DS_SB_LEVELS ("1 4 8"), DS_SB_MAX_LEN, DS_SB_MAX_SEQS, DS_SB_SPEC
-# (--num-speculative-tokens, default 0), DS_SB_THREADS, DS_SB_OFFLINE=0 (skip step 1).
+# (--num-speculative-tokens, default 0), DS_SB_THREADS, DS_SB_OFFLINE=0 (skip step 1),
+# DS_SB_BENCH_ARGS (extra bench serve flags, e.g. "--min-tokens 128").
 serve_bench_main() {
     local bin=${BIN:?BIN must name the directory holding deltaserve}
     local out=${OUT:?OUT must be set}
@@ -92,6 +93,8 @@ serve_bench_main() {
                          --random-input-len "$in_len" --random-output-len "$out_len" --ignore-eos
                          --num-prompts $((2 * c)) --max-concurrency "$c" --tokenizer "$tokdir"
                          --request-timeout "$t" --result-json "$work/result.json")
+            # shellcheck disable=SC2206 # DS_SB_BENCH_ARGS: extra bench serve flags, split on spaces
+            [ -n "${DS_SB_BENCH_ARGS:-}" ] && bs+=(${DS_SB_BENCH_ARGS})
             [ $first = 1 ] || bs+=(--no-warmup) # the first level's warm-up serves them all
             first=0
             rm -f "$work/result.json"
