@@ -990,6 +990,21 @@ static void test_mixers(void **state) {
         batch_make(tb, 2, slots, past, news, m->cfg.vocab, &r);
         snprintf(label, sizeof label, "%s decode after the chunk", SHAPES[si].name);
         mixer_step(m, &c, tb, &r, label);
+        /* a decode token beside a prefill chunk in one step (the server's chunked prefill):
+         * the GDN prefill form then serves the decode sequence too */
+        past[0] += 1;
+        past[1] += 1;
+        news[0] = 1;
+        news[1] = 24;
+        batch_make(tb, 2, slots, past, news, m->cfg.vocab, &r);
+        snprintf(label, sizeof label, "%s mixed 1+24", SHAPES[si].name);
+        mixer_step(m, &c, tb, &r, label);
+        past[0] += 1;
+        past[1] += 24;
+        news[0] = news[1] = 1;
+        batch_make(tb, 2, slots, past, news, m->cfg.vocab, &r);
+        snprintf(label, sizeof label, "%s decode after the mixed step", SHAPES[si].name);
+        mixer_step(m, &c, tb, &r, label);
         /* long context on slot 1: 1500-token prefill, then decode (KV split over many blocks) */
         {
             int s1[1] = {1}, p1[1] = {0}, n1[1] = {1500};
