@@ -975,36 +975,26 @@ static void test_mixers(void **state) {
         batch_make(tb, 2, slots, past, news, m->cfg.vocab, &r);
         snprintf(label, sizeof label, "%s mixed 1+5", SHAPES[si].name);
         mixer_step(m, &c, tb, &r, label);
-        /* a further chunk of both sequences (CUDA's GDN prefill form reads the conv history
-         * and state of earlier steps), then a decode step on what it left */
-        past[0] += 1;
-        past[1] += 5;
-        news[0] = 20;
-        news[1] = 17;
-        batch_make(tb, 2, slots, past, news, m->cfg.vocab, &r);
-        snprintf(label, sizeof label, "%s chunk 20+17", SHAPES[si].name);
-        mixer_step(m, &c, tb, &r, label);
-        past[0] += 20;
-        past[1] += 17;
-        news[0] = news[1] = 1;
-        batch_make(tb, 2, slots, past, news, m->cfg.vocab, &r);
-        snprintf(label, sizeof label, "%s decode after the chunk", SHAPES[si].name);
-        mixer_step(m, &c, tb, &r, label);
-        /* a decode token beside a prefill chunk in one step (the server's chunked prefill):
-         * the GDN prefill form then serves the decode sequence too */
-        past[0] += 1;
-        past[1] += 1;
-        news[0] = 1;
-        news[1] = 24;
-        batch_make(tb, 2, slots, past, news, m->cfg.vocab, &r);
-        snprintf(label, sizeof label, "%s mixed 1+24", SHAPES[si].name);
-        mixer_step(m, &c, tb, &r, label);
-        past[0] += 1;
-        past[1] += 24;
-        news[0] = news[1] = 1;
-        batch_make(tb, 2, slots, past, news, m->cfg.vocab, &r);
-        snprintf(label, sizeof label, "%s decode after the mixed step", SHAPES[si].name);
-        mixer_step(m, &c, tb, &r, label);
+        /* further steps of both sequences, each after the one before: a chunk of both (CUDA's
+         * GDN prefill form reads the conv history and state of earlier steps), a decode step on
+         * what it left, a decode token beside a 24-token chunk (the server's chunked prefill:
+         * the prefill form then serves the decode sequence too), a decode step after that */
+        static const struct {
+            int n0, n1;
+            const char *what;
+        } more[] = {{20, 17, "chunk 20+17"},
+                    {1, 1, "decode after the chunk"},
+                    {1, 24, "mixed 1+24"},
+                    {1, 1, "decode after the mixed step"}};
+        for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
+            past[0] += news[0];
+            past[1] += news[1];
+            news[0] = more[i].n0;
+            news[1] = more[i].n1;
+            batch_make(tb, 2, slots, past, news, m->cfg.vocab, &r);
+            snprintf(label, sizeof label, "%s %s", SHAPES[si].name, more[i].what);
+            mixer_step(m, &c, tb, &r, label);
+        }
         /* long context on slot 1: 1500-token prefill, then decode (KV split over many blocks) */
         {
             int s1[1] = {1}, p1[1] = {0}, n1[1] = {1500};

@@ -33,30 +33,16 @@
 
 /* ---- fixtures ------------------------------------------------------------------------------- */
 
-typedef struct fixture {
-    ds_config cfg;
-    ds_model_weights host;
-    ds_backend *be;
-    ds_model model;
-} fixture;
+typedef test_model fixture; /* testlib.h */
 
 static void fixture_open(fixture *f, const char *name) {
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s/models/%s", test_data_dir(), name);
-    ds_error err = {0};
-    if (ds_model_load(dir, &f->cfg, &f->host, &err) != DS_OK) fail_msg("load %s: %s", dir, err.msg);
-    if (ds_backend_cpu_create(2, &f->be, &err) != DS_OK) fail_msg("cpu backend: %s", err.msg);
-    ds_cpu_set_gdn_mode(f->be, DS_CPU_GDN_RECURRENT);
-    if (ds_model_init(&f->model, f->be, &f->cfg, &f->host, MODEL_MAX_TOKENS, MODEL_MAX_OUT, &err) !=
-        DS_OK)
-        fail_msg("model init: %s", err.msg);
+    char rel[256];
+    snprintf(rel, sizeof rel, "models/%s", name);
+    test_model_load(f, test_data_path(rel));
+    test_model_init(f, MODEL_MAX_TOKENS, MODEL_MAX_OUT);
 }
 
-static void fixture_close(fixture *f) {
-    ds_model_free(&f->model);
-    f->be->ops->destroy(f->be);
-    ds_model_weights_free(&f->host);
-}
+static void fixture_close(fixture *f) { test_model_close(f); }
 
 typedef struct spec {
     int32_t prompt[MAX_PROMPT];

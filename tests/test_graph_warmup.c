@@ -147,22 +147,13 @@ static void fake_counts_reset(void) {
 
 /* ---- fixture -------------------------------------------------------------------------------- */
 
-typedef struct fixture {
-    ds_config cfg;
-    ds_model_weights host;
-    ds_backend *be;
-    ds_model model;
-} fixture;
+typedef test_model fixture; /* testlib.h */
 
 /* graphs: the fake graph ops on top of the CPU backend; else the plain CPU backend */
 static void fixture_open(fixture *f, const char *name, bool graphs) {
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s/models/%s", test_data_dir(), name);
-    ds_error err = {0};
-    if (ds_model_load(dir, &f->cfg, &f->host, &err) != DS_OK) fail_msg("load %s: %s", dir, err.msg);
-    if (ds_backend_cpu_create(2, &f->be, &err) != DS_OK) fail_msg("cpu backend: %s", err.msg);
-    /* token-by-token GDN: results do not depend on how the engine chunks prompts */
-    ds_cpu_set_gdn_mode(f->be, DS_CPU_GDN_RECURRENT);
+    char rel[256];
+    snprintf(rel, sizeof rel, "models/%s", name);
+    test_model_load(f, test_data_path(rel));
     g_cpu = f->be->ops;
     if (graphs) {
         g_ops = *g_cpu;
@@ -176,16 +167,12 @@ static void fixture_open(fixture *f, const char *name, bool graphs) {
         g_ops.argmax_logits = fake_argmax_logits;
         f->be->ops = &g_ops;
     }
-    if (ds_model_init(&f->model, f->be, &f->cfg, &f->host, MODEL_MAX_TOKENS, MODEL_MAX_OUT,
-                      &err) != DS_OK)
-        fail_msg("model init: %s", err.msg);
+    test_model_init(f, MODEL_MAX_TOKENS, MODEL_MAX_OUT);
 }
 
 static void fixture_close(fixture *f) {
-    ds_model_free(&f->model);
-    f->be->ops = g_cpu;
-    f->be->ops->destroy(f->be);
-    ds_model_weights_free(&f->host);
+    f->be->ops = g_cpu; /* the CPU backend's own ops (the fake ones share its free) */
+    test_model_close(f);
 }
 
 /* Every GDN state and conv slot of the runner's cache is zero; some KV row is not (the scratch

@@ -4,6 +4,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "backend/cpu/cpu_backend.h"
+#include "model/loader.h"
+
 const char *test_data_dir(void) {
     const char *d = getenv("DS_TEST_DATA");
     return d && *d ? d : "tests/data";
@@ -92,4 +95,23 @@ double test_rel_l2(const float *a, const float *ref, size_t n) {
         den += (double)ref[i] * (double)ref[i];
     }
     return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+void test_model_load(test_model *f, const char *dir) {
+    ds_error err = {0};
+    if (ds_model_load(dir, &f->cfg, &f->host, &err) != DS_OK) fail_msg("load %s: %s", dir, err.msg);
+    if (ds_backend_cpu_create(2, &f->be, &err) != DS_OK) fail_msg("cpu backend: %s", err.msg);
+    ds_cpu_set_gdn_mode(f->be, DS_CPU_GDN_RECURRENT);
+}
+
+void test_model_init(test_model *f, int max_tokens, int max_out) {
+    ds_error err = {0};
+    if (ds_model_init(&f->model, f->be, &f->cfg, &f->host, max_tokens, max_out, &err) != DS_OK)
+        fail_msg("model init: %s", err.msg);
+}
+
+void test_model_close(test_model *f) {
+    ds_model_free(&f->model);
+    f->be->ops->destroy(f->be);
+    ds_model_weights_free(&f->host);
 }

@@ -29,6 +29,20 @@ int32_t *test_json_ids(const cJSON *arr, int *n);
 cJSON *test_load_ref(const char *name);
 float *test_load_ref_f32(const char *file, size_t n);
 
+/* A checkpoint on a 2-thread CPU backend with the token-by-token GDN (results then do not
+ * depend on how an engine chunks prompts): test_model_load reads dir and creates the backend,
+ * test_model_init binds the model (a test may replace the backend's ops in between). */
+#include "model/model.h"
+typedef struct test_model {
+    ds_config cfg;
+    ds_model_weights host;
+    ds_backend *be;
+    ds_model model;
+} test_model;
+void test_model_load(test_model *f, const char *dir);
+void test_model_init(test_model *f, int max_tokens, int max_out);
+void test_model_close(test_model *f);
+
 /* Deterministic xorshift RNG for random test inputs. */
 typedef struct test_rng { uint64_t s; } test_rng;
 float test_rng_uniform(test_rng *r); /* [-1, 1) */
