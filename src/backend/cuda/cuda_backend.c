@@ -504,7 +504,7 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         const char *rmax_pf = getenv("DS_CUDA_MOE_RMAX_PREFILL");
         c->moe_rmax_prefill = rmax_pf ? atoi(rmax_pf) : 4; /* 4 vs 8: TTFT -16 % (s3-run6) */
         const char *wn = getenv("DS_CUDA_MOE_GEMM_WN"); /* measurement knobs, cuda_notes.md */
-        c->moe_gemm_wn = wn && atoi(wn) == 4 ? 4 : 2; /* 2 vs 4: prefill 1024 −5.2 % (s4-run5) */
+        c->moe_gemm_wn = wn && atoi(wn) == 4 ? 4 : 2; /* 2 vs 4: prefill 1024 −4.6 % (s4-run6) */
         const char *cols = getenv("DS_CUDA_GDN_SCAN_COLS");
         c->gdn_scan_cols = cols && atoi(cols) == 4 ? 4 : 2;
         c->opt.moe_fast_route = ds_env_switch("DS_OPT_MOE_FAST_ROUTE", true);

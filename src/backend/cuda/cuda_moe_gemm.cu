@@ -34,8 +34,8 @@ using namespace nvcuda;
 #define GG_LDC (GG_BN + 4)   /* fp32 pitch of the epilogue tile */
 /* Warps: 2 (M) × WN (N), each 32 × (GG_BN / WN): WN = 4 (256 threads, 32 × 32 warp tiles, two
  * smem fragment loads per MMA) or WN = 2 (128 threads, 32 × 64: 1.5 loads per MMA). Chosen at
- * creation (DS_CUDA_MOE_GEMM_WN, default 2: prefill of 1024 tokens 83.69 ms with 4, 79.32 ms
- * with 2, run s4-run5). */
+ * creation (DS_CUDA_MOE_GEMM_WN, default 2: prefill of 1024 tokens 82.06 ms with 4, 78.27 ms
+ * with 2, run s4-run6). */
 #define GG_THREADS(WN) (64 * (WN))
 /* Pipeline depth: GG_STAGES − 1 stages of weight tiles in flight per block. 4 stages measured
  * no faster than 2 (gate_up 20.5 vs 19.4 ms per 1024-token prefill, runs s4-run3 / s4-run2):
