@@ -232,12 +232,15 @@ ds_status ds_runner_step(ds_runner *r, const ds_sched_plan *plan, const ds_kv_bl
     return DS_OK;
 }
 
-/* The work of a greedy step (ds_step_fn): the forward, then the lm_head fused with the argmax
- * into r->gids (b->n_out = 0: the forward stops at the final norm, whose rows are the n
- * sequences). */
+/* The work of a greedy step or a greedy verification (ds_step_fn): the forward
+ * (b->n_out = 0: it stops at the final norm, one row per token) and the lm_head fused with the
+ * argmax over every row into ids: r->gids for a decode step (a token per sequence), r->ids for
+ * a verification (item i's 1 + n_draft rows start at r->row0[i], the rows ds_runner_verify
+ * would give; the MTP draft reads the normed rows next). */
 typedef struct greedy_step {
     ds_runner *r;
     const ds_batch *b;
+    int32_t *ids; /* [b->n_tokens] */
 } greedy_step;
 
 static ds_status greedy_fused_step(void *ctx, ds_error *err) {
@@ -245,8 +248,8 @@ static ds_status greedy_fused_step(void *ctx, ds_error *err) {
     ds_model *m = g->r->model;
     ds_status st = ds_model_forward(m, g->r->cache, g->b, err);
     if (st != DS_OK) return st;
-    ds_tensor xn = ds_view2d(m->s.normed.data, m->s.normed.dtype, g->b->n_seqs, m->cfg.hidden);
-    m->be->ops->argmax_logits(m->be, &xn, &m->w.lm_head, g->r->gids);
+    ds_tensor xn = ds_view2d(m->s.normed.data, m->s.normed.dtype, g->b->n_tokens, m->cfg.hidden);
+    m->be->ops->argmax_logits(m->be, &xn, &m->w.lm_head, g->ids);
     return DS_OK;
 }
 
@@ -261,7 +264,7 @@ static ds_status greedy_forward(ds_runner *r, ds_batch *b, ds_error *err) {
     const bool fused = op->argmax_logits != NULL && r->greedy_mode != GREEDY_UNFUSED;
     if (fused) {
         b->n_out = 0;
-        greedy_step g = {r, b};
+        greedy_step g = {r, b, r->gids};
         return ds_step_graph_run(be, r->graph_tag | (uint64_t)n, &r->graph_state[n], b,
                                  greedy_fused_step, &g, NULL, err);
     }
@@ -493,20 +496,6 @@ static const char *graph_off_reason(const ds_runner *r) {
     return NULL;
 }
 
-/* The work of a graphed greedy verification (ds_step_fn): the forward (b->n_out = 0: it stops
- * at the final norm, whose rows the MTP draft reads next) and the lm_head fused with the argmax
- * over every row into r->ids, which are the rows ds_runner_verify would give: item i's
- * 1 + n_draft rows start at r->row0[i] = its first token. */
-static ds_status verify_fused_step(void *ctx, ds_error *err) {
-    greedy_step *g = ctx;
-    ds_model *m = g->r->model;
-    ds_status st = ds_model_forward(m, g->r->cache, g->b, err);
-    if (st != DS_OK) return st;
-    ds_tensor xn = ds_view2d(m->s.normed.data, m->s.normed.dtype, g->b->n_tokens, m->cfg.hidden);
-    m->be->ops->argmax_logits(m->be, &xn, &m->w.lm_head, g->r->ids);
-    return DS_OK;
-}
-
 ds_status ds_runner_step_graphed(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
                                  int *graphed, ds_error *why, ds_error *err) {
     ds_backend *be = r->model->be;
@@ -520,8 +509,7 @@ ds_status ds_runner_step_graphed(ds_runner *r, const ds_sched_plan *plan, const 
     }
     const int n = plan->n_items;
     DS_ASSERT(n > 0 && n <= r->max_seqs);
-    greedy_step g = {r, NULL};
-    ds_step_fn fn;
+    greedy_step g = {r, NULL, r->gids};
     ds_batch b;
     size_t idx; /* of the shape in r->graph_state and r's graph keys */
     if (r->k == 0) {
@@ -534,7 +522,6 @@ ds_status ds_runner_step_graphed(ds_runner *r, const ds_sched_plan *plan, const 
         b = build_batch(r, plan, kv);
         DS_ASSERT(b.n_tokens == n && b.n_out == n); /* one token, one row each */
         idx = (size_t)n;
-        fn = greedy_fused_step;
     } else {
         const int d = plan->items[0].n_draft;
         bool uniform = true;
@@ -560,12 +547,12 @@ ds_status ds_runner_step_graphed(ds_runner *r, const ds_sched_plan *plan, const 
         r->n_out = 0; /* no logits rows: ds_runner_logits must not be asked for this step */
         b = r->batch;
         idx = (size_t)n * (size_t)(r->k + 1) + (size_t)d;
-        fn = verify_fused_step;
+        g.ids = r->ids;
     }
     b.n_out = 0;
     g.b = &b;
     ds_status st = ds_step_graph_run(be, r->graph_tag | (uint64_t)idx, &r->graph_state[idx], &b,
-                                     fn, &g, why, err);
+                                     greedy_fused_step, &g, why, err);
     if (st == DS_OK) st = be->ops->synchronize(be, err);
     *graphed = r->graph_state[idx];
     return st;
