@@ -134,16 +134,24 @@ if want profile_spec && [ "$t" -ge 30 ]; then
     log "profile_spec rc=$?"
 fi
 
-# ---- 4b. Nsight Compute: device durations of the decode kernels (batch 1), few launches ----------
-t=$(left); [ "$t" -gt 100 ] && t=100
+# ---- 4b. Nsight Compute: device durations of every kernel of one decode step ----------------
+# DS_CUDA_PROFILER_STEP brackets the 4th decode step with cudaProfilerStart/Stop, so
+# --profile-from-start off sees exactly one step (eager: --graphs 0); batch 1 then batch 8.
+# --cache-control none: the weights are not in L2 anyway (6 GB per step), and flushing would
+# also evict the small activations a real step finds there.
+t=$(left); [ "$t" -gt 240 ] && t=240
 if want ncu && command -v ncu > /dev/null && [ "$t" -ge 60 ]; then
-    log "ncu (decode kernels of batch-1 steps, timeout $t s)"
-    timeout "$t" ncu --clock-control none --csv --launch-skip 1500 --launch-count 60 \
-        --kernel-name regex:'moe_|add_rmsnorm|gemv_|gdn_kernel|attn_' \
-        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
-        "${DSENV[@]}" "$BIN/deltaserve" bench -m configs/qwen3.5-35b-a3b --dummy-weights --device cuda \
-        --prompt-len 16 --steps 16 --warmup 2 --batch 1 --graphs 0 > "$OUT/ncu.csv" 2>&1
-    log "ncu rc=$?"
+    log "ncu (every kernel of one decode step at batch 1 and 8, timeout $t s)"
+    : > "$OUT/ncu.csv"
+    for nb in 1 8; do
+        echo "### batch $nb" >> "$OUT/ncu.csv"
+        DS_CUDA_PROFILER_STEP=4 timeout $((t / 2)) ncu --clock-control none --cache-control none --csv \
+            --profile-from-start off \
+            --metrics gpu__time_duration.sum,dram__bytes_read.sum \
+            "${DSENV[@]}" "$BIN/deltaserve" bench -m configs/qwen3.5-35b-a3b --dummy-weights --device cuda \
+            --prompt-len 16 --steps 8 --warmup 2 --batch $nb --graphs 0 >> "$OUT/ncu.csv" 2>&1
+        log "ncu batch $nb rc=$?"
+    done
 else
     log "ncu skipped"
 fi
@@ -181,8 +189,8 @@ done
     grep -hE -A40 "^### spec|CUDA profile" "$OUT/profile_spec.log" 2>/dev/null | grep -vE "^(prefill|batch|  *[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+e)" | head -120
     echo '```'; echo; echo "## Ablation"; echo
     cat "$OUT/ablation.md" 2>/dev/null; tail -5 "$OUT/ablation.log" 2>/dev/null | sed 's/^/    /'
-    echo; echo "## Nsight Compute, decode kernels at batch 1 (device time)"; echo '```'
-    python3 tools/gpu/ncu_summary.py "$OUT/ncu.csv" 2>&1 | head -30
+    echo; echo "## Nsight Compute, every kernel of one decode step (device time)"; echo '```'
+    python3 tools/gpu/ncu_summary.py "$OUT/ncu.csv" 2>&1 | head -80
     echo '```'; echo; echo "## Serving and speculative decoding"; echo '```'
     for f in serve_bench.log spec_checks.log; do [ -f "$OUT/$f" ] && { echo "--- $f"; tail -40 "$OUT/$f"; }; done
     echo '```'; echo; echo "## Timeline"; echo '```'; grep "^\[" "$OUT/gpu.txt"; echo '```'
