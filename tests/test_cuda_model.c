@@ -343,7 +343,7 @@ static void step_ops(ds_model *m, ds_session *s, const ds_batch *b, int32_t *ids
     ds_error err = {0};
     if (ds_model_forward(m, s->cache, b, &err) != DS_OK) fail_msg("forward: %s", err.msg);
     ds_tensor xn = ds_view2d(m->s.normed.data, m->s.normed.dtype, b->n_tokens, m->cfg.hidden);
-    g_cuda->ops->argmax_logits(g_cuda, &xn, &m->w.lm_head, ids);
+    g_cuda->ops->argmax_logits(g_cuda, &xn, &m->w.lm_head, ids, -1);
 }
 
 static void graph_vs_eager(const char *model) {

@@ -571,7 +571,7 @@ static void test_argmax_logits(void **state) {
         g_cpu->ops->logits(g_cpu, &xc, &head, &lc);
         int32_t ids[16];
         for (int i = 0; i < 16; i++) ids[i] = -1;
-        g_cuda->ops->argmax_logits(g_cuda, &xg, &hg, ids);
+        g_cuda->ops->argmax_logits(g_cuda, &xg, &hg, ids, -1);
         ds_error err = {0};
         if (g_cuda->ops->synchronize(g_cuda, &err) != DS_OK) fail_msg("%s", err.msg);
         float *lgpu = act_download(g_cuda, lo.cuda, DS_DTYPE_F32, (size_t)R * N);
@@ -629,7 +629,7 @@ static int ref_banned_argmax(const float *row, int64_t N, const int32_t *bans, i
 /* argmax_logits ids into ids[R] (synchronised) */
 static void fused_ids(const ds_tensor *xg, const ds_linear *hg, int32_t *ids, int R) {
     for (int i = 0; i < R; i++) ids[i] = -1;
-    g_cuda->ops->argmax_logits(g_cuda, xg, hg, ids);
+    g_cuda->ops->argmax_logits(g_cuda, xg, hg, ids, -1);
     ds_error err = {0};
     if (g_cuda->ops->synchronize(g_cuda, &err) != DS_OK) fail_msg("%s", err.msg);
 }
@@ -737,7 +737,7 @@ static void test_argmax_logits_bans(void **state) {
         op->set_batch(g_cuda, &b);
         ds_error err = {0};
         if (op->graph_begin(g_cuda, key, &err) != DS_OK) fail_msg("graph_begin: %s", err.msg);
-        op->argmax_logits(g_cuda, &xg, &hg, gids);
+        op->argmax_logits(g_cuda, &xg, &hg, gids, -1);
         if (op->graph_end(g_cuda, &err) != DS_OK) fail_msg("graph_end: %s", err.msg);
         if (op->synchronize(g_cuda, &err) != DS_OK) fail_msg("%s", err.msg);
         assert_int_equal(gids[0], 30000);
@@ -826,6 +826,32 @@ static void moe_norm_fused_vs_pair(tmodel *m, int l, const ds_tensor *xg, int T,
     for (int i = 0; i < 6; i++) g_cuda->ops->free(g_cuda, bufs[i]);
 }
 
+/* The decode MoE with routing inside the gate_up launch (DS_OPT_MOE_ROUTE_FUSED) vs the separate
+ * routing launch, both on CUDA: the outputs bit for bit (same routing code, same expert GEMVs).
+ * Steps the fused form does not take (T > 8) run the same path twice. */
+static void moe_route_fused_vs_separate(tmodel *m, int l, const ds_tensor *xg, int T) {
+    ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
+    const int H = m->cfg.hidden, saved = c->opt.moe_route_fused;
+    const size_t n = (size_t)T * H;
+    void *o1 = act_poisoned(g_cuda, DS_DTYPE_BF16, n), *o2 = act_poisoned(g_cuda, DS_DTYPE_BF16, n);
+    ds_tensor to1 = view2(o1, DS_DTYPE_BF16, T, H), to2 = view2(o2, DS_DTYPE_BF16, T, H);
+    c->opt.moe_route_fused = 1;
+    g_cuda->ops->moe(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &to1);
+    c->opt.moe_route_fused = 0;
+    g_cuda->ops->moe(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &to2);
+    c->opt.moe_route_fused = saved;
+    float *a = act_download(g_cuda, o1, DS_DTYPE_BF16, n), *b = act_download(g_cuda, o2, DS_DTYPE_BF16, n);
+    size_t diff = 0;
+    for (size_t i = 0; i < n; i++) diff += memcmp(&a[i], &b[i], 4) != 0;
+    printf("  moe routing in the gate_up launch vs separate, layer %d T=%d: %zu of %zu values differ\n",
+           l, T, diff, n);
+    assert_int_equal(diff, 0);
+    free(a);
+    free(b);
+    g_cuda->ops->free(g_cuda, o1);
+    g_cuda->ops->free(g_cuda, o2);
+}
+
 /* Expert widths the grouped tensor-core GEMM (cuda_moe_gemm.cu) is not built for: its K of both
  * passes must be a multiple of 32. With I = Is = 24 a prefill-sized step (T = 37, 300) falls back
  * to the expert GEMV; the results must still match the CPU. */
@@ -874,6 +900,7 @@ static void test_moe(void **state) {
                 snprintf(name, sizeof name, "moe %s layer %d T=%d", SHAPES[si].name, l, T);
                 compare(name, &o, DS_DTYPE_BF16, TOL_FUSED);
                 moe_norm_fused_vs_pair(m, l, &xg, T, &r);
+                moe_route_fused_vs_separate(m, l, &xg, T);
             }
             pair_free(&x);
             pair_free(&o);

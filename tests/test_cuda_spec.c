@@ -190,7 +190,7 @@ static void mtp_teacher_forced(fx *f, ds_session *s, const int32_t *tokens, int 
         hbuf = act_from_host(be, hidden_in, (size_t)Tm * (size_t)H);
         hid = ds_view2d(hbuf, be->ops->act_dtype, Tm, H);
     }
-    if (ds_mtp_forward(m, s->cache, &mb, &hid, &err) != DS_OK) fail_msg("mtp: %s", err.msg);
+    if (ds_mtp_forward(m, s->cache, &mb, &hid, true, &err) != DS_OK) fail_msg("mtp: %s", err.msg);
     act_to_host(be, m->s.logits.data, DS_DTYPE_F32, (size_t)Tm * (size_t)V, mtp_logits);
     if (hbuf) be->ops->free(be, hbuf);
 }

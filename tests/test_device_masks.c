@@ -107,7 +107,7 @@ static void op_rig_free(op_rig *g) {
 static void op_run(op_rig *g) {
     ds_tensor tx = {.data = g->x, .dtype = DS_DTYPE_F32, .ndim = 2, .ne = {OP_R, OP_K}};
     for (int r = 0; r < OP_R; r++) g->ids[r] = -7;
-    g->be->ops->argmax_logits(g->be, &tx, &g->lm, g->ids);
+    g->be->ops->argmax_logits(g->be, &tx, &g->lm, g->ids, -1);
     ds_error err = {0};
     assert_int_equal(g->be->ops->synchronize(g->be, &err), DS_OK);
 }

@@ -112,25 +112,16 @@ static void fake_set_batch(ds_backend *be, const ds_batch *b) {
     g_cpu->set_batch(be, b);
 }
 
-/* The CPU's fused head when it has one, else logits + argmax (same bits either way). */
+/* The CPU's fused head, counted. */
 static void fake_argmax_logits(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head,
-                               int32_t *ids) {
+                               int32_t *ids, int keep_at) {
     const int64_t R = x->ne[0];
     if (!g_fk.recording) {
         g_fk.fused_calls++;
         if (R <= MAX_ROWS) g_fk.fused_rows[R]++;
         if (refuses(g_fk.cur_seqs)) g_fk.refused_runs++;
     }
-    if (g_cpu->argmax_logits) {
-        g_cpu->argmax_logits(be, x, lm_head, ids);
-        return;
-    }
-    float *buf = malloc((size_t)R * (size_t)lm_head->n_out * sizeof(float)); /* [R, V] */
-    assert_non_null(buf);
-    ds_tensor lg = ds_view2d(buf, DS_DTYPE_F32, R, lm_head->n_out);
-    g_cpu->logits(be, x, lm_head, &lg);
-    g_cpu->argmax(be, &lg, ids);
-    free(buf);
+    g_cpu->argmax_logits(be, x, lm_head, ids, keep_at);
 }
 
 static void fake_reset(const int *refuse, int n_refuse) {
@@ -548,12 +539,26 @@ static void test_engine_verify(void **state) {
     assert_true(warm.runtime_fused_calls > 0); /* greedy verifications took the graphed path */
     assert_true(warm.runtime_refused_runs > 0);
 
-    setenv("DS_OPT_SPEC_GRAPHS", "0", 1); /* eager verification (ds_runner_verify) */
+    /* eager verification (ds_runner_verify) and drafts through the host, pass by pass (no
+     * fused head anywhere: the warm run's draft passes were fused, chained on the device and
+     * recorded as graphs too) */
+    setenv("DS_OPT_SPEC_GRAPHS", "0", 1);
+    setenv("DS_OPT_SPEC_DEVICE_DRAFTS", "0", 1);
     run_engine(&f, &o, w, N, &off);
     unsetenv("DS_OPT_SPEC_GRAPHS");
+    unsetenv("DS_OPT_SPEC_DEVICE_DRAFTS");
     assert_int_equal(off.runtime_fused_calls, 0);
     assert_int_equal(off.st.graph_shapes_captured + off.st.graph_shapes_eager, 0);
-    expect_same_tokens(&warm, &off, N, "graphed vs eager verification");
+    expect_same_tokens(&warm, &off, N, "graphed verification + device drafts vs eager + host");
+
+    /* device-chained drafts without any graph (the CPU backend's path) */
+    outcome chain;
+    setenv("DS_OPT_SPEC_GRAPHS", "0", 1);
+    run_engine(&f, &o, w, N, &chain);
+    unsetenv("DS_OPT_SPEC_GRAPHS");
+    assert_true(chain.runtime_fused_calls > 0); /* the draft passes' fused heads */
+    assert_int_equal(chain.st.graph_shapes_captured + chain.st.graph_shapes_eager, 0);
+    expect_same_tokens(&warm, &chain, N, "graphs vs device drafts without graphs");
 
     /* and both equal plain decoding without speculation */
     outcome plain;

@@ -84,7 +84,7 @@ static void teacher_forced(fx *f, const int32_t *tokens, int n, int step, float 
         mb.tokens = next;
         mb.n_out = Tm;
         mb.out_rows = rows;
-        if (ds_mtp_forward(m, s->cache, &mb, &m->s.normed, &err) != DS_OK)
+        if (ds_mtp_forward(m, s->cache, &mb, &m->s.normed, true, &err) != DS_OK)
             fail_msg("mtp: %s", err.msg);
         memcpy(mtp_logits + (size_t)done * V, m->s.logits.data, (size_t)Tm * V * sizeof(float));
         if (mtp_out)
@@ -235,7 +235,7 @@ static void check_fixture(const char *model_name) {
                           .n_out = 1, .out_rows = &orow};
             ds_tensor h = ds_view2d(hid, DS_DTYPE_F32, 1, H);
             ds_error err = {0};
-            if (ds_mtp_forward(m, s->cache, &b, &h, &err) != DS_OK) fail_msg("mtp: %s", err.msg);
+            if (ds_mtp_forward(m, s->cache, &b, &h, true, &err) != DS_OK) fail_msg("mtp: %s", err.msg);
             const float *l = m->s.logits.data;
             e = test_rel_l2(l, ref + (size_t)(off + jstep) * V, (size_t)V);
             printf("  %s chain after %s step %d: rel L2 %.2e\n", model_name, sname, jstep + 1, e);
@@ -283,7 +283,7 @@ static void test_no_mtp(void **state) {
     int32_t tok = 1, pos = 0, ss[2] = {0, 1}, slot = 0, past = 0, bt = 0;
     ds_batch b = {.n_tokens = 1, .n_seqs = 1, .tokens = &tok, .positions = &pos, .seq_start = ss,
                   .seq_slot = &slot, .seq_n_past = &past, .block_table = &bt, .max_blocks = 1};
-    assert_int_equal(ds_mtp_forward(&m, NULL, &b, &m.s.normed, &err), DS_ERR_UNSUPPORTED);
+    assert_int_equal(ds_mtp_forward(&m, NULL, &b, &m.s.normed, true, &err), DS_ERR_UNSUPPORTED);
     ds_model_free(&m);
     be->ops->destroy(be);
     ds_model_weights_free(&host);

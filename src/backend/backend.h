@@ -44,7 +44,16 @@ typedef struct ds_batch {
      * recomputation. Entries must differ from the sequence's seq_slot and from each other. A
      * sequence whose entries are all -1 updates seq_slot in place. Attention layers ignore it. */
     const int32_t *state_out_slots;
+    /* Tokens that exist only on the device (optional; NULL = every token from tokens): [T],
+     * entry ≥ 0 → row t's token is entry token_src[t] of the backend's token buffer, written by
+     * an earlier argmax_logits with keep_at ≥ 0 (tokens[t] is then ignored); −1 → tokens[t].
+     * Lets a step take the ids of the step before it without the host waiting for them: the
+     * MTP draft steps chain their drafts this way, and verification feeds them (spec.h). */
+    const int32_t *token_src;
 } ds_batch;
+
+/* Entries of every backend's token buffer (ds_batch.token_src, argmax_logits keep_at). */
+#define DS_TOKEN_BUF 4096
 
 /* Sizes of the per-sequence caches: KV blocks for attention layers, one GDN state slot
  * (conv history + fp32 recurrent state) per slot for linear-attention layers. */
@@ -150,9 +159,13 @@ typedef struct ds_backend_ops {
     /* Greedy head without logits: ids[r] = argmax_v (x[r]·lm_headᵀ)[v] for the R rows of
      * x [R, H] (lowest index on ties, NaN never wins), never materialising the logits. ids is
      * host memory [R], written by the time the next synchronize() returns (a device backend
-     * copies them back asynchronously, so the op can sit inside a captured step graph). */
+     * copies them back asynchronously, so the op can sit inside a captured step graph).
+     * keep_at ≥ 0 also keeps the ids on the device, at entries [keep_at, keep_at + R) of the
+     * token buffer (keep_at + R ≤ DS_TOKEN_BUF), for later batches' token_src; −1 keeps none.
+     * Several calls may be pending (not yet synchronized) at once, each into its own ids, as
+     * long as at most one of them has keep_at = −1 and their kept ranges do not overlap. */
     void (*argmax_logits)(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head,
-                          int32_t *ids);
+                          int32_t *ids, int keep_at);
     /* Banned ids of argmax_logits (catalogue item 6: min_tokens masks without host
      * round-trips; NULL when the backend has no argmax_logits). ids [B, n_ban] host, row r
      * padded with -1 (any id outside [0, V) is ignored): from now on argmax_logits row r < B

@@ -230,7 +230,7 @@ static ds_status bench_step_run(void *ctx, ds_error *err) {
     ds_status rc = ds_model_forward(m, w->b->sess.cache, w->bt, err);
     if (rc != DS_OK || !w->fused) return rc;
     ds_tensor xn = ds_view2d(m->s.normed.data, m->s.normed.dtype, w->bt->n_seqs, m->cfg.hidden);
-    m->be->ops->argmax_logits(w->b->be, &xn, &m->w.lm_head, w->ids);
+    m->be->ops->argmax_logits(w->b->be, &xn, &m->w.lm_head, w->ids, -1);
     return DS_OK;
 }
 
@@ -326,36 +326,43 @@ static ds_status spec_verify_once(void *ctx, ds_error *err) {
     return m->be->ops->synchronize(m->be, err);
 }
 
+/* The draft phase as serving runs it (spec.h "draft passes"): chained on the device when the
+ * backend allows (pass j keeps its ids at token-buffer entries j·B.., pass j + 1 reads them
+ * there, one synchronize at the end), else each pass's argmax downloaded before the next. */
 static ds_status spec_draft_once(void *ctx, ds_error *err) {
     spec_shape *sh = ctx;
     ds_model *m = &sh->b->model;
     ds_session *s = &sh->b->sess;
-    const int B = sh->B, K1 = sh->k + 1, V = m->cfg.vocab;
+    const int B = sh->B, K1 = sh->k + 1;
+    const bool dev = ds_spec_device_drafts(m, sh->k, B);
     /* catch-up over the verification's rows (hidden = its final-normed rows), one out row each */
     ds_batch mb = sh->batch;
     mb.state_out_slots = NULL;
     mb.n_out = B;
     for (int i = 0; i < B; i++) sh->out_rows[i] = i * K1 + K1 - 1;
-    ds_status st = ds_mtp_forward(m, s->cache, &mb, &m->s.normed, err);
+    ds_spec_draft_pass p = {m, s->cache, &mb, &m->s.normed, sh->ids, dev ? 0 : -1};
+    ds_status st = ds_spec_draft_pass_run(&p, err);
     if (st != DS_OK) return st;
-    ds_tensor lg = ds_view2d(m->s.logits.data, DS_DTYPE_F32, B, V);
-    m->be->ops->argmax(m->be, &lg, sh->ids);
     int32_t *dpos = sh->pos + B * K1, *dstart = sh->start + B + 1, *dpast = sh->past + B;
+    int32_t *dsrc = sh->tokens + B * K1; /* the draft steps' token_src */
     for (int j = 1; j < sh->k; j++) {
         for (int i = 0; i < B; i++) {
             dpos[i] = s->n_past[i] + K1 + j - 1;
             dpast[i] = dpos[i];
             dstart[i] = i;
+            dsrc[i] = (j - 1) * B + i;
             sh->out_rows[i] = i;
         }
         dstart[B] = B;
         ds_batch db = {.n_tokens = B, .n_seqs = B, .tokens = sh->ids, .positions = dpos,
                        .seq_start = dstart, .seq_slot = sh->slot, .seq_n_past = dpast,
                        .block_table = sh->table, .max_blocks = s->blocks_per_seq, .n_out = B,
-                       .out_rows = sh->out_rows};
+                       .out_rows = sh->out_rows, .token_src = dev ? dsrc : NULL};
         ds_tensor hid = ds_view2d(m->mtp.out_h.data, m->mtp.out_h.dtype, B, m->cfg.hidden);
-        if ((st = ds_mtp_forward(m, s->cache, &db, &hid, err)) != DS_OK) return st;
-        m->be->ops->argmax(m->be, &lg, sh->ids);
+        /* device chain: each pass's host copy into its own part of ids ([k, B]) */
+        p = (ds_spec_draft_pass){m, s->cache, &db, &hid, dev ? sh->ids + (size_t)j * B : sh->ids,
+                                 dev ? j * B : -1};
+        if ((st = ds_spec_draft_pass_run(&p, err)) != DS_OK) return st;
     }
     return m->be->ops->synchronize(m->be, err);
 }

@@ -71,13 +71,15 @@ ds_status ds_model_forward(ds_model *m, ds_cache *cache, const ds_batch *b, ds_e
  *   x += attn(RMSNorm_in(x))   (gated full attention, its own paged KV: cache layer n_layers,
  *                               RoPE at positions, block tables of the batch)
  *   x += FFN(RMSNorm_post(x));  out = mtp.norm(x)
- * On return m->s.logits holds F32 [b->n_out, V] (shared lm_head) and m->mtp.out_h [b->n_out, H]
- * the post-norm rows b->out_rows. GDN state is not touched (seq_slot is ignored). hidden may
- * be m->s.normed (the target's output of the previous forward) or m->mtp.out_h.
+ * On return m->mtp.out_h [b->n_out, H] holds the post-norm rows b->out_rows and, when logits
+ * is true, m->s.logits F32 [b->n_out, V] their logits (shared lm_head); without them the caller
+ * runs the head itself (argmax_logits over out_h: the greedy drafts of spec.h). GDN state is
+ * not touched (seq_slot is ignored). hidden may be m->s.normed (the target's output of the
+ * previous forward) or m->mtp.out_h.
  * DS_ERR_UNSUPPORTED when the model has no MTP head or the backend lacks `concat`. */
 bool ds_model_has_mtp(const ds_model *m);
 ds_status ds_mtp_forward(ds_model *m, ds_cache *cache, const ds_batch *b, const ds_tensor *hidden,
-                         ds_error *err);
+                         bool logits, ds_error *err);
 /* Scratch of the MTP head; called by ds_model_init / ds_model_free. */
 ds_status ds_mtp_scratch_alloc(ds_model *m, ds_error *err);
 void ds_mtp_scratch_free(ds_model *m);

@@ -56,7 +56,7 @@ void ds_mtp_scratch_free(ds_model *m) {
 }
 
 ds_status ds_mtp_forward(ds_model *m, ds_cache *cache, const ds_batch *b, const ds_tensor *hidden,
-                         ds_error *err) {
+                         bool logits, ds_error *err) {
     const ds_backend_ops *op = m->be->ops;
     const ds_config *c = &m->cfg;
     if (!ds_model_has_mtp(m))
@@ -121,7 +121,7 @@ ds_status ds_mtp_forward(ds_model *m, ds_cache *cache, const ds_batch *b, const 
         ds_tensor oh = rows_of(&m->mtp.out_h, b->n_out, H);
         ds_tensor lg = rows_of(&m->s.logits, b->n_out, c->vocab);
         op->gather_rows(m->be, &xn, &oh);
-        op->logits(m->be, &oh, &m->w.lm_head, &lg);
+        if (logits) op->logits(m->be, &oh, &m->w.lm_head, &lg);
     }
     return DS_OK;
 }

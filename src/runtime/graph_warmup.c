@@ -156,8 +156,9 @@ void ds_graph_report_print(const ds_graph_report *rep, const char *prefix, FILE 
 void ds_graph_count(const ds_runner *r, int *captured, int *eager) {
     *captured = *eager = 0;
     if (!r->graph_state) return;
-    /* the layouts of runner.h ds_runner_step_graphed */
-    const size_t n = ((size_t)r->max_seqs + 1) * (size_t)(r->k > 0 ? r->k + 1 : 1);
+    /* the layouts of runner.h ds_runner_step_graphed (speculative: verifications and both
+     * kinds of draft pass) */
+    const size_t n = r->k > 0 ? ds_runner_spec_graph_states(r) : (size_t)r->max_seqs + 1;
     for (size_t i = 0; i < n; i++) {
         if (r->graph_state[i] > 0) (*captured)++;
         else if (r->graph_state[i] < 0) (*eager)++;

@@ -97,6 +97,16 @@ ds_status ds_runner_init_spec(ds_runner *r, ds_model *m, int max_seqs, int max_t
         ok = r->gdn_cur && r->drafts && r->state_out && r->next && r->ids && r->row0 &&
              r->d_order && r->d_k && r->d_tokens && r->d_pos && r->d_start && r->d_slot &&
              r->d_past && r->d_table;
+        r->dev_drafts = ds_spec_device_drafts(m, k, max_seqs);
+        if (ok && r->dev_drafts) {
+            r->dh = calloc(K * S, sizeof(int32_t));
+            r->token_src = malloc(T * sizeof(int32_t));
+            r->dslot = malloc(S * sizeof(int32_t));
+            r->dkp = malloc(S * sizeof(int32_t));
+            r->slot_dgen = calloc(S, sizeof(uint32_t));
+            r->slot_place = calloc(S, sizeof(int32_t));
+            ok = r->dh && r->token_src && r->dslot && r->dkp && r->slot_dgen && r->slot_place;
+        }
         for (int i = 0; ok && i < max_seqs; i++) r->gdn_cur[i] = i * (k + 2);
     }
     if (ok && k == 0) ok = greedy_init(r);
@@ -131,7 +141,8 @@ void ds_runner_free(ds_runner *r) {
                     r->state_out, r->next,     r->ids,       r->row0,     r->d_order,
                     r->d_k,      r->d_tokens,  r->d_pos,     r->d_start,  r->d_slot,
                     r->d_past,   r->d_table,   r->gids,      r->graph_state, r->ban_keys,
-                    r->ban_table, r->ban_count};
+                    r->ban_table, r->ban_count, r->dh,   r->token_src, r->dslot, r->dkp,
+                    r->slot_dgen, r->slot_place};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     *r = (ds_runner){0};
 }
@@ -154,6 +165,7 @@ static ds_batch build_batch(ds_runner *r, const ds_sched_plan *plan, const ds_kv
     ds_backend *be = r->model->be;
     const bool spec = r->k > 0;
     int T = 0, n_out = 0;
+    bool any_dev = false;
     for (int i = 0; i < plan->n_items; i++) {
         const ds_sched_item *it = &plan->items[i];
         const ds_sched_seq *q = it->seq;
@@ -169,6 +181,16 @@ static ds_batch build_batch(ds_runner *r, const ds_sched_plan *plan, const ds_kv
         if (it->n_draft > 0)
             memcpy(r->tokens + T + it->n_tokens, ds_runner_drafts(r, q->slot),
                    (size_t)it->n_draft * sizeof(int32_t));
+        if (r->dev_drafts) {
+            /* drafts of the last draft call are still in the token buffer: fed from there (their
+             * host copies in drafts are stale until drafts_land) */
+            const bool on_dev = it->n_draft > 0 && r->dgen != 0 && r->slot_dgen[q->slot] == r->dgen;
+            for (int j = 0; j < n; j++) {
+                const int jd = j - it->n_tokens; /* draft index */
+                r->token_src[T + j] = on_dev && jd >= 0 ? jd * r->max_seqs + r->slot_place[q->slot] : -1;
+            }
+            any_dev = any_dev || on_dev;
+        }
         for (int j = 0; j < n; j++) r->positions[T + j] = q->n_computed + j;
         /* Only the blocks the sequence holds: the rest of the row is never read. */
         int held = ds_kv_blocks_held(kv, q->slot);
@@ -212,7 +234,18 @@ static ds_batch build_batch(ds_runner *r, const ds_sched_plan *plan, const ds_kv
         .n_out = n_out,
         .out_rows = r->out_rows,
         .state_out_slots = spec ? r->state_out : NULL,
+        .token_src = any_dev ? r->token_src : NULL,
     };
+}
+
+/* After a synchronize that followed a device-chained draft call: its drafts' host copies (dh)
+ * into drafts, where acceptance reads them. */
+static void drafts_land(ds_runner *r) {
+    for (int p = 0; p < r->d_unlanded; p++)
+        for (int j = 0; j < r->dkp[p]; j++)
+            r->drafts[(size_t)r->dslot[p] * (size_t)r->k + (size_t)j] =
+                r->dh[(size_t)j * (size_t)r->max_seqs + (size_t)p];
+    r->d_unlanded = 0;
 }
 
 ds_status ds_runner_step(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
@@ -249,7 +282,7 @@ static ds_status greedy_fused_step(void *ctx, ds_error *err) {
     ds_status st = ds_model_forward(m, g->r->cache, g->b, err);
     if (st != DS_OK) return st;
     ds_tensor xn = ds_view2d(m->s.normed.data, m->s.normed.dtype, g->b->n_tokens, m->cfg.hidden);
-    m->be->ops->argmax_logits(m->be, &xn, &m->w.lm_head, g->ids);
+    m->be->ops->argmax_logits(m->be, &xn, &m->w.lm_head, g->ids, -1);
     return DS_OK;
 }
 
@@ -362,7 +395,9 @@ ds_status ds_runner_verify(ds_runner *r, const ds_sched_plan *plan, const ds_kv_
         ds_tensor lg = ds_view2d(m->s.logits.data, DS_DTYPE_F32, r->n_out, r->vocab);
         op->argmax(m->be, &lg, r->ids);
     }
-    return op->synchronize(m->be, err);
+    if ((st = op->synchronize(m->be, err)) != DS_OK) return st;
+    drafts_land(r);
+    return DS_OK;
 }
 
 float *ds_runner_logits(ds_runner *r, int row, int n, ds_error *err) {
@@ -385,12 +420,26 @@ void ds_runner_commit(ds_runner *r, const ds_sched_plan *plan, int i, int n_emit
     r->gdn_cur[it->seq->slot] = r->state_out[row];
 }
 
+static const char *graph_off_reason(const ds_runner *r);
+static bool spec_graphs_ready(ds_runner *r);
+
+/* One draft pass (spec.h): from its step graph when state_idx ≥ 0 (then keyed by the region's
+ * index), else eagerly. */
+static ds_status draft_pass(ds_runner *r, const ds_batch *b, const ds_tensor *hidden, int32_t *ids,
+                            int keep, long state_idx, ds_error *err) {
+    ds_spec_draft_pass p = {r->model, r->cache, b, hidden, ids, keep};
+    if (state_idx < 0) return ds_spec_draft_pass_run(&p, err);
+    return ds_step_graph_run(r->model->be, r->graph_tag | (uint64_t)state_idx,
+                             &r->graph_state[state_idx], b, ds_spec_draft_pass_run, &p, NULL, err);
+}
+
 ds_status ds_runner_draft(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
                           const int32_t *k_next, ds_error *err) {
     DS_ASSERT(r->k > 0);
     ds_model *m = r->model;
     const ds_backend_ops *op = m->be->ops;
-    const int V = r->vocab, H = m->cfg.hidden;
+    const int H = m->cfg.hidden, S = r->max_seqs;
+    const bool dev = r->dev_drafts;
     ds_batch mb = r->batch;
     /* row t's token t+1, from the sequence's tokens as they are now (prompt, sampled and accepted
      * tokens); rows past the last accepted one get the last token: their MTP KV is rewritten
@@ -424,31 +473,51 @@ ds_status ds_runner_draft(ds_runner *r, const ds_sched_plan *plan, const ds_kv_b
         DS_ASSERT(row >= r->seq_start[i] && row < r->seq_start[i + 1]);
         out_rows[p] = row;
     }
+    /* graphs of the passes: the serving graphs' conditions; for pass 0 also every item drafting
+     * after a verification of one known token + d drafts (the verification graph's shape) */
+    const int n = plan->n_items, K1 = r->k + 1;
+    const size_t region = ((size_t)S + 1) * (size_t)K1;
+    const bool graphs = dev && graph_off_reason(r) == NULL && spec_graphs_ready(r);
+    long idx0 = -1;
+    if (graphs && n_d == n) {
+        const int d = plan->items[0].n_draft;
+        bool uniform = true;
+        for (int i = 0; i < n; i++)
+            uniform = uniform && plan->items[i].n_tokens == 1 && plan->items[i].n_draft == d;
+        if (uniform) idx0 = (long)(region + (size_t)n * (size_t)K1 + (size_t)d);
+    }
+    if (dev) drafts_land(r); /* the previous call's copies (normally landed by the verification) */
+
     mb.tokens = r->next;
+    mb.token_src = NULL;
     mb.state_out_slots = NULL;
     mb.n_out = n_d;
     mb.out_rows = out_rows;
-    ds_status st = ds_mtp_forward(m, r->cache, &mb, &m->s.normed, err);
+    if (n_d == 0) {
+        ds_status st = ds_mtp_forward(m, r->cache, &mb, &m->s.normed, false, err);
+        return st != DS_OK ? st : op->synchronize(m->be, err);
+    }
+    ds_status st = draft_pass(r, &mb, &m->s.normed, dev ? r->dh : r->d_tokens, dev ? 0 : -1, idx0, err);
     if (st != DS_OK) return st;
-    if (n_d == 0) return op->synchronize(m->be, err);
-    ds_tensor lg = ds_view2d(m->s.logits.data, DS_DTYPE_F32, n_d, V);
-    op->argmax(m->be, &lg, r->d_tokens);
-    for (int p = 0; p < n_d; p++)
-        r->drafts[(size_t)plan->items[r->d_order[p]].seq->slot * (size_t)r->k] = r->d_tokens[p];
+    if (!dev)
+        for (int p = 0; p < n_d; p++)
+            r->drafts[(size_t)plan->items[r->d_order[p]].seq->slot * (size_t)r->k] = r->d_tokens[p];
 
     /* draft step j: each sequence with k_next > j at MTP position c' + j − 1 (c' = its n_computed,
      * the position of its last emitted token), token = its draft j − 1, hidden = its MTP output
      * row of step j − 1 */
     for (int j = 1; j < max_k; j++) {
-        int n = 0;
-        while (n < n_d && r->d_k[r->d_order[n]] > j) n++;
-        DS_ASSERT(n > 0);
-        for (int p = 0; p < n; p++) {
+        int nj = 0;
+        while (nj < n_d && r->d_k[r->d_order[nj]] > j) nj++;
+        DS_ASSERT(nj > 0);
+        for (int p = 0; p < nj; p++) {
             const ds_sched_seq *q = plan->items[r->d_order[p]].seq;
             const int32_t pos = q->n_computed + j - 1;
             int held = ds_kv_blocks_held(kv, q->slot);
             DS_ASSERT((int64_t)held * r->block_size > pos && held <= r->max_blocks);
-            r->d_tokens[p] = ds_runner_drafts(r, q->slot)[j - 1];
+            /* device chain: draft j − 1 of place p is token-buffer entry (j − 1)·S + p */
+            r->d_tokens[p] = dev ? 0 : ds_runner_drafts(r, q->slot)[j - 1];
+            if (dev) r->token_src[p] = (j - 1) * S + p;
             r->d_pos[p] = pos;
             r->d_past[p] = pos;
             r->d_start[p] = p;
@@ -457,20 +526,35 @@ ds_status ds_runner_draft(ds_runner *r, const ds_sched_plan *plan, const ds_kv_b
             memcpy(r->d_table + (size_t)p * (size_t)r->max_blocks, ds_kv_blocks_table(kv, q->slot),
                    (size_t)held * sizeof(int32_t));
         }
-        r->d_start[n] = n;
-        ds_batch db = {.n_tokens = n, .n_seqs = n, .tokens = r->d_tokens, .positions = r->d_pos,
+        r->d_start[nj] = nj;
+        ds_batch db = {.n_tokens = nj, .n_seqs = nj, .tokens = r->d_tokens, .positions = r->d_pos,
                        .seq_start = r->d_start, .seq_slot = r->d_slot, .seq_n_past = r->d_past,
-                       .block_table = r->d_table, .max_blocks = r->max_blocks, .n_out = n,
-                       .out_rows = out_rows};
-        ds_tensor hid = ds_view2d(m->mtp.out_h.data, m->mtp.out_h.dtype, n, H);
-        if ((st = ds_mtp_forward(m, r->cache, &db, &hid, err)) != DS_OK) return st;
-        ds_tensor lj = ds_view2d(m->s.logits.data, DS_DTYPE_F32, n, V);
-        op->argmax(m->be, &lj, r->d_tokens);
-        for (int p = 0; p < n; p++)
-            r->drafts[(size_t)plan->items[r->d_order[p]].seq->slot * (size_t)r->k + (size_t)j] =
-                r->d_tokens[p];
+                       .block_table = r->d_table, .max_blocks = r->max_blocks, .n_out = nj,
+                       .out_rows = out_rows, .token_src = dev ? r->token_src : NULL};
+        ds_tensor hid = ds_view2d(m->mtp.out_h.data, m->mtp.out_h.dtype, nj, H);
+        const long idxj = graphs ? (long)(2 * region + (size_t)nj * (size_t)K1 + (size_t)j) : -1;
+        st = draft_pass(r, &db, &hid, dev ? r->dh + (size_t)j * (size_t)S : r->d_tokens,
+                        dev ? j * S : -1, idxj, err);
+        if (st != DS_OK) return st;
+        if (!dev)
+            for (int p = 0; p < nj; p++)
+                r->drafts[(size_t)plan->items[r->d_order[p]].seq->slot * (size_t)r->k + (size_t)j] =
+                    r->d_tokens[p];
     }
-    return op->synchronize(m->be, err);
+    if (!dev) return op->synchronize(m->be, err);
+    /* device chain: nothing waits here; the next verification feeds the drafts from the token
+     * buffer and its synchronize brings their host copies (drafts_land) */
+    r->dgen++;
+    if (r->dgen == 0) r->dgen = 1; /* 0 means "no call yet" */
+    for (int p = 0; p < n_d; p++) {
+        const int slot = plan->items[r->d_order[p]].seq->slot;
+        r->dslot[p] = slot;
+        r->dkp[p] = r->d_k[r->d_order[p]];
+        r->slot_dgen[slot] = r->dgen;
+        r->slot_place[slot] = p;
+    }
+    r->d_unlanded = n_d;
+    return DS_OK;
 }
 
 /* ---- serving steps through step graphs, saying why when not (runtime/graph_warmup.h) -------- */
@@ -494,6 +578,21 @@ static const char *graph_off_reason(const ds_runner *r) {
         return "DS_OPT_FUSED_ARGMAX=0: verification takes the logits and a separate argmax";
     if (!ds_env_switch("DS_OPT_SPEC_GRAPHS", true)) return "DS_OPT_SPEC_GRAPHS=0";
     return NULL;
+}
+
+/* Graph states and key tag of a speculative runner, made at first use: three regions of
+ * ds_runner_spec_graph_states / 3 states, each indexed n · (k + 1) + d for n sequences: the
+ * verifications with d drafts each, the draft passes 0 over them (d drafts verified), and the
+ * draft passes j = d ≥ 1 of n sequences. */
+static bool spec_graphs_ready(ds_runner *r) {
+    if (r->graph_state) return true;
+    const size_t n_states = ds_runner_spec_graph_states(r);
+    DS_ASSERT(n_states < ((size_t)1 << 16));
+    r->graph_state = calloc(n_states, 1);
+    if (!r->graph_state) return false;
+    const unsigned serial = atomic_fetch_add(&g_runner_serial, 1u) & 0xffffu;
+    r->graph_tag = (UINT64_C(0x53525653) << 32) | ((uint64_t)serial << 16); /* "SRVS" */
+    return true;
 }
 
 ds_status ds_runner_step_graphed(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
@@ -534,15 +633,8 @@ ds_status ds_runner_step_graphed(ds_runner *r, const ds_sched_plan *plan, const 
             if (why) ds_error_set(why, DS_ERR_UNSUPPORTED, "%s", off);
             return ds_runner_verify(r, plan, kv, err);
         }
-        const size_t n_states = ((size_t)r->max_seqs + 1) * (size_t)(r->k + 1);
-        if (!r->graph_state) {
-            DS_ASSERT(n_states < ((size_t)1 << 16));
-            r->graph_state = calloc(n_states, 1);
-            if (!r->graph_state)
-                return ds_error_set(err, DS_ERR_NOMEM, "runner: out of memory for graph states");
-            const unsigned serial = atomic_fetch_add(&g_runner_serial, 1u) & 0xffffu;
-            r->graph_tag = (UINT64_C(0x53525653) << 32) | ((uint64_t)serial << 16); /* "SRVS" */
-        }
+        if (!spec_graphs_ready(r))
+            return ds_error_set(err, DS_ERR_NOMEM, "runner: out of memory for graph states");
         r->batch = build_batch(r, plan, kv);
         r->n_out = 0; /* no logits rows: ds_runner_logits must not be asked for this step */
         b = r->batch;
@@ -554,6 +646,7 @@ ds_status ds_runner_step_graphed(ds_runner *r, const ds_sched_plan *plan, const 
     ds_status st = ds_step_graph_run(be, r->graph_tag | (uint64_t)idx, &r->graph_state[idx], &b,
                                      greedy_fused_step, &g, why, err);
     if (st == DS_OK) st = be->ops->synchronize(be, err);
+    if (st == DS_OK && r->k > 0) drafts_land(r);
     *graphed = r->graph_state[idx];
     return st;
 }

@@ -79,6 +79,18 @@ typedef struct ds_runner {
     int32_t *d_table;     /* [max_seqs, max_blocks] */
     ds_batch batch;       /* the step's batch (the MTP re-runs its rows) */
     int n_out;            /* logits rows of the step */
+    /* drafts chained on the device (spec.h "draft passes"; dev_drafts): pass j of the drafting
+     * item at place p (d_order) keeps its id at token-buffer entry j·max_seqs + p; its host
+     * copy lands in dh[j·max_seqs + p] at the next synchronize, and ds_runner_verify /
+     * ds_runner_step_graphed move it to drafts after theirs (drafts_land) */
+    bool dev_drafts;
+    int32_t *dh;          /* [k, max_seqs] */
+    int32_t *token_src;   /* [max_tokens] the verification's ds_batch.token_src */
+    int32_t *dslot, *dkp; /* [max_seqs] slot and draft count per place of the last draft call */
+    int d_unlanded;       /* places of the last draft call whose host copies are not in drafts */
+    uint32_t dgen;        /* draft calls so far (0: none) */
+    uint32_t *slot_dgen;  /* [max_seqs] the call that drafted each slot's current drafts */
+    int32_t *slot_place;  /* [max_seqs] the slot's place p in that call */
 
     /* greedy decode steps (greedy_mode 0: none of these is allocated) */
     int greedy_mode;          /* 0 off, 1 fused argmax (+ graphs when the backend has them),
@@ -150,6 +162,11 @@ float *ds_runner_logits(ds_runner *r, int row, int n, ds_error *err);
 /* After acceptance: item i emitted n_emitted tokens; a verification's GDN state becomes the one
  * after its last accepted token. */
 void ds_runner_commit(ds_runner *r, const ds_sched_plan *plan, int i, int n_emitted);
+/* Graph states of a speculative runner (r->graph_state): verifications, draft passes 0 and
+ * draft passes j ≥ 1, (max_seqs + 1)·(k + 1) each. */
+static inline size_t ds_runner_spec_graph_states(const ds_runner *r) {
+    return 3 * ((size_t)r->max_seqs + 1) * (size_t)(r->k + 1);
+}
 /* The drafts of slot `slot` (k entries). */
 static inline const int32_t *ds_runner_drafts(const ds_runner *r, int slot) {
     return r->drafts + (size_t)slot * (size_t)r->k;

@@ -4,6 +4,8 @@
 
 #include <string.h>
 
+#include "core/env.h"
+
 /* ---- statistics ------------------------------------------------------------------------------ */
 
 void ds_spec_stats_add(ds_spec_stats *s, int n_draft, int n_accepted) {
@@ -134,4 +136,27 @@ ds_status ds_spec_verify(ds_sampler *s, int n_generated, const int32_t *drafts, 
         if (out->reason != DS_FINISH_NONE || !accepted) break;
     }
     return DS_OK;
+}
+
+/* ---- draft passes ---------------------------------------------------------------------------- */
+
+ds_status ds_spec_draft_pass_run(void *ctx, ds_error *err) {
+    ds_spec_draft_pass *p = ctx;
+    ds_model *m = p->m;
+    const bool fused = p->keep >= 0;
+    ds_status st = ds_mtp_forward(m, p->cache, p->b, p->hidden, !fused, err);
+    if (st != DS_OK || p->b->n_out == 0) return st;
+    if (fused) {
+        ds_tensor oh = ds_view2d(m->mtp.out_h.data, m->mtp.out_h.dtype, p->b->n_out, m->cfg.hidden);
+        m->be->ops->argmax_logits(m->be, &oh, &m->w.lm_head, p->ids, p->keep);
+    } else {
+        ds_tensor lg = ds_view2d(m->s.logits.data, DS_DTYPE_F32, p->b->n_out, m->cfg.vocab);
+        m->be->ops->argmax(m->be, &lg, p->ids);
+    }
+    return DS_OK;
+}
+
+bool ds_spec_device_drafts(const ds_model *m, int k, int max_rows) {
+    return m->be->ops->argmax_logits != NULL && (int64_t)k * max_rows <= DS_TOKEN_BUF &&
+           ds_env_switch("DS_OPT_SPEC_DEVICE_DRAFTS", true);
 }

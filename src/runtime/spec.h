@@ -84,6 +84,34 @@ ds_status ds_spec_verify(ds_sampler *s, int n_generated, const int32_t *drafts, 
                          const int32_t *target_ids, float *logits, int vocab, int32_t *tokens,
                          ds_sample_result *res, ds_spec_result *out, ds_error *err);
 
+/* ---- draft passes ----------------------------------------------------------------------------
+ * Step 4 runs the MTP k times: over the verified rows (pass 0), then one token per drafting
+ * sequence (pass j, fed draft j − 1 and its own pass j − 1 output). With a backend that has
+ * argmax_logits and DS_OPT_SPEC_DEVICE_DRAFTS (default on), each pass ends in the fused greedy
+ * head, its ids kept in the backend's token buffer, and pass j takes its tokens from there
+ * (ds_batch.token_src): the drafts never make a round trip through the host between passes, no
+ * pass waits for the device, and the next verification reads them from the buffer as well; their
+ * host copies land at the verification's synchronize. Otherwise each pass downloads its logits'
+ * argmax before the next one is built. Both give the same drafts. */
+
+/* One MTP pass (a ds_step_fn, so it can be recorded as a step graph): the MTP over b from the
+ * hidden rows it continues (m->s.normed for pass 0, m->mtp.out_h after), then the greedy head
+ * over its b->n_out rows into ids: fused and kept at token-buffer entry keep when keep ≥ 0 (ids
+ * land at the next synchronize), else logits + argmax (ids on the host at return). */
+typedef struct ds_spec_draft_pass {
+    ds_model *m;
+    ds_cache *cache;
+    const ds_batch *b;
+    const ds_tensor *hidden;
+    int32_t *ids;
+    int keep;
+} ds_spec_draft_pass;
+ds_status ds_spec_draft_pass_run(void *ctx, ds_error *err);
+
+/* True when drafts chain on the device for this backend and k: argmax_logits, the switch, and
+ * room for k passes of max_rows ids in the token buffer. */
+bool ds_spec_device_drafts(const ds_model *m, int k, int max_rows);
+
 /* ---- one sequence of a ds_session ------------------------------------------------------------
  * The session must come from ds_session_init_spec with n_spec ≥ k, on a model with an MTP head
  * and max_out ≥ k + 1. Token streams are token-identical to plain decoding for greedy requests. */
@@ -122,6 +150,12 @@ typedef struct ds_spec_gen {
     uint64_t graph_tag;
     signed char graph_state[DS_SPEC_MAX_K + 1];
     bool graphs;
+    /* drafts chained on the device (see "draft passes"); graph states of draft pass 0 per
+     * verified row count (1 + d) and of pass j */
+    bool dev_drafts;
+    bool drafts_on_dev; /* the current drafts are in the token buffer, host copies pending */
+    signed char pass0_state[DS_SPEC_MAX_K + 2];
+    signed char passj_state[DS_SPEC_MAX_K];
 } ds_spec_gen;
 
 ds_status ds_spec_gen_init(ds_spec_gen *g, ds_session *s, int slot, int k, ds_sampler *sampler,

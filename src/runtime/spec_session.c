@@ -51,6 +51,7 @@ ds_status ds_spec_gen_init(ds_spec_gen *g, ds_session *s, int slot, int k, ds_sa
     g->graphs = op->argmax_logits && op->graph_begin && op->graph_end && op->graph_launch &&
                 ds_env_switch("DS_OPT_SPEC_GRAPHS", true) &&
                 ds_env_switch("DS_OPT_FUSED_ARGMAX", true);
+    g->dev_drafts = ds_spec_device_drafts(m, k, 1);
     if (!g->logits || !g->ids || !g->tokens || !g->next || !g->out_slots) {
         ds_spec_gen_free(g);
         return ds_error_set(err, DS_ERR_NOMEM, "speculative decoding: out of memory");
@@ -91,48 +92,71 @@ static ds_batch one_seq_batch(ds_spec_gen *g, const int32_t *tokens, int T, int 
     };
 }
 
+/* One draft pass of this generator: from a graph (key graph_tag | key_low, state *state) when
+ * the generator records graphs and state is not NULL, else eagerly. */
+static ds_status gen_pass(ds_spec_gen *g, const ds_batch *b, const ds_tensor *hidden, int32_t *ids,
+                          int keep, uint64_t key_low, signed char *state, ds_error *err) {
+    ds_model *m = g->sess->model;
+    ds_spec_draft_pass p = {m, g->sess->cache, b, hidden, ids, keep};
+    if (!g->graphs || keep < 0 || !state) return ds_spec_draft_pass_run(&p, err);
+    return ds_step_graph_run(m->be, g->graph_tag | key_low, state, b, ds_spec_draft_pass_run, &p,
+                             NULL, err);
+}
+
 /* Drafts for the next step (step 4 of spec.h). The target batch `tb` (rows at positions
  * tb->positions, its final-normed hidden rows still in m->s.normed) is re-run through the MTP
  * with next[] as the tokens; row `last` is the last accepted position, whose output drafts the
- * first token. n_past is already the position of g->pending. */
+ * first token. n_past is already the position of g->pending. With the device chain (spec.h
+ * "draft passes"; not with a test hook, which rewrites the drafts on the host) pass j keeps its
+ * draft at token-buffer entry j and writes its host copy to drafts[j] at the next synchronize:
+ * nothing here waits for the device. */
 static ds_status draft(ds_spec_gen *g, ds_batch *tb, int last, ds_error *err) {
     ds_session *s = g->sess;
     ds_model *m = s->model;
     const ds_backend_ops *op = m->be->ops;
-    const int V = m->cfg.vocab;
     const int remaining = g->sampler->params.max_tokens - g->n_generated;
     const int k_next = g->k < remaining - 1 ? g->k : remaining - 1;
+    const bool dev = g->dev_drafts && !g->hook;
     g->n_draft = 0;
+    g->drafts_on_dev = false;
     if (k_next <= 0) return DS_OK; /* at most one more token: nothing left to draft */
     double t0 = now_s();
     ds_batch mb = *tb;
     mb.tokens = g->next;
+    mb.token_src = NULL;
     mb.state_out_slots = NULL;
     mb.n_out = 1;
     s->out_rows[0] = last;
     mb.out_rows = s->out_rows;
-    ds_status st = ds_mtp_forward(m, s->cache, &mb, &m->s.normed, err);
+    /* pass 0 over the verified rows: graphed for the verification shapes (1 + d rows, not the
+     * prompt's last chunk) */
+    const bool verified = tb->n_tokens <= DS_SPEC_MAX_K + 1 && tb->state_out_slots != NULL;
+    ds_status st = gen_pass(g, &mb, &m->s.normed, &g->drafts[0], dev ? 0 : -1,
+                            UINT64_C(0x100) | (uint64_t)tb->n_tokens,
+                            verified ? &g->pass0_state[tb->n_tokens] : NULL, err);
     if (st != DS_OK) return st;
-    {
-        ds_tensor lg = ds_view2d(m->s.logits.data, DS_DTYPE_F32, 1, V);
-        op->argmax(m->be, &lg, &g->drafts[0]);
-        const int c = s->n_past[g->slot];
-        int32_t seq_start[2] = {0, 1}, seq_n_past;
-        for (int j = 1; j < k_next; j++) {
-            /* MTP position c+j-1, token = draft j-1 (at position c+j), hidden = its own output */
-            seq_n_past = c + j - 1;
-            ds_batch db = one_seq_batch(g, &g->drafts[j - 1], 1, c + j - 1, seq_start,
-                                        &s->gdn_cur[g->slot], &seq_n_past);
-            db.n_out = 1;
-            s->out_rows[0] = 0;
-            ds_tensor hid = ds_view2d(m->mtp.out_h.data, m->mtp.out_h.dtype, 1, m->cfg.hidden);
-            if ((st = ds_mtp_forward(m, s->cache, &db, &hid, err)) != DS_OK) return st;
-            op->argmax(m->be, &lg, &g->drafts[j]);
-        }
-        g->n_draft = k_next;
-        if (g->hook) g->hook(g->hook_ctx, g->n_generated, k_next, g->drafts);
+    const int c = s->n_past[g->slot];
+    int32_t seq_start[2] = {0, 1}, seq_n_past, src;
+    for (int j = 1; j < k_next; j++) {
+        /* MTP position c+j-1, token = draft j-1 (at position c+j), hidden = its own output */
+        seq_n_past = c + j - 1;
+        ds_batch db = one_seq_batch(g, &g->drafts[j - 1], 1, c + j - 1, seq_start,
+                                    &s->gdn_cur[g->slot], &seq_n_past);
+        src = j - 1;
+        if (dev) db.token_src = &src;
+        db.n_out = 1;
+        s->out_rows[0] = 0;
+        ds_tensor hid = ds_view2d(m->mtp.out_h.data, m->mtp.out_h.dtype, 1, m->cfg.hidden);
+        st = gen_pass(g, &db, &hid, &g->drafts[j], dev ? j : -1, UINT64_C(0x200) | (uint64_t)j,
+                      &g->passj_state[j], err);
+        if (st != DS_OK) return st;
     }
-    st = op->synchronize(m->be, err);
+    g->n_draft = k_next;
+    g->drafts_on_dev = dev;
+    if (!dev) {
+        if (g->hook) g->hook(g->hook_ctx, g->n_generated, k_next, g->drafts);
+        st = op->synchronize(m->be, err);
+    }
     g->t_draft += now_s() - t0;
     return st;
 }
@@ -180,7 +204,7 @@ ds_status ds_spec_gen_prefill(ds_spec_gen *g, const int32_t *prompt, int n_promp
             mb.tokens = g->next;
             mb.n_out = 0;
             double t0 = now_s();
-            if ((st = ds_mtp_forward(m, s->cache, &mb, &m->s.normed, err)) != DS_OK) return st;
+            if ((st = ds_mtp_forward(m, s->cache, &mb, &m->s.normed, true, err)) != DS_OK) return st;
             g->t_draft += now_s() - t0;
             done += T;
             continue;
@@ -219,7 +243,7 @@ static ds_status verify_fused_step(void *ctx, ds_error *err) {
     ds_status st = ds_model_forward(m, v->g->sess->cache, v->b, err);
     if (st != DS_OK) return st;
     ds_tensor xn = ds_view2d(m->s.normed.data, m->s.normed.dtype, v->b->n_tokens, m->cfg.hidden);
-    m->be->ops->argmax_logits(m->be, &xn, &m->w.lm_head, v->g->ids);
+    m->be->ops->argmax_logits(m->be, &xn, &m->w.lm_head, v->g->ids, -1);
     return DS_OK;
 }
 
@@ -254,6 +278,14 @@ ds_status ds_spec_gen_step(ds_spec_gen *g, int32_t *tokens, ds_sample_result *re
     for (int i = 0; i <= n; i++) s->out_rows[i] = i;
     b.n_out = n + 1;
     b.state_out_slots = g->out_slots;
+    /* device-chained drafts: draft i is token-buffer entry i (their host copies in drafts land at
+     * the synchronize below) */
+    int32_t src[DS_SPEC_MAX_K + 1];
+    if (g->drafts_on_dev) {
+        src[0] = -1;
+        for (int i = 1; i <= n; i++) src[i] = i - 1;
+        b.token_src = src;
+    }
     const bool fast = ds_spec_argmax_suffices(g->sampler, g->n_generated);
     ds_status st;
     if (fast && g->graphs) {

@@ -47,7 +47,7 @@ rc_all=0
 # profile_spec ncu serve_bench spec_checks
 PARTS=" ${DS_GPU_PARTS:-ops model bench ablation profile profile_spec ncu serve_bench spec_checks} " # also: spec_test
 want() { [[ "$PARTS" == *" $1 "* ]]; }
-ALL_OFF="DS_OPT_MOE_FAST_ROUTE=0 DS_OPT_SHARED_EXPERT=0 DS_OPT_PDL=0 DS_OPT_PREFETCH=0 DS_OPT_FUSED_ARGMAX=0 DS_OPT_FUSED_NORM=0 DS_OPT_MOE_GEMM=0 DS_OPT_GDN_PREFILL=0 DS_OPT_DEVICE_MASKS=0 DS_OPT_SPEC_GRAPHS=0"
+ALL_OFF="DS_OPT_MOE_FAST_ROUTE=0 DS_OPT_MOE_ROUTE_FUSED=0 DS_OPT_SHARED_EXPERT=0 DS_OPT_PDL=0 DS_OPT_PREFETCH=0 DS_OPT_FUSED_ARGMAX=0 DS_OPT_FUSED_NORM=0 DS_OPT_MOE_GEMM=0 DS_OPT_GDN_PREFILL=0 DS_OPT_DEVICE_MASKS=0 DS_OPT_SPEC_GRAPHS=0"
 
 # ---- 1. ops ---------------------------------------------------------------------------------
 if want ops; then
@@ -157,7 +157,7 @@ else
 fi
 
 # ---- 5. serving and speculative decoding on the GPU (scripts of their own, if present) ------------
-for part in serve_bench spec_checks; do
+for part in serve_bench spec_checks serve_spec_check; do
     t=$(left)
     if want "$part" && [ -f "tools/gpu/$part.sh" ] && [ "$t" -ge 60 ]; then
         log "$part.sh ($t s left)"
@@ -192,7 +192,7 @@ done
     echo; echo "## Nsight Compute, every kernel of one decode step (device time)"; echo '```'
     python3 tools/gpu/ncu_summary.py "$OUT/ncu.csv" 2>&1 | head -80
     echo '```'; echo; echo "## Serving and speculative decoding"; echo '```'
-    for f in serve_bench.log spec_checks.log; do [ -f "$OUT/$f" ] && { echo "--- $f"; tail -40 "$OUT/$f"; }; done
+    for f in serve_bench.log spec_checks.log serve_spec_check.log; do [ -f "$OUT/$f" ] && { echo "--- $f"; tail -40 "$OUT/$f"; }; done
     echo '```'; echo; echo "## Timeline"; echo '```'; grep "^\[" "$OUT/gpu.txt"; echo '```'
 } > "$OUT/summary.md"
 log "done, rc=$rc_all"

@@ -69,11 +69,12 @@ static int64_t argmax_row_banned(float *row, int64_t V, const int32_t *bans, int
 }
 
 void ds_cpu_op_argmax_logits(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head,
-                             int32_t *ids) {
+                             int32_t *ids, int keep_at) {
     ds_cpu *cpu = ds_cpu_of(be);
     DS_ASSERT(x->dtype == DS_DTYPE_F32);
     const int64_t K = lm_head->n_in, V = lm_head->n_out, R = n_rows(x);
     DS_ASSERT(last_dim(x) == K);
+    DS_ASSERT(keep_at < 0 || keep_at + R <= DS_TOKEN_BUF);
     if (R == 0) return;
     float *logits = ds_cpu_work(cpu, DS_CPU_WORK_A, (size_t)R * (size_t)V); /* [R, V] */
     ds_cpu_linear_f32(cpu, x->data, R, K, lm_head, logits, V);
@@ -82,5 +83,6 @@ void ds_cpu_op_argmax_logits(ds_backend *be, const ds_tensor *x, const ds_linear
         ids[r] = r < cpu->ban_rows
                      ? (int32_t)argmax_row_banned(row, V, cpu->bans + r * cpu->ban_n, cpu->ban_n)
                      : (int32_t)argmax_row(row, V);
+        if (keep_at >= 0) cpu->tokbuf[keep_at + r] = ids[r];
     }
 }

@@ -25,6 +25,8 @@ static void for_rows(ds_cpu *cpu, int64_t R, int64_t D, ds_parallel_fn fn, void 
 typedef struct embed_job {
     const ds_tensor *table;
     const int32_t *tokens;
+    const int32_t *token_src; /* [T] or NULL (backend.h ds_batch.token_src) */
+    const int32_t *tokbuf;    /* [DS_TOKEN_BUF] */
     float *out; /* [T, H] */
     int64_t H;
 } embed_job;
@@ -34,7 +36,9 @@ static void embed_task(void *ctx, int64_t b, int64_t e, int tid) {
     embed_job *j = ctx;
     int64_t V = j->table->ne[0];
     for (int64_t t = b; t < e; t++) {
-        int64_t id = j->tokens[t];
+        const int32_t src = j->token_src ? j->token_src[t] : -1;
+        DS_ASSERT(src < DS_TOKEN_BUF);
+        int64_t id = src >= 0 ? j->tokbuf[src] : j->tokens[t];
         DS_ASSERT(id >= 0 && id < V);
         float *o = j->out + t * j->H;
         const char *row = (const char *)j->table->data +
@@ -56,7 +60,12 @@ void ds_cpu_op_embed(ds_backend *be, const ds_tensor *table, ds_tensor *out) {
     ds_cpu *cpu = ds_cpu_of(be);
     const ds_batch *b = ds_cpu_batch(cpu);
     DS_ASSERT(table->ndim == 2 && out->dtype == DS_DTYPE_F32);
-    embed_job j = {.table = table, .tokens = b->tokens, .out = out->data, .H = table->ne[1]};
+    embed_job j = {.table = table,
+                   .tokens = b->tokens,
+                   .token_src = b->token_src,
+                   .tokbuf = cpu->tokbuf,
+                   .out = out->data,
+                   .H = table->ne[1]};
     DS_ASSERT(last_dim(out) == j.H && n_rows(out) >= b->n_tokens);
     for_rows(cpu, b->n_tokens, j.H, embed_task, &j);
 }

@@ -39,6 +39,8 @@ typedef struct ds_cpu {
     int32_t *bans; /* [ban_cap] */
     size_t ban_cap;
     int ban_rows, ban_n;
+    /* the token buffer (backend.h DS_TOKEN_BUF): argmax_logits' kept ids, ds_batch.token_src */
+    int32_t tokbuf[DS_TOKEN_BUF];
 } ds_cpu;
 
 static inline ds_cpu *ds_cpu_of(ds_backend *be) { return (ds_cpu *)be->impl; }
@@ -92,7 +94,7 @@ void ds_cpu_op_gather_rows(ds_backend *be, const ds_tensor *x, ds_tensor *out);
 void ds_cpu_op_logits(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head, ds_tensor *out);
 void ds_cpu_op_argmax(ds_backend *be, const ds_tensor *logits, int32_t *ids); /* cpu_argmax.c */
 void ds_cpu_op_argmax_logits(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head,
-                             int32_t *ids);
+                             int32_t *ids, int keep_at);
 bool ds_cpu_set_argmax_bans(ds_backend *be, const int32_t *ids, int B, int n_ban);
 void ds_cpu_op_concat(ds_backend *be, const ds_tensor *a, const ds_tensor *b, ds_tensor *out);
 

@@ -197,6 +197,7 @@ static void cu_destroy(ds_backend *be) {
         cudaFree(c->d_splitk_cnt);
         cudaFree(c->d_meta);
         cudaFree(c->d_ids);
+        cudaFree(c->d_tokbuf);
         cudaFree(c->d_moe_scratch);
         cudaFree(c->d_gdn_scratch);
         for (int i = 0; i < 2; i++) {
@@ -204,6 +205,7 @@ static void cu_destroy(ds_backend *be) {
             if (c->meta_done[i]) cudaEventDestroy(c->meta_done[i]);
         }
         if (c->h_ids) cudaFreeHost(c->h_ids);
+        if (c->h_tokbuf) cudaFreeHost(c->h_tokbuf);
         if (c->stream) cudaStreamDestroy(c->stream);
         free(c);
     }
@@ -253,11 +255,10 @@ static ds_status cu_synchronize(ds_backend *be, ds_error *err) {
     if (ds_cuda_refuse_in_capture(c, "synchronize"))
         return ds_error_set(err, DS_ERR_INTERNAL, "CUDA backend: synchronize inside a graph capture");
     DS_CU(c, cudaStreamSynchronize(c->stream));
-    if (c->pending_ids) { /* argmax_logits' ids, copied to pinned memory by the stream */
-        if (!c->failed) memcpy(c->pending_ids, c->h_ids, sizeof(int32_t) * (size_t)c->pending_n);
-        c->pending_ids = NULL;
-        c->pending_n = 0;
-    }
+    /* argmax_logits' ids, copied to pinned memory by the stream */
+    for (int i = 0; i < c->pending.n && !c->failed; i++)
+        memcpy(c->pending.o[i].host, c->pending.o[i].pinned, sizeof(int32_t) * (size_t)c->pending.o[i].n);
+    c->pending.n = 0;
     if (c->failed) return ds_error_set(err, DS_ERR_DEVICE, "CUDA backend: %s", c->errmsg);
     return DS_OK;
 }
@@ -327,7 +328,7 @@ void ds_cuda_set_batch(ds_backend *be, const ds_batch *b) {
     DS_ASSERT(no >= 0 && no <= DS_CUDA_MAX_TOKENS);
     DS_ASSERT(mb >= 0);
     const int has_so = b->state_out_slots != NULL;
-    const int64_t total = 3 * (int64_t)T + (S + 1) + 2 * (int64_t)S + no + (int64_t)S * mb +
+    const int64_t total = 4 * (int64_t)T + (S + 1) + 2 * (int64_t)S + no + (int64_t)S * mb +
                           (has_so ? T : 0);
     DS_ASSERT(total <= DS_CUDA_META_INTS);
 
@@ -344,6 +345,7 @@ void ds_cuda_set_batch(ds_backend *be, const ds_batch *b) {
     const int64_t o_tokseq = o; o += T;
     const int64_t o_bt = o; o += (int64_t)S * mb;
     const int64_t o_so = o; o += has_so ? T : 0;
+    const int64_t o_tsrc = o; o += T;
 
     if (T) {
         memcpy(h + o_tokens, b->tokens, sizeof(int32_t) * (size_t)T);
@@ -357,6 +359,11 @@ void ds_cuda_set_batch(ds_backend *be, const ds_batch *b) {
     if (no) memcpy(h + o_out, b->out_rows, sizeof(int32_t) * (size_t)no);
     if (S && mb) memcpy(h + o_bt, b->block_table, sizeof(int32_t) * (size_t)S * (size_t)mb);
     if (has_so && T) memcpy(h + o_so, b->state_out_slots, sizeof(int32_t) * (size_t)T);
+    for (int t = 0; t < T; t++) {
+        const int32_t src = b->token_src ? b->token_src[t] : -1;
+        DS_ASSERT(src < DS_TOKEN_BUF);
+        h[o_tsrc + t] = src;
+    }
     int max_tok = 0, max_ctx = 0;
     DS_ASSERT(b->seq_start[0] == 0 && b->seq_start[S] == T);
     for (int s = 0; s < S; s++) {
@@ -399,6 +406,7 @@ void ds_cuda_set_batch(ds_backend *be, const ds_batch *b) {
     d->tok_seq = c->d_meta + o_tokseq;
     d->block_table = c->d_meta + o_bt;
     d->state_out = has_so ? c->d_meta + o_so : NULL;
+    d->token_src = c->d_meta + o_tsrc;
     c->info.max_seq_tokens = max_tok;
     c->info.max_ctx = max_ctx;
     c->h_cur = h;
@@ -508,6 +516,7 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         const char *cols = getenv("DS_CUDA_GDN_SCAN_COLS");
         c->gdn_scan_cols = cols && atoi(cols) == 4 ? 4 : 2;
         c->opt.moe_fast_route = ds_env_switch("DS_OPT_MOE_FAST_ROUTE", true);
+        c->opt.moe_route_fused = ds_env_switch("DS_OPT_MOE_ROUTE_FUSED", true);
         c->opt.moe_fuse_shared = ds_env_switch("DS_OPT_SHARED_EXPERT", true);
         c->opt.fuse_norm = ds_env_switch("DS_OPT_FUSED_NORM", true);
         c->opt.pdl = ds_env_switch("DS_OPT_PDL", true);
@@ -536,6 +545,10 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
     CREATE_CHECK(cudaMalloc(&c->d_lt_ws, DS_CUDA_LT_WS_BYTES));
     CREATE_CHECK(cudaMalloc((void **)&c->d_ids, sizeof(int32_t) * DS_CUDA_MAX_TOKENS));
     CREATE_CHECK(cudaHostAlloc((void **)&c->h_ids, sizeof(int32_t) * DS_CUDA_MAX_TOKENS,
+                               cudaHostAllocDefault));
+    CREATE_CHECK(cudaMalloc((void **)&c->d_tokbuf, sizeof(int32_t) * DS_TOKEN_BUF));
+    CREATE_CHECK(cudaMemset(c->d_tokbuf, 0, sizeof(int32_t) * DS_TOKEN_BUF));
+    CREATE_CHECK(cudaHostAlloc((void **)&c->h_tokbuf, sizeof(int32_t) * DS_TOKEN_BUF,
                                cudaHostAllocDefault));
     CREATE_CHECK(cudaMalloc((void **)&c->d_amax_v, sizeof(float) * DS_CUDA_AMAX_BLOCKS * 8 * 2));
     CREATE_CHECK(cudaMalloc((void **)&c->d_amax_i, sizeof(int32_t) * DS_CUDA_AMAX_BLOCKS * 8 * 2));

@@ -9,11 +9,14 @@
 #define ROW_THREADS DS_NORM_THREADS /* 256 */
 
 /* out[t, :] = table[tokens[t], :] (ids outside [0, V) give a zero row rather than a fault). */
+/* Row t's token: tokens[t], or entry token_src[t] ≥ 0 of the token buffer (backend.h). */
 __global__ void embed_kernel(const void *__restrict__ table, int dtype, int64_t V, int64_t H,
-                             const int32_t *__restrict__ tokens, bf16 *__restrict__ out) {
+                             const int32_t *__restrict__ tokens, const int32_t *__restrict__ token_src,
+                             const int32_t *__restrict__ tokbuf, bf16 *__restrict__ out) {
     pdl_enter(); /* cuda_launch.cuh: first, before any access */
     const int t = blockIdx.x;
-    const int64_t id = tokens[t];
+    const int32_t src = token_src[t];
+    const int64_t id = src >= 0 ? tokbuf[src] : tokens[t];
     bf16 *o = out + (int64_t)t * H;
     if (id < 0 || id >= V) {
         for (int64_t i = threadIdx.x; i < H; i += blockDim.x) o[i] = __float2bfloat16_rn(0.f);
@@ -34,7 +37,8 @@ extern "C" void ds_cuda_embed(ds_cuda_ctx *ctx, const void *table, int table_dty
     const int T = ctx->batch.n_tokens;
     if (T <= 0) return;
     ds_launch(ctx, embed_kernel, T, ROW_THREADS, 0, table, table_dtype, V, H,
-              (const int32_t *)ctx->batch.tokens, (bf16 *)out);
+              (const int32_t *)ctx->batch.tokens, (const int32_t *)ctx->batch.token_src,
+              (const int32_t *)ctx->d_tokbuf, (bf16 *)out);
     DS_CU_LAUNCHED2(ctx, "embed_kernel", T, H);
 }
 

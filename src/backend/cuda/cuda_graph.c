@@ -34,6 +34,18 @@ static int batch_max_seq_tokens(const ds_batch *b) {
     return m;
 }
 
+/* A graph's host outputs join those the next synchronize delivers. */
+static void pending_add(ds_cuda_ctx *c, const ds_cuda_outs *outs) {
+    for (int i = 0; i < outs->n; i++) {
+        if (c->pending.n == DS_CUDA_MAX_OUTS) {
+            ds_cuda_check(c, cudaErrorInvalidValue, "graph: too many host outputs pending",
+                          __FILE__, __LINE__);
+            return;
+        }
+        c->pending.o[c->pending.n++] = outs->o[i];
+    }
+}
+
 void ds_cuda_graphs_free(ds_cuda_ctx *c) {
     for (int i = 0; i < DS_CUDA_MAX_GRAPHS; i++) {
         if (c->graphs[i].used) cudaGraphExecDestroy(c->graphs[i].exec);
@@ -59,8 +71,7 @@ ds_status ds_cuda_graph_begin(ds_backend *be, uint64_t key, ds_error *err) {
     c->cap_why[0] = 0;
     c->cap_key = key;
     c->cap_launch0 = c->n_launches;
-    c->cap_ids = NULL;
-    c->cap_ids_n = 0;
+    c->cap_outs.n = 0;
     return DS_OK;
 }
 
@@ -72,10 +83,8 @@ ds_status ds_cuda_graph_end(ds_backend *be, ds_error *err) {
     c->capturing = 0;
     const uint64_t n_kernels = c->n_launches - c->cap_launch0;
     c->n_launches = c->cap_launch0; /* recorded, not run: counted when the graph runs below */
-    int32_t *ids = c->cap_ids;
-    const int ids_n = c->cap_ids_n;
-    c->cap_ids = NULL;
-    c->cap_ids_n = 0;
+    const ds_cuda_outs outs = c->cap_outs;
+    c->cap_outs.n = 0;
     if (e != cudaSuccess || c->cap_failed || c->failed || !g) {
         (void)cudaGetLastError();
         if (g) cudaGraphDestroy(g);
@@ -114,17 +123,13 @@ ds_status ds_cuda_graph_end(ds_backend *be, ds_error *err) {
         .has_state_out = c->batch.state_out != NULL,
         .exec = exec,
         .n_kernels = n_kernels,
-        .ids_host = ids,
-        .ids_n = ids_n,
+        .outs = outs,
     };
     /* the step's work: the batch uploaded during the capture is still current */
     if (DS_CU(c, cudaGraphLaunch(exec, c->stream)))
         return ds_error_set(err, DS_ERR_DEVICE, "CUDA backend: %s", c->errmsg);
     c->n_launches += n_kernels;
-    if (ids) {
-        c->pending_ids = ids;
-        c->pending_n = ids_n;
-    }
+    pending_add(c, &outs);
     return DS_OK;
 }
 
@@ -139,9 +144,6 @@ bool ds_cuda_graph_launch(ds_backend *be, uint64_t key, const ds_batch *b) {
     ds_cuda_set_batch(be, b);
     if (DS_CU(c, cudaGraphLaunch(g->exec, c->stream))) return true; /* sticky error: synchronize */
     c->n_launches += g->n_kernels;
-    if (g->ids_host) {
-        c->pending_ids = g->ids_host;
-        c->pending_n = g->ids_n;
-    }
+    pending_add(c, &g->outs);
     return true;
 }

@@ -39,6 +39,7 @@ extern "C" {
 #define DS_CUDA_MAX_GRAPHS 64        /* captured step graphs kept at once */
 #define DS_CUDA_PROF_EVENTS 8192     /* kernels timed per profiled step (DS_CUDA_PROFILE) */
 #define DS_CUDA_PROF_ENTRIES 512     /* distinct (kernel, shape) rows of the profile */
+#define DS_CUDA_MAX_OUTS 16          /* host outputs (argmax_logits) pending at once */
 
 /* The batch as the kernels see it: device pointers into one metadata buffer. */
 typedef struct ds_cuda_batch {
@@ -55,7 +56,20 @@ typedef struct ds_cuda_batch {
     const int32_t *out_rows;  /* [n_out] */
     const int32_t *tok_seq;   /* [T] sequence index of each token (derived on the host) */
     const int32_t *state_out; /* [T] GDN snapshot slot per token or -1, or NULL (ds_batch) */
+    const int32_t *token_src; /* [T] token-buffer entry per token or -1 (ds_batch; -1s if NULL) */
 } ds_cuda_batch;
+
+/* Host outputs on their way: the stream copies device ids into pinned memory, synchronize
+ * hands them to the caller's buffers (argmax_logits). */
+typedef struct ds_cuda_host_out {
+    int32_t *host;         /* the caller's buffer */
+    const int32_t *pinned; /* where the stream's copy lands */
+    int n;
+} ds_cuda_host_out;
+typedef struct ds_cuda_outs {
+    int n;
+    ds_cuda_host_out o[DS_CUDA_MAX_OUTS];
+} ds_cuda_outs;
 
 /* Host-side facts about the current batch, derived in set_batch from the host arrays (launch
  * configuration only; kernels never depend on them for correctness beyond grid sizes). */
@@ -82,8 +96,7 @@ typedef struct ds_cuda_graph {
     int T, S, n_out, max_blocks, max_seq_tokens, has_state_out; /* batch shape at capture */
     cudaGraphExec_t exec;
     uint64_t n_kernels;    /* kernels recorded (added to the launch count per replay) */
-    int32_t *ids_host;     /* host output of argmax_logits recorded in the graph, or NULL */
-    int ids_n;
+    ds_cuda_outs outs;     /* host outputs of argmax_logits recorded in the graph */
 } ds_cuda_graph;
 
 /* Per-kernel timing of eager steps (env DS_CUDA_PROFILE=1): an event after every launch. */
@@ -116,10 +129,8 @@ typedef struct ds_cuda_ctx {
     uint64_t cap_key, cap_launch0;
     cudaStream_t side;            /* uncaptured stream for set_batch's upload during a capture */
     ds_cuda_graph graphs[DS_CUDA_MAX_GRAPHS];
-    int32_t *pending_ids;         /* host ids argmax_logits delivers at the next synchronize */
-    int pending_n;
-    int32_t *cap_ids;             /* argmax_logits output recorded during the capture */
-    int cap_ids_n;
+    ds_cuda_outs pending;         /* host ids argmax_logits delivers at the next synchronize */
+    ds_cuda_outs cap_outs;        /* argmax_logits outputs recorded during the capture */
 
     /* profile (DS_CUDA_PROFILE=1): events of the current eager step */
     int prof_on;
@@ -163,6 +174,8 @@ typedef struct ds_cuda_ctx {
 
     /* Optimisation switches (catalogue items; env at create, README "Switches"), 1 = on:
      * moe_fast_route   DS_OPT_MOE_FAST_ROUTE: decode routing from shared memory
+     * moe_route_fused  DS_OPT_MOE_ROUTE_FUSED: decode routing inside the routed experts'
+     *                  gate_up launch (every block routes for itself; no routing launch)
      * moe_fuse_shared  DS_OPT_SHARED_EXPERT: the shared expert's down projection in the routed
      *                  experts' launch (catalogue item 1, fused variant)
      * fuse_norm        DS_OPT_FUSED_NORM: the residual add + RMSNorm after the MoE block in
@@ -178,7 +191,8 @@ typedef struct ds_cuda_ctx {
      *                  DS_CUDA_GDN_PREFILL_MIN_TOKENS tokens of one sequence in four launches,
      *                  the recurrence one warp per state column (cuda_gdn_prefill.cu) */
     struct {
-        int moe_fast_route, moe_fuse_shared, fuse_norm, pdl, prefetch, moe_gemm, gdn_prefill;
+        int moe_fast_route, moe_route_fused, moe_fuse_shared, fuse_norm, pdl, prefetch, moe_gemm,
+            gdn_prefill;
     } opt;
 
     /* GEMV split-K */
@@ -194,6 +208,8 @@ typedef struct ds_cuda_ctx {
     /* argmax */
     int32_t *d_ids;               /* [DS_CUDA_MAX_TOKENS] */
     int32_t *h_ids;               /* pinned [DS_CUDA_MAX_TOKENS] */
+    int32_t *d_tokbuf;            /* [DS_TOKEN_BUF] the token buffer (backend.h token_src) */
+    int32_t *h_tokbuf;            /* pinned [DS_TOKEN_BUF] its ids on their way to the host */
     float *d_amax_v;              /* fused lm_head argmax partials [2][DS_CUDA_AMAX_BLOCKS · 8]:
                                      plain, then without the banned ids */
     int32_t *d_amax_i;            /* [2][DS_CUDA_AMAX_BLOCKS · 8] */

@@ -86,7 +86,7 @@ extern "C" size_t ds_cuda_moe_scratch_bytes(int H, int E, int top_k, int I, int 
  * softmax (fp32), top-k by repeated warp argmax (ties → lowest expert id), renormalised
  * weights → sc.ids / sc.wts, and ids_s (may be NULL), a shared copy of the k expert ids. */
 static __device__ void route_from_shared(int t, int E, int k, int norm_topk, const moe_scratch &sc,
-                                         float *pr, int32_t *ids_s) {
+                                         float *pr, int32_t *ids_s, bool to_global = true) {
     const int lane = threadIdx.x & 31;
     float mx = -INFINITY;
     for (int e = lane; e < E; e += 32) mx = fmaxf(mx, pr[e]);
@@ -124,8 +124,10 @@ static __device__ void route_from_shared(int t, int E, int k, int norm_topk, con
         __syncwarp();
     }
     if (lane < k) {
-        sc.ids[(int64_t)t * k + lane] = isel;
-        sc.wts[(int64_t)t * k + lane] = norm_topk ? wsel / wsum : wsel;
+        if (to_global) {
+            sc.ids[(int64_t)t * k + lane] = isel;
+            sc.wts[(int64_t)t * k + lane] = norm_topk ? wsel / wsum : wsel;
+        }
         if (ids_s) ids_s[t * k + lane] = isel;
     }
 }
@@ -196,8 +198,17 @@ typedef struct moe_prefetch {
     int64_t bytes_per_expert;
 } moe_prefetch;
 
+/* Where grouping writes: the scratch (global) or a block's shared copy. */
+typedef struct moe_groups_out {
+    int32_t *n_act, *act, *off, *sorted;
+} moe_groups_out;
+
+static __device__ moe_groups_out groups_of(const moe_scratch &sc) {
+    return moe_groups_out{sc.n_act, sc.act, sc.off, sc.sorted};
+}
+
 static __device__ void group_from_shared(int A, int E, const int32_t *ids_s, int *cnt, int *wsum,
-                                         const moe_scratch &sc, moe_prefetch pf) {
+                                         const moe_groups_out sc, moe_prefetch pf) {
     const int e = threadIdx.x;
     if (e < E) cnt[e] = 0;
     __syncthreads();
@@ -250,7 +261,7 @@ __global__ void __launch_bounds__(1024) moe_group_kernel(int A, int E, moe_scrat
     pdl_enter(); /* cuda_launch.cuh: before any access */
     for (int a = threadIdx.x; a < A; a += blockDim.x) ids_dyn[a] = sc.ids[a];
     __syncthreads();
-    group_from_shared(A, E, ids_dyn, cnt, wsum, sc, moe_prefetch{NULL, 0});
+    group_from_shared(A, E, ids_dyn, cnt, wsum, groups_of(sc), moe_prefetch{NULL, 0});
 }
 
 /* Small steps (decode, T·k ≤ MOE_FUSED_A): routing and grouping in one launch. Warps
@@ -268,7 +279,7 @@ __global__ void __launch_bounds__(1024)
     if (warp < ROUTE_WARPS)
         for (int t = warp; t < T; t += ROUTE_WARPS) route_token(t, E, k, Is, norm_topk, sc, prob[warp], ids_s);
     __syncthreads();
-    group_from_shared(T * k, E, ids_s, cnt, wsum, sc, pf);
+    group_from_shared(T * k, E, ids_s, cnt, wsum, groups_of(sc), pf);
 }
 
 /* Decode steps with T·E ≤ ROUTE_FAST_LOGITS: the same routing as moe_route_group_kernel (same
@@ -303,7 +314,7 @@ __global__ void __launch_bounds__(1024)
     const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int t = warp; t < T; t += nw) route_from_shared(t, E, k, norm_topk, sc, lg + t * E, ids_s);
     __syncthreads();
-    group_from_shared(T * k, E, ids_s, cnt, wsum, sc, pf);
+    group_from_shared(T * k, E, ids_s, cnt, wsum, groups_of(sc), pf);
 }
 
 /* ---- 4/5. grouped expert GEMV --------------------------------------------------------------- */
@@ -452,6 +463,88 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
     });
 }
 
+/* Decode steps: routing + grouping folded into the gate_up launch (DS_OPT_MOE_ROUTE_FUSED), so
+ * no single-block routing launch sits between the router GEMV and the experts (s5-run1, ncu:
+ * moe_route_group_fast_kernel took 7.9 µs per layer at batch 1 on one SM while the GPU idled).
+ * Every block stages the T·E router logits in shared memory, routes each token with one warp and
+ * groups the assignments with the same code as moe_route_group_fast_kernel (same results), then
+ * serves active expert blockIdx.x from its shared copy of the groups. Block (0, 0) also writes
+ * the routing (ids, weights) and the groups to the scratch for the down and combine launches;
+ * the blocks of column 0 compute the shared expert's SiLU(g)·u and gate. Needs E ≤ blockDim.x
+ * (one thread per expert while grouping), T·E ≤ ROUTE_FUSED_LOGITS, T·k ≤ ROUTE_FUSED_A. */
+#define ROUTE_FUSED_LOGITS 2048
+#define ROUTE_FUSED_A 256
+template <int ROWS, int UNROLL, int RMAX>
+__global__ void __launch_bounds__(MOE_WARPS * 32)
+    moe_gate_up_routed_kernel(const bf16 *__restrict__ Wall, int H, int I, int E, int k, int Is,
+                              int norm_topk, int T, const bf16 *__restrict__ x, moe_scratch sc,
+                              const bf16 *__restrict__ pf_w) {
+    __shared__ float lg[ROUTE_FUSED_LOGITS]; /* [T, E] router logits, then probabilities */
+    __shared__ int32_t ids_s[ROUTE_FUSED_A];
+    __shared__ int cnt[MOE_WARPS * 32];
+    __shared__ int wsum[32];
+    __shared__ int32_t n_act_s, act_s[MOE_WARPS * 32], off_s[MOE_WARPS * 32 + 1], sorted_s[ROUTE_FUSED_A];
+    pdl_enter(); /* cuda_launch.cuh: before any access */
+    const int64_t NL = moe_ldl(E, Is); /* row pitch of L */
+    const bool writer = blockIdx.x == 0 && blockIdx.y == 0;
+    for (int i = threadIdx.x; i < T * E; i += blockDim.x) {
+        const int t = i / E;
+        lg[i] = sc.L[(int64_t)t * NL + (i - t * E)];
+    }
+    if (Is > 0 && blockIdx.x == 0) { /* column 0 shares the shared expert's activations */
+        const int64_t per = DS_DIV_UP((int64_t)T * Is, (int64_t)gridDim.y);
+        const int64_t i0 = (int64_t)blockIdx.y * per;
+        for (int64_t i = i0 + threadIdx.x; i < i0 + per && i < (int64_t)T * Is; i += blockDim.x) {
+            const int64_t t = i / Is, j = i - t * Is;
+            const float *Lr = sc.L + t * NL + E;
+            sc.sh_act[t * Is + j] = __float2bfloat16_rn(silu_f(Lr[j]) * Lr[Is + j]);
+        }
+        if (blockIdx.y == 0 && threadIdx.x < T) sc.sg[threadIdx.x] = sigmoid_f(sc.L[(int64_t)threadIdx.x * NL + E + 2 * Is]);
+    }
+    __syncthreads();
+    const int warp = threadIdx.x >> 5;
+    for (int t = warp; t < T; t += MOE_WARPS) route_from_shared(t, E, k, norm_topk, sc, lg + t * E, ids_s, writer);
+    __syncthreads();
+    const int A = T * k;
+    group_from_shared(A, E, ids_s, cnt, wsum, moe_groups_out{&n_act_s, act_s, off_s, sorted_s},
+                      moe_prefetch{NULL, 0});
+    __syncthreads();
+    const int n_act = n_act_s;
+    if (writer) { /* the groups for the down launch */
+        for (int i = threadIdx.x; i < n_act; i += blockDim.x) {
+            sc.act[i] = act_s[i];
+            sc.off[i] = off_s[i];
+        }
+        for (int a = threadIdx.x; a < A; a += blockDim.x) sc.sorted[a] = sorted_s[a];
+        if (threadIdx.x == 0) {
+            *sc.n_act = n_act;
+            sc.off[n_act] = A;
+        }
+    }
+    const int i = blockIdx.x;
+    if (i >= n_act) return;
+    const int e = act_s[i];
+    const int a0 = off_s[i], a1 = off_s[i + 1];
+    const int64_t N = 2 * (int64_t)I, K = H;
+    const bf16 *W = Wall + (int64_t)e * N * K;
+    const int64_t n0 = ((int64_t)blockIdx.y * MOE_WARPS + warp) * ROWS;
+    if (pf_w && threadIdx.x == 0) { /* as moe_expert_kernel: this block's slice of the down matrix */
+        const int64_t rows = DS_DIV_UP((int64_t)H, (int64_t)gridDim.y);
+        const int64_t r0 = (int64_t)blockIdx.y * rows;
+        const int64_t cap = (int64_t)DS_CUDA_PREFETCH_BUDGET / ((int64_t)n_act * gridDim.y);
+        if (r0 < H) {
+            const int64_t nr = H - r0 < rows ? H - r0 : rows;
+            const int64_t bytes = nr * I * 2 < cap ? nr * I * 2 : cap;
+            prefetch_l2_range(pf_w + ((int64_t)e * H + r0) * I, (uint64_t)(bytes & ~(int64_t)15));
+        }
+    }
+    if (n0 >= N) return;
+    for_chunks<RMAX>(a1 - a0, [&](auto r, int c) {
+        constexpr int R = decltype(r)::value;
+        moe_chunk<false, ROWS, UNROLL, R, true>(W, N, K, n0, sorted_s + a0 + c, k, H, I, x, sc);
+    });
+}
+
 /* Launches the expert kernel with the chunk bound RMAX = the largest of 8, 4, 2, 1 not above T
  * (no expert has more assignments than there are tokens), and not above ctx->moe_rmax (decode-
  * sized steps) or ctx->moe_rmax_prefill (occupancy, see cuda_internal.h). */
@@ -463,6 +556,17 @@ static void launch_experts(ds_cuda_ctx *ctx, int T, dim3 grid, Args &&...args) {
     else if (T >= 4) ds_launch(ctx, moe_expert_kernel<DOWN, ROWS, UNROLL, 4>, grid, MOE_WARPS * 32, 0, args...);
     else if (T >= 2) ds_launch(ctx, moe_expert_kernel<DOWN, ROWS, UNROLL, 2>, grid, MOE_WARPS * 32, 0, args...);
     else ds_launch(ctx, moe_expert_kernel<DOWN, ROWS, UNROLL, 1>, grid, MOE_WARPS * 32, 0, args...);
+}
+
+/* The routed gate_up launch (moe_gate_up_routed_kernel) with launch_experts' chunk bound. */
+template <int ROWS, int UNROLL, class... Args>
+static void launch_gate_up_routed(ds_cuda_ctx *ctx, int T, dim3 grid, Args &&...args) {
+    int bound = T;
+    if (ctx->moe_rmax >= 1 && bound > ctx->moe_rmax) bound = ctx->moe_rmax;
+    if (bound >= 8) ds_launch(ctx, moe_gate_up_routed_kernel<ROWS, UNROLL, 8>, grid, MOE_WARPS * 32, 0, args...);
+    else if (bound >= 4) ds_launch(ctx, moe_gate_up_routed_kernel<ROWS, UNROLL, 4>, grid, MOE_WARPS * 32, 0, args...);
+    else if (bound >= 2) ds_launch(ctx, moe_gate_up_routed_kernel<ROWS, UNROLL, 2>, grid, MOE_WARPS * 32, 0, args...);
+    else ds_launch(ctx, moe_gate_up_routed_kernel<ROWS, UNROLL, 1>, grid, MOE_WARPS * 32, 0, args...);
 }
 
 /* ---- 7. combine ---------------------------------------------------------------------------- */
@@ -608,7 +712,13 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
      * dynamic shared memory */
     const bool pf_on = ds_prefetch_on(ctx) && T <= DS_CUDA_GEMV_MAX_ROWS;
     const moe_prefetch pf_gu = {pf_on ? (const bf16 *)a->w_gu : NULL, 2 * (int64_t)I * H * 2};
-    if (A <= MOE_FUSED_A && T * E <= ROUTE_FAST_LOGITS && ctx->opt.moe_fast_route) {
+    const bool use_gemm = T > DS_CUDA_GEMV_MAX_ROWS && ctx->opt.moe_gemm && ds_cuda_moe_gemm_fits(H, I);
+    /* decode: routing and grouping inside the gate_up launch (moe_gate_up_routed_kernel) */
+    const bool route_fused = ctx->opt.moe_route_fused && !use_gemm && T <= DS_CUDA_GEMV_MAX_ROWS &&
+                             E <= MOE_WARPS * 32 && T * E <= ROUTE_FUSED_LOGITS && A <= ROUTE_FUSED_A;
+    if (route_fused) {
+        /* nothing here: step 4 routes */
+    } else if (A <= MOE_FUSED_A && T * E <= ROUTE_FAST_LOGITS && ctx->opt.moe_fast_route) {
         ds_launch(ctx, moe_route_group_fast_kernel, 1, 1024, 0, T, E, k, Is, (int)a->norm_topk, sc,
                   pf_gu);
         DS_CU_LAUNCHED2(ctx, "moe_route_group_fast_kernel", T, E);
@@ -634,7 +744,7 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
      * (cuda_moe_gemm.cu, DS_OPT_MOE_GEMM) */
     const int nblk = A < E ? A : E;
     const bool fuse_sh = Is > 0 && T <= DS_CUDA_GEMV_MAX_ROWS && ctx->opt.moe_fuse_shared;
-    if (T > DS_CUDA_GEMV_MAX_ROWS && ctx->opt.moe_gemm && ds_cuda_moe_gemm_fits(H, I)) {
+    if (use_gemm) {
         ds_moe_gemm_args g = {};
         g.A = A, g.E = E, g.H = H, g.I = I, g.top_k = k;
         g.x = a->x, g.w_gu = a->w_gu, g.w_down = a->w_down;
@@ -646,10 +756,16 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
         {
             constexpr int ROWS = 2;
             dim3 grid(nblk, DS_DIV_UP(2 * I, MOE_WARPS * ROWS));
-            launch_experts<false, ROWS, 4>(ctx, T, grid, (const bf16 *)a->w_gu, H, I, k,
-                                           (const bf16 *)a->x, sc, (const bf16 *)NULL, 0, T,
-                                           pf_on ? (const bf16 *)a->w_down : (const bf16 *)NULL);
-            DS_CU_LAUNCHED2(ctx, "moe_expert_kernel<gate_up>", T, 2 * I);
+            const bf16 *pf_down = pf_on ? (const bf16 *)a->w_down : (const bf16 *)NULL;
+            if (route_fused) {
+                launch_gate_up_routed<ROWS, 4>(ctx, T, grid, (const bf16 *)a->w_gu, H, I, E, k, Is,
+                                               (int)a->norm_topk, T, (const bf16 *)a->x, sc, pf_down);
+                DS_CU_LAUNCHED2(ctx, "moe_gate_up_routed_kernel", T, 2 * I);
+            } else {
+                launch_experts<false, ROWS, 4>(ctx, T, grid, (const bf16 *)a->w_gu, H, I, k,
+                                               (const bf16 *)a->x, sc, (const bf16 *)NULL, 0, T, pf_down);
+                DS_CU_LAUNCHED2(ctx, "moe_expert_kernel<gate_up>", T, 2 * I);
+            }
         }
         constexpr int ROWS = 4;
         dim3 grid(nblk + (fuse_sh ? 1 : 0), DS_DIV_UP(H, MOE_WARPS * ROWS));

@@ -112,11 +112,26 @@ void ds_cuda_op_argmax(ds_backend *be, const ds_tensor *logits, int32_t *ids) {
     else memcpy(ids, c->h_ids, sizeof(int32_t) * (size_t)R);
 }
 
+/* Registers a host output the stream is copying into pinned memory: delivered at the next
+ * synchronize, or recorded into the graph being captured (handed over at each replay). */
+static void host_out_add(ds_cuda_ctx *c, int32_t *host, const int32_t *pinned, int n) {
+    ds_cuda_outs *outs = c->capturing ? &c->cap_outs : &c->pending;
+    for (int i = 0; i < outs->n; i++) /* at most one output through h_ids (keep_at = -1) */
+        DS_ASSERT(!(pinned == c->h_ids && outs->o[i].pinned == c->h_ids));
+    if (outs->n == DS_CUDA_MAX_OUTS) {
+        ds_cuda_check(c, cudaErrorInvalidValue, "argmax_logits: too many host outputs pending",
+                      __FILE__, __LINE__);
+        return;
+    }
+    outs->o[outs->n++] = (ds_cuda_host_out){host, pinned, n};
+}
+
 /* ids[r] = argmax of x[r]·lm_headᵀ without logits (one fused GEMV + argmax per 8 rows). The
  * ids reach the host at the next synchronize (pinned copy on the stream), so the op can be
- * recorded in a step graph. */
+ * recorded in a step graph; keep_at ≥ 0 writes them into the token buffer (backend.h) and
+ * copies them from there. */
 void ds_cuda_op_argmax_logits(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head,
-                              int32_t *ids) {
+                              int32_t *ids, int keep_at) {
     ds_cuda_ctx *c = ds_cuda_ctx_of(be);
     DS_ASSERT(x->dtype == DS_DTYPE_BF16 && lm_head->n_parts == 1);
     const ds_tensor *w = &lm_head->parts[0];
@@ -125,18 +140,13 @@ void ds_cuda_op_argmax_logits(ds_backend *be, const ds_tensor *x, const ds_linea
               w->ne[1] == K);
     DS_ASSERT(R <= DS_CUDA_MAX_TOKENS && N <= (int64_t)DS_CUDA_AMAX_BLOCKS * 16);
     DS_ASSERT(K % 8 == 0 && (uintptr_t)x->data % 16 == 0 && (uintptr_t)w->data % 16 == 0);
-    DS_ASSERT(!c->pending_ids || c->capturing); /* one host output per step */
+    DS_ASSERT(keep_at < 0 || keep_at + R <= DS_TOKEN_BUF);
     if (R == 0) return;
-    ds_cuda_argmax_gemv(c, w->data, N, K, x->data, K, (int)R, c->d_ids);
-    DS_CU(c, cudaMemcpyAsync(c->h_ids, c->d_ids, sizeof(int32_t) * (size_t)R,
-                             cudaMemcpyDeviceToHost, c->stream));
-    if (c->capturing) {
-        c->cap_ids = ids;
-        c->cap_ids_n = (int)R;
-    } else {
-        c->pending_ids = ids;
-        c->pending_n = (int)R;
-    }
+    int32_t *d = keep_at >= 0 ? c->d_tokbuf + keep_at : c->d_ids;
+    int32_t *h = keep_at >= 0 ? c->h_tokbuf + keep_at : c->h_ids;
+    ds_cuda_argmax_gemv(c, w->data, N, K, x->data, K, (int)R, d);
+    DS_CU(c, cudaMemcpyAsync(h, d, sizeof(int32_t) * (size_t)R, cudaMemcpyDeviceToHost, c->stream));
+    host_out_add(c, ids, h, (int)R);
 }
 
 /* The banned-id table of argmax_logits (backend.h): header + table packed into pinned staging
