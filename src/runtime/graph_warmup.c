@@ -26,10 +26,12 @@ static int formable(const ds_runner *r, const ds_kv_blocks *kv) {
     return n;
 }
 
-/* Runs the step of n scratch sequences (graph_warmup.h) through ds_runner_step_graphed. */
+/* Runs the step of n scratch sequences (graph_warmup.h) through ds_runner_step_graphed; with
+ * k_next (speculative), then the draft passes serving runs after it (ds_runner_draft: each
+ * sequence as if it had emitted its token, k_next[i] = k). */
 static ds_status warm_one(ds_runner *r, ds_kv_blocks *kv, int n, ds_sched_seq *seqs,
-                          ds_sched_item *items, const int32_t *tok0, int *graphed, ds_error *why,
-                          ds_error *err) {
+                          ds_sched_item *items, const int32_t *tok0, int32_t *k_next,
+                          int *graphed, ds_error *why, ds_error *err) {
     const int k = r->k;
     for (int i = 0; i < n; i++) {
         seqs[i] = (ds_sched_seq){.n_tokens = 1, .n_computed = 0, .max_tokens = 1 + k, .slot = i,
@@ -42,6 +44,14 @@ static ds_status warm_one(ds_runner *r, ds_kv_blocks *kv, int n, ds_sched_seq *s
     }
     ds_sched_plan plan = {.n_items = n, .items = items, .n_tokens = n * (1 + k), .n_out = n};
     ds_status st = ds_runner_step_graphed(r, &plan, kv, graphed, why, err);
+    if (st == DS_OK && k_next) {
+        for (int i = 0; i < n; i++) {
+            seqs[i].n_computed = 1;
+            k_next[i] = k;
+        }
+        st = ds_runner_draft(r, &plan, kv, k_next, err);
+        if (st == DS_OK) st = r->model->be->ops->synchronize(r->model->be, err);
+    }
     /* in reverse: the pool's free stack (LIFO) is left exactly as it was */
     for (int i = n - 1; i >= 0; i--) ds_kv_blocks_release(kv, i);
     return st;
@@ -89,7 +99,7 @@ ds_status ds_graph_warmup(ds_runner *r, ds_kv_blocks *kv, int limit, ds_graph_re
     for (int n = 1; n <= n_run && st == DS_OK; n++) {
         int graphed = 0;
         why = (ds_error){0};
-        st = warm_one(r, kv, n, seqs, items, &tok0, &graphed, &why, err);
+        st = warm_one(r, kv, n, seqs, items, &tok0, NULL, &graphed, &why, err);
         if (st != DS_OK) break;
         rep->n_run = n;
         if (graphed == 1) {
@@ -101,6 +111,21 @@ ds_status ds_graph_warmup(ds_runner *r, ds_kv_blocks *kv, int limit, ds_graph_re
         s->n_tokens = n * (1 + r->k);
         snprintf(s->why, sizeof s->why, "%s",
                  why.msg[0] ? why.msg : "its recording failed at an earlier step");
+    }
+    /* speculative: the draft passes after each verification shape (pass 0 over the verified
+     * rows, passes 1..k-1 of n sequences), after all verifications, which keep the graphs
+     * first when the backend's table runs out */
+    if (st == DS_OK && r->k > 0 && r->dev_drafts) {
+        int32_t *k_next = calloc((size_t)rep->n_run, sizeof(int32_t));
+        if (!k_next) st = ds_error_set(err, DS_ERR_NOMEM, "graph warmup: out of memory");
+        for (int n = 1; n <= rep->n_run && st == DS_OK; n++) {
+            int graphed = 0;
+            why = (ds_error){0};
+            st = warm_one(r, kv, n, seqs, items, &tok0, k_next, &graphed, &why, err);
+        }
+        free(k_next);
+        ds_graph_count_drafts(r, &rep->n_draft_captured, &rep->n_draft_eager);
+        rep->n_draft_run = rep->n_run * r->k;
     }
     free(seqs);
     free(items);
@@ -142,6 +167,11 @@ void ds_graph_report_print(const ds_graph_report *rep, const char *prefix, FILE 
     for (int i = 0; i < rep->n_eager; i++)
         fprintf(f, "%s  eager: %d sequences (%d tokens): %s\n", prefix, rep->eager[i].n_seqs,
                 rep->eager[i].n_tokens, rep->eager[i].why);
+    if (rep->n_draft_run > 0)
+        fprintf(f, "%sstep graphs: %d of %d draft passes recorded (n = 1..%d sequences x %d "
+                   "passes)%s\n",
+                prefix, rep->n_draft_captured, rep->n_draft_run, rep->n_run, rep->k,
+                rep->n_draft_captured == rep->n_draft_run ? "" : "; the others run eagerly");
     if (rep->n_run < rep->n_formable)
         fprintf(f, "%sstep graphs: n = %d..%d left to their first step (%s)\n", prefix,
                 rep->n_run + 1, rep->n_formable,
@@ -151,6 +181,16 @@ void ds_graph_report_print(const ds_graph_report *rep, const char *prefix, FILE 
         fprintf(f, "%sstep graphs: n = %d..%d never form a step of %d tokens per sequence (token "
                    "budget or KV pool)\n",
                 prefix, rep->n_formable + 1, rep->max_seqs, 1 + rep->k);
+}
+
+void ds_graph_count_drafts(const ds_runner *r, int *captured, int *eager) {
+    *captured = *eager = 0;
+    if (!r->graph_state || r->k == 0) return;
+    const size_t third = ds_runner_spec_graph_states(r) / 3; /* verifications come first */
+    for (size_t i = third; i < 3 * third; i++) {
+        if (r->graph_state[i] > 0) (*captured)++;
+        else if (r->graph_state[i] < 0) (*eager)++;
+    }
 }
 
 void ds_graph_count(const ds_runner *r, int *captured, int *eager) {

@@ -13,6 +13,9 @@
  *    k drafts; catalogue 15: sizes derived from concurrency × (1 + k), not from a fixed list),
  *    for every n whose n · (1 + k) tokens fit the step's token budget (max_num_batched_tokens;
  *    the scheduler trims drafts past it, so larger uniform shapes never occur).
+ * With drafts chained on the device (spec.h "draft passes"), the k draft passes that follow each
+ * of those verifications are recorded too (pass 0 over its rows, passes 1..k-1 of n sequences),
+ * after all verifications, so those keep the graph table first.
  * Other shapes (verifications whose sequences carry different draft counts near their token
  * limit, steps with prefill chunks, sampled requests) are not graphed, or are recorded at
  * first use (uniform draft counts below k), as before.
@@ -57,6 +60,9 @@ typedef struct ds_graph_report {
     int n_captured;   /* of those, recorded: replayed from now on */
     int n_eager;      /* of those, not recordable: eager[0 .. n_eager), run eagerly */
     ds_graph_shape *eager;
+    /* speculative with device-chained drafts (spec.h): the k draft passes after each of the
+     * n_run verification shapes, recorded after all verifications */
+    int n_draft_run, n_draft_captured, n_draft_eager;
     double seconds;   /* wall time of the warmup */
 } ds_graph_report;
 
@@ -76,5 +82,7 @@ void ds_graph_report_print(const ds_graph_report *rep, const char *prefix, FILE 
  * failed and that run eagerly (*eager), whenever they were tried: at warmup or at first use
  * while serving. Only the thread that runs r's steps may call it. */
 void ds_graph_count(const ds_runner *r, int *captured, int *eager);
+/* The same for the draft passes alone (speculative runners; 0 and 0 otherwise). */
+void ds_graph_count_drafts(const ds_runner *r, int *captured, int *eager);
 
 #endif
