@@ -826,28 +826,49 @@ static void moe_norm_fused_vs_pair(tmodel *m, int l, const ds_tensor *xg, int T,
     for (int i = 0; i < 6; i++) g_cuda->ops->free(g_cuda, bufs[i]);
 }
 
-/* The decode MoE with routing inside the gate_up launch (DS_OPT_MOE_ROUTE_FUSED) vs the separate
- * routing launch, both on CUDA: the outputs bit for bit (same routing code, same expert GEMVs).
- * Steps the fused form does not take (T > 8) run the same path twice. */
-static void moe_route_fused_vs_separate(tmodel *m, int l, const ds_tensor *xg, int T) {
+/* The decode MoE's launch variants against the defaults, all on CUDA, bit for bit: routing in the
+ * gate_up launch (DS_OPT_MOE_ROUTE_FUSED) vs its own launch, and the expert GEMVs' rows per warp
+ * (DS_CUDA_MOE_GU_ROWS, DS_CUDA_MOE_DOWN_ROWS: every output row sums the same chunks in the
+ * same order whatever the rows per warp). Steps above 8 tokens take none of these paths and
+ * compare the same path with itself. */
+static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T) {
     ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
-    const int H = m->cfg.hidden, saved = c->opt.moe_route_fused;
+    const int H = m->cfg.hidden;
+    const int saved[3] = {c->opt.moe_route_fused, c->moe_gu_rows, c->moe_down_rows};
+    static const struct {
+        const char *name;
+        int route_fused, gu_rows, down_rows;
+    } variants[] = {
+        {"routing in its own launch", 0, 2, 4},
+        {"gate_up 4 rows per warp", 1, 4, 4},
+        {"down 8 rows per warp", 1, 2, 8},
+        {"down 16 rows per warp", 1, 2, 16},
+    };
     const size_t n = (size_t)T * H;
     void *o1 = act_poisoned(g_cuda, DS_DTYPE_BF16, n), *o2 = act_poisoned(g_cuda, DS_DTYPE_BF16, n);
     ds_tensor to1 = view2(o1, DS_DTYPE_BF16, T, H), to2 = view2(o2, DS_DTYPE_BF16, T, H);
     c->opt.moe_route_fused = 1;
+    c->moe_gu_rows = 2;
+    c->moe_down_rows = 4;
     g_cuda->ops->moe(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &to1);
-    c->opt.moe_route_fused = 0;
-    g_cuda->ops->moe(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &to2);
-    c->opt.moe_route_fused = saved;
-    float *a = act_download(g_cuda, o1, DS_DTYPE_BF16, n), *b = act_download(g_cuda, o2, DS_DTYPE_BF16, n);
-    size_t diff = 0;
-    for (size_t i = 0; i < n; i++) diff += memcmp(&a[i], &b[i], 4) != 0;
-    printf("  moe routing in the gate_up launch vs separate, layer %d T=%d: %zu of %zu values differ\n",
-           l, T, diff, n);
-    assert_int_equal(diff, 0);
+    float *a = act_download(g_cuda, o1, DS_DTYPE_BF16, n);
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+        c->opt.moe_route_fused = variants[v].route_fused;
+        c->moe_gu_rows = variants[v].gu_rows;
+        c->moe_down_rows = variants[v].down_rows;
+        g_cuda->ops->moe(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &to2);
+        float *b = act_download(g_cuda, o2, DS_DTYPE_BF16, n);
+        size_t diff = 0;
+        for (size_t i = 0; i < n; i++) diff += memcmp(&a[i], &b[i], 4) != 0;
+        printf("  moe %s vs the defaults, layer %d T=%d: %zu of %zu values differ\n",
+               variants[v].name, l, T, diff, n);
+        assert_int_equal(diff, 0);
+        free(b);
+    }
+    c->opt.moe_route_fused = saved[0];
+    c->moe_gu_rows = saved[1];
+    c->moe_down_rows = saved[2];
     free(a);
-    free(b);
     g_cuda->ops->free(g_cuda, o1);
     g_cuda->ops->free(g_cuda, o2);
 }
@@ -900,7 +921,7 @@ static void test_moe(void **state) {
                 snprintf(name, sizeof name, "moe %s layer %d T=%d", SHAPES[si].name, l, T);
                 compare(name, &o, DS_DTYPE_BF16, TOL_FUSED);
                 moe_norm_fused_vs_pair(m, l, &xg, T, &r);
-                moe_route_fused_vs_separate(m, l, &xg, T);
+                moe_variants_vs_default(m, l, &xg, T);
             }
             pair_free(&x);
             pair_free(&o);

@@ -25,11 +25,12 @@
 /* The switches a row sets, in this order (each to "1" or "0"). */
 enum {
     SW_ROUTE, SW_SHARED, SW_FUSED_NORM, SW_PDL, SW_PREFETCH, SW_FUSED_ARGMAX, SW_MOE_GEMM,
-    SW_ROUTE_FUSED, SW_COUNT
+    SW_ROUTE_FUSED, SW_TC_GEMV, SW_COUNT
 };
 static const char *const k_switch_env[SW_COUNT] = {
     "DS_OPT_MOE_FAST_ROUTE", "DS_OPT_SHARED_EXPERT", "DS_OPT_FUSED_NORM", "DS_OPT_PDL",
-    "DS_OPT_PREFETCH", "DS_OPT_FUSED_ARGMAX", "DS_OPT_MOE_GEMM", "DS_OPT_MOE_ROUTE_FUSED"};
+    "DS_OPT_PREFETCH", "DS_OPT_FUSED_ARGMAX", "DS_OPT_MOE_GEMM", "DS_OPT_MOE_ROUTE_FUSED",
+    "DS_OPT_TC_GEMV"};
 
 typedef struct abl_row_def {
     const char *label; /* what this row adds to the previous one */
@@ -45,25 +46,26 @@ typedef struct abl_row_def {
  * a reading of run-to-run noise); the MTP row builds on the defaults. The grouped MoE GEMM is not
  * a catalogue item: it changes prefill (TTFT), not decode steps. */
 static const abl_row_def k_rows[] = {
-    /*                                                  route shared norm pdl pf argmax gemm in-gate_up */
-    {"baseline: everything off", "", {0, 0, 0, 0, 0, 0, 0, 0}, false, false},
-    {"+ whole-step CUDA graphs", "14", {0, 0, 0, 0, 0, 0, 0, 0}, true, false},
-    {"+ lm_head fused with argmax, no logits written", "7, 8", {0, 0, 0, 0, 0, 1, 0, 0}, true, false},
+    /*                                   route shared norm pdl pf argmax gemm in-gate_up tc-gemv */
+    {"baseline: everything off", "", {0, 0, 0, 0, 0, 0, 0, 0, 0}, false, false},
+    {"+ whole-step CUDA graphs", "14", {0, 0, 0, 0, 0, 0, 0, 0, 0}, true, false},
+    {"+ lm_head fused with argmax, no logits written", "7, 8", {0, 0, 0, 0, 0, 1, 0, 0, 0}, true, false},
     {"+ MoE routing from shared memory in one launch (DS_OPT_MOE_FAST_ROUTE)", "14",
-     {1, 0, 0, 0, 0, 1, 0, 0}, true, false},
+     {1, 0, 0, 0, 0, 1, 0, 0, 0}, true, false},
     {"+ shared expert fused into the routed experts' launch (DS_OPT_SHARED_EXPERT)", "1",
-     {1, 1, 0, 0, 0, 1, 0, 0}, true, false},
+     {1, 1, 0, 0, 0, 1, 0, 0, 0}, true, false},
     {"+ residual add + RMSNorm fused into the MoE combine (DS_OPT_FUSED_NORM)", "14",
-     {1, 1, 1, 0, 0, 1, 0, 0}, true, false},
-    {"+ programmatic dependent launch (DS_OPT_PDL)", "14", {1, 1, 1, 1, 0, 1, 0, 0}, true, false},
+     {1, 1, 1, 0, 0, 1, 0, 0, 0}, true, false},
+    {"+ programmatic dependent launch (DS_OPT_PDL)", "14", {1, 1, 1, 1, 0, 1, 0, 0, 0}, true, false},
     {"+ MoE routing inside the routed experts' gate_up launch (DS_OPT_MOE_ROUTE_FUSED)", "14",
-     {1, 1, 1, 1, 0, 1, 0, 1}, true, false},
+     {1, 1, 1, 1, 0, 1, 0, 1, 0}, true, false},
+    {"+ decode GEMVs on tensor cores (DS_OPT_TC_GEMV)", "", {1, 1, 1, 1, 0, 1, 0, 1, 1}, true, false},
     {"+ routed experts of prefill steps as a grouped tensor-core GEMM (DS_OPT_MOE_GEMM)", "",
-     {1, 1, 1, 1, 0, 1, 1, 1}, true, false},
+     {1, 1, 1, 1, 0, 1, 1, 1, 1}, true, false},
     {"+ L2 weight prefetch before the dependency wait (DS_OPT_PREFETCH)", "11",
-     {1, 1, 1, 1, 1, 1, 1, 1}, true, false},
-    {"- L2 weight prefetch again: the shipped defaults", "11", {1, 1, 1, 1, 0, 1, 1, 1}, true, false},
-    {"+ MTP speculative decoding", "16", {1, 1, 1, 1, 0, 1, 1, 1}, true, true},
+     {1, 1, 1, 1, 1, 1, 1, 1, 1}, true, false},
+    {"- L2 weight prefetch again: the shipped defaults", "11", {1, 1, 1, 1, 0, 1, 1, 1, 1}, true, false},
+    {"+ MTP speculative decoding", "16", {1, 1, 1, 1, 0, 1, 1, 1, 1}, true, true},
 };
 #define N_ROWS ((int)(sizeof k_rows / sizeof k_rows[0]))
 

@@ -25,15 +25,15 @@ if "$BIN" bench --ablation -m "$DATA/models/tiny-moe-mtp" "${SMALL[@]}" --ablati
 for f in ablation.jsonl ablation.md ablation.svg; do
   if [ -s "$out/sub/$f" ]; then ok; else bad "missing $f"; fi
 done
-if grep -q "^### ablation row 11: + MTP speculative decoding, k = 1" "$tmp/mtp.out"; then ok; else bad "no MTP row in stdout"; fi
+if grep -q "^### ablation row 12: + MTP speculative decoding, k = 1" "$tmp/mtp.out"; then ok; else bad "no MTP row in stdout"; fi
 
-# Markdown: table rows 0..11 in order, 2 TPOT columns + TTFT, all finite and positive
+# Markdown: table rows 0..12 in order, 2 TPOT columns + TTFT, all finite and positive
 if node -e '
 const fs = require("fs");
 const md = fs.readFileSync(process.argv[1], "utf8");
 const rows = md.split("\n").filter(l => /^\| \d+ \|/.test(l));
 const fail = m => { console.error(m); process.exit(1); };
-if (rows.length !== 12) fail("table rows: " + rows.length);
+if (rows.length !== 13) fail("table rows: " + rows.length);
 const js = fs.readFileSync(process.argv[2], "utf8").trim().split("\n").map(l => JSON.parse(l));
 rows.forEach((l, i) => {
   const c = l.split(" | ").map(s => s.replace(/^\| ?| ?\|$/g, "").trim());
@@ -58,12 +58,12 @@ if (!/acceptance rate \d\.\d\d/.test(md)) fail("no acceptance note");
 if (!/^- commit: `[^`]+`$/m.test(md) || !/^- command: `deltaserve bench --ablation /m.test(md)) fail("header");
 ' "$out/sub/ablation.md" "$out/sub/ablation.jsonl"; then ok; else bad "ablation.md"; fi
 
-# JSON lines: 12 rows × 2 batch sizes, values, one switch changed per row, MTP row arithmetic
+# JSON lines: 13 rows × 2 batch sizes, values, one switch changed per row, MTP row arithmetic
 if node -e '
 const fs = require("fs");
 const fail = m => { console.error(m); process.exit(1); };
 const lines = fs.readFileSync(process.argv[1], "utf8").trim().split("\n");
-if (lines.length !== 24) fail("lines: " + lines.length);
+if (lines.length !== 26) fail("lines: " + lines.length);
 const recs = lines.map(l => JSON.parse(l));
 const pos = x => typeof x === "number" && isFinite(x) && x > 0;
 for (const o of recs) {
@@ -72,22 +72,22 @@ for (const o of recs) {
   if (o.step_ms_p10 !== null && !(pos(o.step_ms_p10) && o.step_ms_p10 <= o.step_ms && o.step_ms <= o.step_ms_p90)) fail("percentiles: " + JSON.stringify(o));
 }
 const sw = r => new Set(recs.find(o => o.row === r).switches.split(","));
-for (let r = 1; r < 12; r++) {
+for (let r = 1; r < 13; r++) {
   const a = sw(r - 1), b = sw(r);
   const added = [...b].filter(x => !a.has(x)), removed = [...a].filter(x => !b.has(x));
   const keys = new Set([...added, ...removed].map(x => x.split("=")[0]));
   if (keys.size !== 1) fail("row " + r + " changes " + [...keys]);
 }
 if (sw(0).has("graphs=1") || [...sw(0)].some(x => x.startsWith("DS_OPT_") && !x.endsWith("=0"))) fail("baseline not all off");
-if ([...sw(9)].some(x => x.endsWith("=0"))) fail("row 9 not all on");
-if (!sw(10).has("DS_OPT_PREFETCH=0") || [...sw(10)].filter(x => x.endsWith("=0")).length !== 1) fail("row 10 not the defaults");
-const m1 = recs.find(o => o.row === 11 && o.batch === 1), m2 = recs.find(o => o.row === 11 && o.batch === 2);
+if ([...sw(10)].some(x => x.endsWith("=0"))) fail("row 10 not all on");
+if (!sw(11).has("DS_OPT_PREFETCH=0") || [...sw(11)].filter(x => x.endsWith("=0")).length !== 1) fail("row 11 not the defaults");
+const m1 = recs.find(o => o.row === 12 && o.batch === 1), m2 = recs.find(o => o.row === 12 && o.batch === 2);
 if (m1.computed !== false || m2.computed !== true) fail("computed flags");
 if (m1.num_speculative_tokens !== 1 || !pos(m2.verify_ms) || !pos(m2.draft_ms) || !(m2.mean_accepted_length >= 1)) fail("spec fields");
 if (!(m1.acceptance_rate >= 0 && m1.acceptance_rate <= 1) || !(m1.generated >= 4)) fail("acceptance/generated");
 const want = (m2.verify_ms + m2.draft_ms) / m2.mean_accepted_length;
 if (Math.abs(m2.step_ms - want) > 1e-3 * want + 2e-4) fail("computed TPOT " + m2.step_ms + " vs " + want);
-if (recs.filter(o => o.row < 11).some(o => o.computed || o.num_speculative_tokens !== undefined)) fail("spec fields on plain rows");
+if (recs.filter(o => o.row < 12).some(o => o.computed || o.num_speculative_tokens !== undefined)) fail("spec fields on plain rows");
 ' "$out/sub/ablation.jsonl"; then ok; else bad "ablation.jsonl"; fi
 
 # SVG: well-formed (tag stack), one bar per row and batch, legend and axis labels
@@ -109,24 +109,24 @@ while ((m = re.exec(s))) {
 }
 if (stack.length || roots !== 1) fail("unbalanced: " + stack + " roots " + roots);
 const bars = (s.match(/<rect class="bar"/g) || []).length;
-if (bars !== 24) fail("bars: " + bars);
+if (bars !== 26) fail("bars: " + bars);
 if (!/>c=1<\/text>/.test(s) || !/>c=2<\/text>/.test(s) || !/TPOT \(ms/.test(s)) fail("legend/axis");
 ' "$out/sub/ablation.svg"; then ok; else bad "ablation.svg"; fi
 
 # ---- no MTP head: the MTP row is reported, not failed -----------------------------------------
-if "$BIN" bench --ablation --ablation-rows 11,0 -m "$DATA/models/tiny-moe" "${SMALL[@]}" \
+if "$BIN" bench --ablation --ablation-rows 12,0 -m "$DATA/models/tiny-moe" "${SMALL[@]}" \
      --ablation-out "$tmp/nomtp" >"$tmp/nomtp.out" 2>"$tmp/nomtp.err"; then ok; else bad "no-MTP rc=$?: $(tail -3 "$tmp/nomtp.err")"; fi
-if grep -Eq '^\| 11 \| \+ MTP speculative decoding, k = 1 \(16\) \| not run \(no MTP head\) \|' "$tmp/nomtp/ablation.md" &&
+if grep -Eq '^\| 12 \| \+ MTP speculative decoding, k = 1 \(16\) \| not run \(no MTP head\) \|' "$tmp/nomtp/ablation.md" &&
    [ "$(grep -Ec '^\| [0-9]+ \|' "$tmp/nomtp/ablation.md")" -eq 2 ] &&
-   grep -q '"row":11,.*"run":false,"note":"not run (no MTP head)"' "$tmp/nomtp/ablation.jsonl"; then
+   grep -q '"row":12,.*"run":false,"note":"not run (no MTP head)"' "$tmp/nomtp/ablation.jsonl"; then
   ok
 else
   bad "no-MTP report: $(cat "$tmp/nomtp/ablation.md" 2>/dev/null | grep '^|')"
 fi
 
 # ---- bad arguments ------------------------------------------------------------------------------
-"$BIN" bench --ablation --ablation-rows 12 -m "$DATA/models/tiny-moe" --device cpu >/dev/null 2>"$tmp/err"; rc=$?
-if [ $rc -eq 2 ] && grep -q -- "--ablation-rows" "$tmp/err"; then ok; else bad "rows 12: rc=$rc $(cat "$tmp/err")"; fi
+"$BIN" bench --ablation --ablation-rows 13 -m "$DATA/models/tiny-moe" --device cpu >/dev/null 2>"$tmp/err"; rc=$?
+if [ $rc -eq 2 ] && grep -q -- "--ablation-rows" "$tmp/err"; then ok; else bad "rows 13: rc=$rc $(cat "$tmp/err")"; fi
 "$BIN" bench --ablation-rows 1 -m "$DATA/models/tiny-moe" --device cpu >/dev/null 2>"$tmp/err"; rc=$?
 if [ $rc -eq 2 ] && grep -q -- "need --ablation" "$tmp/err"; then ok; else bad "rows without --ablation: rc=$rc $(cat "$tmp/err")"; fi
 "$BIN" bench --ablation -m "$DATA/models/tiny-moe" --device cpu --ablation-out /dev/null/x >/dev/null 2>"$tmp/err"; rc=$?

@@ -513,10 +513,14 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->moe_rmax_prefill = rmax_pf ? atoi(rmax_pf) : 4; /* 4 vs 8: TTFT -16 % (s3-run6) */
         const char *wn = getenv("DS_CUDA_MOE_GEMM_WN"); /* measurement knobs, cuda_notes.md */
         c->moe_gemm_wn = wn && atoi(wn) == 4 ? 4 : 2; /* 2 vs 4: prefill 1024 −4.6 % (s4-run6) */
+        const char *gur = getenv("DS_CUDA_MOE_GU_ROWS"), *dnr = getenv("DS_CUDA_MOE_DOWN_ROWS");
+        c->moe_gu_rows = gur && atoi(gur) == 4 ? 4 : 2;
+        c->moe_down_rows = dnr && (atoi(dnr) == 8 || atoi(dnr) == 16) ? atoi(dnr) : 4;
         const char *cols = getenv("DS_CUDA_GDN_SCAN_COLS");
         c->gdn_scan_cols = cols && atoi(cols) == 4 ? 4 : 2;
         c->opt.moe_fast_route = ds_env_switch("DS_OPT_MOE_FAST_ROUTE", true);
         c->opt.moe_route_fused = ds_env_switch("DS_OPT_MOE_ROUTE_FUSED", true);
+        c->opt.tc_gemv = ds_env_switch("DS_OPT_TC_GEMV", true);
         c->opt.moe_fuse_shared = ds_env_switch("DS_OPT_SHARED_EXPERT", true);
         c->opt.fuse_norm = ds_env_switch("DS_OPT_FUSED_NORM", true);
         c->opt.pdl = ds_env_switch("DS_OPT_PDL", true);

@@ -123,6 +123,14 @@ extern "C" void ds_cuda_gemv(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t
                              const void *x, int64_t ldx, int R, void *out, int64_t ldo,
                              int out_f32) {
     if (N <= 0 || R <= 0) return;
+    if (ctx->opt.tc_gemv && ds_cuda_gemv_tc(ctx, W, N, K, x, ldx, R, out, ldo, out_f32)) return;
+    ds_cuda_gemv_cores(ctx, W, N, K, x, ldx, R, out, ldo, out_f32);
+}
+
+extern "C" void ds_cuda_gemv_cores(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K,
+                                   const void *x, int64_t ldx, int R, void *out, int64_t ldo,
+                                   int out_f32) {
+    if (N <= 0 || R <= 0) return;
     const int rows = ctx->gemv_rows == 1 || ctx->gemv_rows == 4 ? ctx->gemv_rows : 2;
     const int64_t rows_per_block = (int64_t)GEMV_WARPS * rows;
     const int64_t bx = DS_DIV_UP(N, rows_per_block);

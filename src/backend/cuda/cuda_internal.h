@@ -171,11 +171,17 @@ typedef struct ds_cuda_ctx {
      * columns per warp of the GDN prefill recurrence (DS_CUDA_GDN_SCAN_COLS, 2 or 4, default
      * 2: cuda_gdn_prefill.cu) */
     int moe_gemm_wn, gdn_scan_cols;
+    /* measurement knobs of the decode expert GEMVs (env at create): output rows per warp of the
+     * gate_up launch (DS_CUDA_MOE_GU_ROWS, 2 or 4, default 2) and of the down launch
+     * (DS_CUDA_MOE_DOWN_ROWS, 4, 8 or 16, default 4) */
+    int moe_gu_rows, moe_down_rows;
 
     /* Optimisation switches (catalogue items; env at create, README "Switches"), 1 = on:
      * moe_fast_route   DS_OPT_MOE_FAST_ROUTE: decode routing from shared memory
      * moe_route_fused  DS_OPT_MOE_ROUTE_FUSED: decode routing inside the routed experts'
      *                  gate_up launch (every block routes for itself; no routing launch)
+     * tc_gemv          DS_OPT_TC_GEMV: the decode GEMVs (R ≤ 8 rows, K % 256 == 0; not the
+     *                  lm_head logits) on tensor cores (cuda_gemv_tc.cu)
      * moe_fuse_shared  DS_OPT_SHARED_EXPERT: the shared expert's down projection in the routed
      *                  experts' launch (catalogue item 1, fused variant)
      * fuse_norm        DS_OPT_FUSED_NORM: the residual add + RMSNorm after the MoE block in
@@ -192,7 +198,7 @@ typedef struct ds_cuda_ctx {
      *                  the recurrence one warp per state column (cuda_gdn_prefill.cu) */
     struct {
         int moe_fast_route, moe_route_fused, moe_fuse_shared, fuse_norm, pdl, prefetch, moe_gemm,
-            gdn_prefill;
+            gdn_prefill, tc_gemv;
     } opt;
 
     /* GEMV split-K */
@@ -251,6 +257,14 @@ int ds_cuda_refuse_in_capture(ds_cuda_ctx *ctx, const char *what);
  * W [N, K] bf16 row-major, x bf16 with row stride ldx. K % 8 == 0; 16-byte aligned rows. */
 void ds_cuda_gemv(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K, const void *x,
                   int64_t ldx, int R, void *out, int64_t ldo, int out_f32);
+/* The same on tensor cores (cuda_gemv_tc.cu; ds_cuda_gemv takes it when ctx->opt.tc_gemv): returns
+ * 0, launching nothing, unless K % 256 == 0 and 1 ≤ R ≤ 8. Not for the lm_head logits, whose
+ * values must equal the fused argmax's CUDA-core dot products (ds_cuda_gemv_cores). */
+int ds_cuda_gemv_tc(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K, const void *x,
+                    int64_t ldx, int R, void *out, int64_t ldo, int out_f32);
+/* ds_cuda_gemv on the CUDA cores only. */
+void ds_cuda_gemv_cores(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K, const void *x,
+                        int64_t ldx, int R, void *out, int64_t ldo, int out_f32);
 /* Same contract through cuBLASLt (any R). */
 void ds_cuda_gemm_lt(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K, const void *x,
                      int64_t ldx, int R, void *out, int64_t ldo, int out_f32);

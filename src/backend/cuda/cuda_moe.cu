@@ -569,6 +569,36 @@ static void launch_gate_up_routed(ds_cuda_ctx *ctx, int T, dim3 grid, Args &&...
     else ds_launch(ctx, moe_gate_up_routed_kernel<ROWS, UNROLL, 1>, grid, MOE_WARPS * 32, 0, args...);
 }
 
+/* The expert gate_up launch of GEMV-sized steps: ROWS output rows per warp (ctx->moe_gu_rows),
+ * with the routing inside it when route_fused. */
+template <int ROWS, int UNROLL>
+static void launch_gate_up(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a, const moe_scratch &sc,
+                           int nblk, bool route_fused, const bf16 *pf_down) {
+    const int T = a->T, H = a->H, I = a->I;
+    dim3 grid(nblk, DS_DIV_UP(2 * I, MOE_WARPS * ROWS));
+    if (route_fused) {
+        launch_gate_up_routed<ROWS, UNROLL>(ctx, T, grid, (const bf16 *)a->w_gu, H, I, a->E,
+                                            a->top_k, a->Is, (int)a->norm_topk, T,
+                                            (const bf16 *)a->x, sc, pf_down);
+        DS_CU_LAUNCHED2(ctx, "moe_gate_up_routed_kernel", T, 2 * I);
+    } else {
+        launch_experts<false, ROWS, UNROLL>(ctx, T, grid, (const bf16 *)a->w_gu, H, I, a->top_k,
+                                            (const bf16 *)a->x, sc, (const bf16 *)NULL, 0, T, pf_down);
+        DS_CU_LAUNCHED2(ctx, "moe_expert_kernel<gate_up>", T, 2 * I);
+    }
+}
+
+/* The expert down launch: ROWS output rows per warp (ctx->moe_down_rows); w_sh (not NULL): the
+ * shared expert's down projection as its last column of blocks. */
+template <int ROWS, int UNROLL>
+static void launch_down(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a, const moe_scratch &sc,
+                        int nblk, const bf16 *w_sh, const bf16 *pf_sh) {
+    const int T = a->T, H = a->H;
+    dim3 grid(nblk + (w_sh ? 1 : 0), DS_DIV_UP(H, MOE_WARPS * ROWS));
+    launch_experts<true, ROWS, UNROLL>(ctx, T, grid, (const bf16 *)a->w_down, H, a->I, a->top_k,
+                                       (const bf16 *)a->x, sc, w_sh, a->Is, T, pf_sh);
+}
+
 /* ---- 7. combine ---------------------------------------------------------------------------- */
 
 /* out[t, n..n+3] = Σ_i w_i·y[t·k + i, n..n+3] (+ sg[t]·ysh[t, n..n+3]), summed in slot order.
@@ -753,26 +783,14 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
         g.y = sc.y;
         ds_cuda_moe_gemm(ctx, &g);
     } else {
-        {
-            constexpr int ROWS = 2;
-            dim3 grid(nblk, DS_DIV_UP(2 * I, MOE_WARPS * ROWS));
-            const bf16 *pf_down = pf_on ? (const bf16 *)a->w_down : (const bf16 *)NULL;
-            if (route_fused) {
-                launch_gate_up_routed<ROWS, 4>(ctx, T, grid, (const bf16 *)a->w_gu, H, I, E, k, Is,
-                                               (int)a->norm_topk, T, (const bf16 *)a->x, sc, pf_down);
-                DS_CU_LAUNCHED2(ctx, "moe_gate_up_routed_kernel", T, 2 * I);
-            } else {
-                launch_experts<false, ROWS, 4>(ctx, T, grid, (const bf16 *)a->w_gu, H, I, k,
-                                               (const bf16 *)a->x, sc, (const bf16 *)NULL, 0, T, pf_down);
-                DS_CU_LAUNCHED2(ctx, "moe_expert_kernel<gate_up>", T, 2 * I);
-            }
-        }
-        constexpr int ROWS = 4;
-        dim3 grid(nblk + (fuse_sh ? 1 : 0), DS_DIV_UP(H, MOE_WARPS * ROWS));
-        launch_experts<true, ROWS, 2>(ctx, T, grid, (const bf16 *)a->w_down, H, I, k,
-                                      (const bf16 *)a->x, sc,
-                                      fuse_sh ? (const bf16 *)a->w_sh_down : (const bf16 *)NULL, Is,
-                                      T, pf_on ? (const bf16 *)a->w_sh_down : (const bf16 *)NULL);
+        const bf16 *pf_down = pf_on ? (const bf16 *)a->w_down : (const bf16 *)NULL;
+        if (ctx->moe_gu_rows == 4) launch_gate_up<4, 2>(ctx, a, sc, nblk, route_fused, pf_down);
+        else launch_gate_up<2, 4>(ctx, a, sc, nblk, route_fused, pf_down);
+        const bf16 *w_sh = fuse_sh ? (const bf16 *)a->w_sh_down : (const bf16 *)NULL;
+        const bf16 *pf_sh = pf_on ? (const bf16 *)a->w_sh_down : (const bf16 *)NULL;
+        if (ctx->moe_down_rows == 16) launch_down<16, 1>(ctx, a, sc, nblk, w_sh, pf_sh);
+        else if (ctx->moe_down_rows == 8) launch_down<8, 2>(ctx, a, sc, nblk, w_sh, pf_sh);
+        else launch_down<4, 2>(ctx, a, sc, nblk, w_sh, pf_sh);
         DS_CU_LAUNCHED2(ctx, fuse_sh ? "moe_expert_kernel<down+shared>" : "moe_expert_kernel<down>", T, H);
     }
     /* 6. shared expert down */

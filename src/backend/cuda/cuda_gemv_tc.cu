@@ -1,0 +1,147 @@
+/* cuda_gemv_tc.cu — out[R, N] = x[R, K] · Wᵀ for R ≤ 8 rows on tensor cores (DS_OPT_TC_GEMV).
+ *
+ * Why: the CUDA-core GEMV (cuda_gemv.cu) converts and multiplies every weight with every input
+ * row on the FMA pipes; at R = 8 that is ~150 instructions per 16-byte weight chunk, and the
+ * batch-8 projections ran at 2.0 TB/s, issue-bound, against 3.3 TB/s at R = 1 (s5-run1, ncu).
+ * One mma.sync m16n8k16 does 16 rows × 8 inputs × 16 k, so the weights stream at the same rate
+ * whatever R is.
+ *
+ * Layout. A block owns 16 output rows and one K range (its split); its 8 warps take contiguous
+ * eighths of that range. Lane (g = lane / 4, t = lane % 4) loads 16 bytes — 8 consecutive k —
+ * of weight rows g and g + 8 and of input row g, at physical k = kb + 8t (+ 32 per unrolled
+ * step), so 4 lanes read 64 contiguous bytes of a row. The k order inside each 32-wide step is
+ * permuted, the same way for W and x (a dot product does not care): for the two mma of a step
+ * (s = 0, 1) logical k {2t, 2t+1} ↔ physical 8t + 4s + {0, 1} and logical {2t+8, 2t+9} ↔
+ * physical 8t + 4s + {2, 3}, which is exactly 32-bit words 2s and 2s+1 of each lane's 16 bytes:
+ * the fragments are the loaded registers, no shuffles. Input rows ≥ R are the mma's padding
+ * columns (row 0's values, results dropped).
+ *
+ * The fp32 partial sums of the 8 warps meet in shared memory and are added in warp order; a
+ * split K adds its splits in split order in the last block to finish (as gemv_kernel), so the
+ * result is deterministic and does not depend on R (every output row is computed the same way
+ * alone or in a batch: speculative verification stays token-identical to plain decoding). */
+#include "cuda_gemv.cuh"
+#include "cuda_launch.cuh"
+
+#define TC_WARPS 8
+#define TC_UNROLL 4 /* 32-wide k steps in flight per lane: 3 × 16-byte loads each */
+
+static __device__ __forceinline__ void mma_bf16_16816(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                                      uint32_t a3, uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+static __device__ __forceinline__ uint32_t word(const uint4 &v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+template <typename OutT>
+__global__ void __launch_bounds__(TC_WARPS * 32)
+    gemv_tc_kernel(const bf16 *__restrict__ W, int64_t N, int64_t K, const bf16 *__restrict__ x,
+                   int64_t ldx, int R, OutT *__restrict__ out, int64_t ldo, int64_t k_per_split,
+                   float *__restrict__ ws, int *__restrict__ counters) {
+    __shared__ float red[TC_WARPS][16][8]; /* [warp][row][input row] */
+    __shared__ int is_last;
+    pdl_enter(); /* cuda_launch.cuh: before any access */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int64_t n0 = (int64_t)blockIdx.x * 16;
+    const int64_t k0 = (int64_t)blockIdx.y * k_per_split;
+    const int64_t k1 = k0 + k_per_split < K ? k0 + k_per_split : K;
+    const int64_t kw = (k1 - k0) / TC_WARPS; /* a multiple of 32 (K % 256 == 0) */
+    const int64_t kb0 = k0 + warp * kw, kb1 = kb0 + kw;
+    const int64_t ra = n0 + g < N ? n0 + g : N - 1, rb = n0 + g + 8 < N ? n0 + g + 8 : N - 1;
+    const bf16 *wa = W + ra * K + 8 * t, *wb = W + rb * K + 8 * t;
+    const bf16 *xr = x + (g < R ? g : 0) * ldx + 8 * t;
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
+    int64_t kb = kb0;
+    for (; kb + 32 * TC_UNROLL <= kb1; kb += 32 * TC_UNROLL) {
+        uint4 va[TC_UNROLL], vb[TC_UNROLL], vx[TC_UNROLL];
+#pragma unroll
+        for (int u = 0; u < TC_UNROLL; u++) {
+            va[u] = ld_stream16(wa + kb + 32 * u);
+            vb[u] = ld_stream16(wb + kb + 32 * u);
+            vx[u] = ld_cached16(xr + kb + 32 * u);
+        }
+#pragma unroll
+        for (int u = 0; u < TC_UNROLL; u++)
+#pragma unroll
+            for (int s = 0; s < 2; s++)
+                mma_bf16_16816(c, word(va[u], 2 * s), word(vb[u], 2 * s), word(va[u], 2 * s + 1),
+                               word(vb[u], 2 * s + 1), word(vx[u], 2 * s), word(vx[u], 2 * s + 1));
+    }
+    for (; kb < kb1; kb += 32) { /* the rest, one step at a time */
+        const uint4 va = ld_stream16(wa + kb), vb = ld_stream16(wb + kb), vx = ld_cached16(xr + kb);
+#pragma unroll
+        for (int s = 0; s < 2; s++)
+            mma_bf16_16816(c, word(va, 2 * s), word(vb, 2 * s), word(va, 2 * s + 1), word(vb, 2 * s + 1),
+                           word(vx, 2 * s), word(vx, 2 * s + 1));
+    }
+    /* c0, c1: row g, inputs 2t, 2t+1; c2, c3: row g + 8, the same inputs */
+    red[warp][g][2 * t] = c[0];
+    red[warp][g][2 * t + 1] = c[1];
+    red[warp][g + 8][2 * t] = c[2];
+    red[warp][g + 8][2 * t + 1] = c[3];
+    __syncthreads();
+    const int row = threadIdx.x >> 3, r = threadIdx.x & 7; /* threads 0..127: one output each */
+    float v = 0.f;
+    if (threadIdx.x < 128)
+#pragma unroll
+        for (int w = 0; w < TC_WARPS; w++) v += red[w][row][r];
+    const bool mine = threadIdx.x < 128 && r < R && n0 + row < N;
+    if (gridDim.y == 1) {
+        if (mine) store_out(out + r * ldo + n0 + row, v);
+        return;
+    }
+    /* split K: partials ws[split][r][n], the last block of this row tile adds them in order */
+    if (mine) ws[((int64_t)blockIdx.y * R + r) * N + n0 + row] = v;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = atomicAdd(&counters[blockIdx.x], 1) == (int)gridDim.y - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    if (mine) {
+        float s = 0.f;
+        for (int sp = 0; sp < (int)gridDim.y; sp++) s += __ldcg(&ws[((int64_t)sp * R + r) * N + n0 + row]);
+        store_out(out + r * ldo + n0 + row, s);
+    }
+    if (threadIdx.x == 0) counters[blockIdx.x] = 0; /* clean for the next launch or replay */
+}
+
+/* Returns false (nothing launched) when the shape is not one this kernel serves: K a multiple of
+ * 256 (each warp's eighth of a split a whole number of 32-wide steps), R in 1..8. */
+extern "C" int ds_cuda_gemv_tc(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K, const void *x,
+                               int64_t ldx, int R, void *out, int64_t ldo, int out_f32) {
+    if (R < 1 || R > 8 || K % 256 != 0 || N <= 0) return 0;
+    const int64_t bx = DS_DIV_UP(N, (int64_t)16);
+    /* split K when the row tiles cannot fill two blocks per SM, each split ≥ 512 wide */
+    int64_t splits = 1;
+    const int64_t target = 2 * (int64_t)ctx->sm_count;
+    if (bx < target && K >= 1024) {
+        splits = DS_DIV_UP(target, bx);
+        if (splits > K / 512) splits = K / 512;
+        if (splits > 16) splits = 16;
+        while (splits > 1 && (splits * R * N > DS_CUDA_SPLITK_WS_FLOATS || bx > DS_CUDA_SPLITK_COUNTERS))
+            splits--;
+    }
+    int64_t kps = K;
+    if (splits > 1) {
+        kps = DS_DIV_UP(DS_DIV_UP(K, splits), 256) * 256;
+        splits = DS_DIV_UP(K, kps);
+    }
+    dim3 grid((unsigned)bx, (unsigned)splits);
+    if (out_f32)
+        ds_launch(ctx, gemv_tc_kernel<float>, grid, TC_WARPS * 32, 0, (const bf16 *)W, N, K,
+                  (const bf16 *)x, ldx, R, (float *)out, ldo, kps, ctx->d_splitk_ws, ctx->d_splitk_cnt);
+    else
+        ds_launch(ctx, gemv_tc_kernel<bf16>, grid, TC_WARPS * 32, 0, (const bf16 *)W, N, K,
+                  (const bf16 *)x, ldx, R, (bf16 *)out, ldo, kps, ctx->d_splitk_ws, ctx->d_splitk_cnt);
+    DS_CU_LAUNCHED2(ctx, splits > 1 ? "gemv_tc_kernel (split-K)" : "gemv_tc_kernel", N, K);
+    return 1;
+}
