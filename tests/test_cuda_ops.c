@@ -832,6 +832,9 @@ static void moe_norm_fused_vs_pair(tmodel *m, int l, const ds_tensor *xg, int T,
  * same order whatever the rows per warp). Steps above 8 tokens take none of these paths and
  * compare the same path with itself. */
 static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T) {
+#ifndef DS_HAVE_CUDA
+    (void)m, (void)l, (void)xg, (void)T;
+#else
     ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
     const int H = m->cfg.hidden;
     const int saved[3] = {c->opt.moe_route_fused, c->moe_gu_rows, c->moe_down_rows};
@@ -871,6 +874,7 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
     free(a);
     g_cuda->ops->free(g_cuda, o1);
     g_cuda->ops->free(g_cuda, o2);
+#endif
 }
 
 /* Expert widths the grouped tensor-core GEMM (cuda_moe_gemm.cu) is not built for: its K of both
