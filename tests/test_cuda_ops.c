@@ -844,6 +844,7 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
     } variants[] = {
         {"routing in its own launch", 0, 2, 4},
         {"gate_up 4 rows per warp", 1, 4, 4},
+        {"down rows by step size", 1, 2, 0},
         {"down 8 rows per warp", 1, 2, 8},
         {"down 16 rows per warp", 1, 2, 16},
     };

@@ -515,7 +515,7 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->moe_gemm_wn = wn && atoi(wn) == 4 ? 4 : 2; /* 2 vs 4: prefill 1024 −4.6 % (s4-run6) */
         const char *gur = getenv("DS_CUDA_MOE_GU_ROWS"), *dnr = getenv("DS_CUDA_MOE_DOWN_ROWS");
         c->moe_gu_rows = gur && atoi(gur) == 4 ? 4 : 2;
-        c->moe_down_rows = dnr && (atoi(dnr) == 8 || atoi(dnr) == 16) ? atoi(dnr) : 4;
+        c->moe_down_rows = dnr && (atoi(dnr) == 4 || atoi(dnr) == 8 || atoi(dnr) == 16) ? atoi(dnr) : 0;
         const char *cols = getenv("DS_CUDA_GDN_SCAN_COLS");
         c->gdn_scan_cols = cols && atoi(cols) == 4 ? 4 : 2;
         c->opt.moe_fast_route = ds_env_switch("DS_OPT_MOE_FAST_ROUTE", true);

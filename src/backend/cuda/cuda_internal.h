@@ -173,7 +173,7 @@ typedef struct ds_cuda_ctx {
     int moe_gemm_wn, gdn_scan_cols;
     /* measurement knobs of the decode expert GEMVs (env at create): output rows per warp of the
      * gate_up launch (DS_CUDA_MOE_GU_ROWS, 2 or 4, default 2) and of the down launch
-     * (DS_CUDA_MOE_DOWN_ROWS, 4, 8 or 16, default 4) */
+     * (DS_CUDA_MOE_DOWN_ROWS, 4, 8 or 16; default 0: 4 at T = 1, else 16) */
     int moe_gu_rows, moe_down_rows;
 
     /* Optimisation switches (catalogue items; env at create, README "Switches"), 1 = on:

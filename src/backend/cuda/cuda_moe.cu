@@ -463,7 +463,7 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
     });
 }
 
-/* Decode steps: routing + grouping folded into the gate_up launch (DS_OPT_MOE_ROUTE_FUSED), so
+/* One-token steps: routing + grouping folded into the gate_up launch (DS_OPT_MOE_ROUTE_FUSED), so
  * no single-block routing launch sits between the router GEMV and the experts (s5-run1, ncu:
  * moe_route_group_fast_kernel took 7.9 µs per layer at batch 1 on one SM while the GPU idled).
  * Every block stages the T·E router logits in shared memory, routes each token with one warp and
@@ -743,8 +743,11 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
     const bool pf_on = ds_prefetch_on(ctx) && T <= DS_CUDA_GEMV_MAX_ROWS;
     const moe_prefetch pf_gu = {pf_on ? (const bf16 *)a->w_gu : NULL, 2 * (int64_t)I * H * 2};
     const bool use_gemm = T > DS_CUDA_GEMV_MAX_ROWS && ctx->opt.moe_gemm && ds_cuda_moe_gemm_fits(H, I);
-    /* decode: routing and grouping inside the gate_up launch (moe_gate_up_routed_kernel) */
-    const bool route_fused = ctx->opt.moe_route_fused && !use_gemm && T <= DS_CUDA_GEMV_MAX_ROWS &&
+    /* one-token steps: routing and grouping inside the gate_up launch (moe_gate_up_routed_kernel).
+     * Only T = 1: every gate_up block repeats the routing, and at T = 4 / 8 (32 / 64 expert
+     * columns of blocks, each routing T tokens) that cost 5.878 vs 5.178 and 9.835 vs 7.745 ms
+     * per step, against 2.936 vs 3.000 ms at T = 1 (s5-run2) */
+    const bool route_fused = ctx->opt.moe_route_fused && !use_gemm && T == 1 &&
                              E <= MOE_WARPS * 32 && T * E <= ROUTE_FUSED_LOGITS && A <= ROUTE_FUSED_A;
     if (route_fused) {
         /* nothing here: step 4 routes */
@@ -788,8 +791,12 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
         else launch_gate_up<2, 4>(ctx, a, sc, nblk, route_fused, pf_down);
         const bf16 *w_sh = fuse_sh ? (const bf16 *)a->w_sh_down : (const bf16 *)NULL;
         const bf16 *pf_sh = pf_on ? (const bf16 *)a->w_sh_down : (const bf16 *)NULL;
-        if (ctx->moe_down_rows == 16) launch_down<16, 1>(ctx, a, sc, nblk, w_sh, pf_sh);
-        else if (ctx->moe_down_rows == 8) launch_down<8, 2>(ctx, a, sc, nblk, w_sh, pf_sh);
+        /* rows per warp of the down launch (0 = by step size: 16 rows read 16 KB per warp, fewer
+         * and longer blocks; at T = 1 they cost 2.958 vs 2.919 ms per step, at T = 4 / 8 they
+         * saved 5.162 → 5.054 and 7.683 → 7.506 ms, s5-run3). Results are the same bits. */
+        const int down_rows = ctx->moe_down_rows ? ctx->moe_down_rows : (T == 1 ? 4 : 16);
+        if (down_rows == 16) launch_down<16, 1>(ctx, a, sc, nblk, w_sh, pf_sh);
+        else if (down_rows == 8) launch_down<8, 2>(ctx, a, sc, nblk, w_sh, pf_sh);
         else launch_down<4, 2>(ctx, a, sc, nblk, w_sh, pf_sh);
         DS_CU_LAUNCHED2(ctx, fuse_sh ? "moe_expert_kernel<down+shared>" : "moe_expert_kernel<down>", T, H);
     }
