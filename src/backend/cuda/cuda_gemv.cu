@@ -134,21 +134,8 @@ extern "C" void ds_cuda_gemv_cores(ds_cuda_ctx *ctx, const void *W, int64_t N, i
     const int rows = ctx->gemv_rows == 1 || ctx->gemv_rows == 4 ? ctx->gemv_rows : 2;
     const int64_t rows_per_block = (int64_t)GEMV_WARPS * rows;
     const int64_t bx = DS_DIV_UP(N, rows_per_block);
-    /* split K when the row blocks cannot fill two waves of one block per SM */
-    int64_t splits = 1;
-    const int64_t target = 2 * (int64_t)ctx->sm_count;
-    if (bx < target && K >= 1024) {
-        splits = DS_DIV_UP(target, bx);
-        if (splits > K / 512) splits = K / 512;
-        if (splits > 16) splits = 16;
-        while (splits > 1 && (splits * R * N > DS_CUDA_SPLITK_WS_FLOATS || bx > DS_CUDA_SPLITK_COUNTERS))
-            splits--;
-    }
-    int64_t kps = K;
-    if (splits > 1) {
-        kps = DS_DIV_UP(DS_DIV_UP(K, splits), 256) * 256;
-        splits = DS_DIV_UP(K, kps);
-    }
+    int64_t kps;
+    const int64_t splits = gemv_split_k(ctx, bx, N, K, R, &kps);
     dim3 grid((unsigned)bx, (unsigned)splits);
     const bf16 *Wb = (const bf16 *)W, *xb = (const bf16 *)x;
     if (out_f32) {

@@ -94,6 +94,30 @@ static __device__ __forceinline__ void gemv_warp_reduce(float acc[ROWS][R]) {
         for (int r = 0; r < R; r++) acc[rr][r] = warp_sum(acc[rr][r]);
 }
 
+/* Split-K plan of a GEMV launch with bx row blocks: split K when they cannot fill two blocks per
+ * SM, into at most 16 splits of ≥ 512 (K ≥ 1024), each a multiple of 256 wide (*kps), within the
+ * partials workspace and the tile counters; returns the split count. R enters only through the
+ * workspace bound (splits · R · N floats), which Qwen3.5's decode shapes stay far below, so a
+ * row's sums do not depend on the step's row count there. */
+static inline int64_t gemv_split_k(const ds_cuda_ctx *ctx, int64_t bx, int64_t N, int64_t K, int R,
+                                   int64_t *kps) {
+    int64_t splits = 1;
+    const int64_t target = 2 * (int64_t)ctx->sm_count;
+    if (bx < target && K >= 1024) {
+        splits = DS_DIV_UP(target, bx);
+        if (splits > K / 512) splits = K / 512;
+        if (splits > 16) splits = 16;
+        while (splits > 1 && (splits * R * N > DS_CUDA_SPLITK_WS_FLOATS || bx > DS_CUDA_SPLITK_COUNTERS))
+            splits--;
+    }
+    *kps = K;
+    if (splits > 1) {
+        *kps = DS_DIV_UP(DS_DIV_UP(K, splits), 256) * 256;
+        splits = DS_DIV_UP(K, *kps);
+    }
+    return splits;
+}
+
 template <typename T> static __device__ __forceinline__ void store_out(T *p, float v);
 template <> __device__ __forceinline__ void store_out<float>(float *p, float v) { *p = v; }
 template <> __device__ __forceinline__ void store_out<bf16>(bf16 *p, float v) {

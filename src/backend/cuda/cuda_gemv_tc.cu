@@ -120,21 +120,8 @@ extern "C" int ds_cuda_gemv_tc(ds_cuda_ctx *ctx, const void *W, int64_t N, int64
                                int64_t ldx, int R, void *out, int64_t ldo, int out_f32) {
     if (R < 1 || R > 8 || K % 256 != 0 || N <= 0) return 0;
     const int64_t bx = DS_DIV_UP(N, (int64_t)16);
-    /* split K when the row tiles cannot fill two blocks per SM, each split ≥ 512 wide */
-    int64_t splits = 1;
-    const int64_t target = 2 * (int64_t)ctx->sm_count;
-    if (bx < target && K >= 1024) {
-        splits = DS_DIV_UP(target, bx);
-        if (splits > K / 512) splits = K / 512;
-        if (splits > 16) splits = 16;
-        while (splits > 1 && (splits * R * N > DS_CUDA_SPLITK_WS_FLOATS || bx > DS_CUDA_SPLITK_COUNTERS))
-            splits--;
-    }
-    int64_t kps = K;
-    if (splits > 1) {
-        kps = DS_DIV_UP(DS_DIV_UP(K, splits), 256) * 256;
-        splits = DS_DIV_UP(K, kps);
-    }
+    int64_t kps;
+    const int64_t splits = gemv_split_k(ctx, bx, N, K, R, &kps);
     dim3 grid((unsigned)bx, (unsigned)splits);
     if (out_f32)
         ds_launch(ctx, gemv_tc_kernel<float>, grid, TC_WARPS * 32, 0, (const bf16 *)W, N, K,
