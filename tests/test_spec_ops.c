@@ -4,7 +4,9 @@
  *    exactly the in-place state after its token (conv history and recurrent state), its seq_slot
  *    is left untouched, slots of -1 entries are not written, and a second sequence of the same
  *    batch without snapshots still updates in place;
- *  - the concat op. */
+ *  - the concat op;
+ *  - the token buffer: argmax_logits with keep_at keeps its ids there, a batch row with
+ *    token_src ≥ 0 embeds that id instead of its tokens entry, keep_at = -1 leaves the buffer. */
 #include "test_cpu_common.h"
 
 typedef struct gdn_fx {
@@ -181,10 +183,61 @@ static void test_concat(void **state) {
     be->ops->destroy(be);
 }
 
+static void test_token_buffer(void **state) {
+    (void)state;
+    test_rng rng = {7};
+    ds_backend *be = tc_backend(1);
+    assert_non_null(be->ops->argmax_logits);
+    enum { V = 16, H = 8, R = 3 };
+    float *head = tc_rand_act(be, &rng, (size_t)V * H, 1.0f);  /* [V, H] lm_head */
+    float *table = tc_rand_act(be, &rng, (size_t)V * H, 1.0f); /* [V, H] embeddings */
+    float *x = tc_rand_act(be, &rng, (size_t)R * H, 1.0f);
+    ds_linear lm = {.n_parts = 1, .n_out = V, .n_in = H};
+    lm.parts[0] = tc_tensor2(head, DS_DTYPE_F32, V, H);
+    ds_tensor tx = tc_tensor2(x, DS_DTYPE_F32, R, H), tt = tc_tensor2(table, DS_DTYPE_F32, V, H);
+    int32_t kept[R], plain[R];
+    be->ops->argmax_logits(be, &tx, &lm, kept, 10); /* ids also at entries 10, 11, 12 */
+    for (int r = 0; r < R; r++) { /* the argmax of each row, computed here */
+        int best = 0;
+        float bv = -INFINITY;
+        for (int v = 0; v < V; v++) {
+            float d = 0.f;
+            for (int k = 0; k < H; k++) d += x[r * H + k] * head[v * H + k];
+            if (d > bv) bv = d, best = v;
+        }
+        assert_int_equal(kept[r], best);
+    }
+    /* another row set through keep_at = -1: the buffer keeps the first ids */
+    float *x2 = tc_rand_act(be, &rng, (size_t)R * H, 1.0f);
+    ds_tensor tx2 = tc_tensor2(x2, DS_DTYPE_F32, R, H);
+    be->ops->argmax_logits(be, &tx2, &lm, plain, -1);
+
+    /* the tokens entries of the buffered rows differ from the kept ids: a row that ignored
+     * token_src would embed the wrong row */
+    int32_t tokens[4] = {5, (kept[0] + 1) % V, (kept[2] + 1) % V, 8}, src[4] = {-1, 10, 12, -1};
+    int32_t pos[4] = {0, 1, 2, 3};
+    int32_t start[2] = {0, 4}, slot = 0, past = 0, bt = 0, out_rows[1] = {0};
+    ds_batch b = {.n_tokens = 4, .n_seqs = 1, .tokens = tokens, .positions = pos,
+                  .seq_start = start, .seq_slot = &slot, .seq_n_past = &past,
+                  .block_table = &bt, .max_blocks = 1, .n_out = 0, .out_rows = out_rows,
+                  .token_src = src};
+    be->ops->set_batch(be, &b);
+    float *o = tc_zero_act(be, (size_t)4 * H);
+    ds_tensor to = tc_tensor2(o, DS_DTYPE_F32, 4, H);
+    be->ops->embed(be, &tt, &to);
+    const int want[4] = {5, kept[0], kept[2], 8};
+    for (int t = 0; t < 4; t++)
+        for (int k = 0; k < H; k++) assert_true(o[t * H + k] == table[want[t] * H + k]);
+    void *bufs[] = {head, table, x, x2, o};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->ops->free(be, bufs[i]);
+    be->ops->destroy(be);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gdn_state_snapshots),
         cmocka_unit_test(test_concat),
+        cmocka_unit_test(test_token_buffer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
