@@ -486,7 +486,8 @@ ds_status ds_runner_draft(ds_runner *r, const ds_sched_plan *plan, const ds_kv_b
             uniform = uniform && plan->items[i].n_tokens == 1 && plan->items[i].n_draft == d;
         if (uniform) idx0 = (long)(region + (size_t)n * (size_t)K1 + (size_t)d);
     }
-    if (dev) drafts_land(r); /* the previous call's copies (normally landed by the verification) */
+    /* the previous call's host copies were landed by the verification that fed its drafts */
+    DS_ASSERT(r->d_unlanded == 0);
 
     mb.tokens = r->next;
     mb.token_src = NULL;

@@ -474,7 +474,7 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
  * (one thread per expert while grouping), T·E ≤ ROUTE_FUSED_LOGITS, T·k ≤ ROUTE_FUSED_A. */
 #define ROUTE_FUSED_LOGITS 2048
 #define ROUTE_FUSED_A 256
-template <int ROWS, int UNROLL, int RMAX>
+template <int ROWS, int UNROLL>
 __global__ void __launch_bounds__(MOE_WARPS * 32)
     moe_gate_up_routed_kernel(const bf16 *__restrict__ Wall, int H, int I, int E, int k, int Is,
                               int norm_topk, int T, const bf16 *__restrict__ x, moe_scratch sc,
@@ -539,7 +539,8 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
         }
     }
     if (n0 >= N) return;
-    for_chunks<RMAX>(a1 - a0, [&](auto r, int c) {
+    /* one assignment at a time: the launch serves one-token steps (an expert has one row) */
+    for_chunks<1>(a1 - a0, [&](auto r, int c) {
         constexpr int R = decltype(r)::value;
         moe_chunk<false, ROWS, UNROLL, R, true>(W, N, K, n0, sorted_s + a0 + c, k, H, I, x, sc);
     });
@@ -558,17 +559,6 @@ static void launch_experts(ds_cuda_ctx *ctx, int T, dim3 grid, Args &&...args) {
     else ds_launch(ctx, moe_expert_kernel<DOWN, ROWS, UNROLL, 1>, grid, MOE_WARPS * 32, 0, args...);
 }
 
-/* The routed gate_up launch (moe_gate_up_routed_kernel) with launch_experts' chunk bound. */
-template <int ROWS, int UNROLL, class... Args>
-static void launch_gate_up_routed(ds_cuda_ctx *ctx, int T, dim3 grid, Args &&...args) {
-    int bound = T;
-    if (ctx->moe_rmax >= 1 && bound > ctx->moe_rmax) bound = ctx->moe_rmax;
-    if (bound >= 8) ds_launch(ctx, moe_gate_up_routed_kernel<ROWS, UNROLL, 8>, grid, MOE_WARPS * 32, 0, args...);
-    else if (bound >= 4) ds_launch(ctx, moe_gate_up_routed_kernel<ROWS, UNROLL, 4>, grid, MOE_WARPS * 32, 0, args...);
-    else if (bound >= 2) ds_launch(ctx, moe_gate_up_routed_kernel<ROWS, UNROLL, 2>, grid, MOE_WARPS * 32, 0, args...);
-    else ds_launch(ctx, moe_gate_up_routed_kernel<ROWS, UNROLL, 1>, grid, MOE_WARPS * 32, 0, args...);
-}
-
 /* The expert gate_up launch of GEMV-sized steps: ROWS output rows per warp (ctx->moe_gu_rows),
  * with the routing inside it when route_fused. */
 template <int ROWS, int UNROLL>
@@ -577,9 +567,9 @@ static void launch_gate_up(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a, const mo
     const int T = a->T, H = a->H, I = a->I;
     dim3 grid(nblk, DS_DIV_UP(2 * I, MOE_WARPS * ROWS));
     if (route_fused) {
-        launch_gate_up_routed<ROWS, UNROLL>(ctx, T, grid, (const bf16 *)a->w_gu, H, I, a->E,
-                                            a->top_k, a->Is, (int)a->norm_topk, T,
-                                            (const bf16 *)a->x, sc, pf_down);
+        ds_launch(ctx, moe_gate_up_routed_kernel<ROWS, UNROLL>, grid, MOE_WARPS * 32, 0,
+                  (const bf16 *)a->w_gu, H, I, a->E, a->top_k, a->Is, (int)a->norm_topk, T,
+                  (const bf16 *)a->x, sc, pf_down);
         DS_CU_LAUNCHED2(ctx, "moe_gate_up_routed_kernel", T, 2 * I);
     } else {
         launch_experts<false, ROWS, UNROLL>(ctx, T, grid, (const bf16 *)a->w_gu, H, I, a->top_k,
