@@ -45,7 +45,7 @@ template <typename OutT>
 __global__ void __launch_bounds__(TC_WARPS * 32)
     gemv_tc_kernel(const bf16 *__restrict__ W, int64_t N, int64_t K, const bf16 *__restrict__ x,
                    int64_t ldx, int R, OutT *__restrict__ out, int64_t ldo, int64_t k_per_split,
-                   float *__restrict__ ws, int *__restrict__ counters) {
+                   float *__restrict__ ws, int *__restrict__ counters, int tail_batched) {
     __shared__ float red[TC_WARPS][16][8]; /* [warp][row][input row] */
     __shared__ int is_last;
     pdl_enter(); /* cuda_launch.cuh: before any access */
@@ -59,23 +59,32 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
     const bf16 *wa = W + ra * K + 8 * t, *wb = W + rb * K + 8 * t;
     const bf16 *xr = x + (g < R ? g : 0) * ldx + 8 * t;
     float c[4] = {0.f, 0.f, 0.f, 0.f};
+    /* Every step of a batch is loaded before any is multiplied, the last batch too (predicated,
+     * warp-uniform): a warp whose range is shorter than a batch (split K, K = 2048: 64 k per
+     * warp) then pays one memory round trip instead of one per 32-wide step (s5-run3, ncu: the
+     * router | shared gate_up launch ran at 0.9 TB/s with one-step-at-a-time tails). The mma
+     * order along k is unchanged, so the results are too. tail_batched = 0 (knob
+     * DS_CUDA_TC_TAIL=0, for before/after runs) walks a short tail one step at a time. */
     int64_t kb = kb0;
-    for (; kb + 32 * TC_UNROLL <= kb1; kb += 32 * TC_UNROLL) {
+    for (; kb < kb1; kb += 32 * TC_UNROLL) {
+        if (!tail_batched && kb + 32 * TC_UNROLL > kb1) break;
         uint4 va[TC_UNROLL], vb[TC_UNROLL], vx[TC_UNROLL];
 #pragma unroll
-        for (int u = 0; u < TC_UNROLL; u++) {
-            va[u] = ld_stream16(wa + kb + 32 * u);
-            vb[u] = ld_stream16(wb + kb + 32 * u);
-            vx[u] = ld_cached16(xr + kb + 32 * u);
-        }
+        for (int u = 0; u < TC_UNROLL; u++)
+            if (kb + 32 * u < kb1) {
+                va[u] = ld_stream16(wa + kb + 32 * u);
+                vb[u] = ld_stream16(wb + kb + 32 * u);
+                vx[u] = ld_cached16(xr + kb + 32 * u);
+            }
 #pragma unroll
         for (int u = 0; u < TC_UNROLL; u++)
+            if (kb + 32 * u < kb1)
 #pragma unroll
-            for (int s = 0; s < 2; s++)
-                mma_bf16_16816(c, word(va[u], 2 * s), word(vb[u], 2 * s), word(va[u], 2 * s + 1),
-                               word(vb[u], 2 * s + 1), word(vx[u], 2 * s), word(vx[u], 2 * s + 1));
+                for (int s = 0; s < 2; s++)
+                    mma_bf16_16816(c, word(va[u], 2 * s), word(vb[u], 2 * s), word(va[u], 2 * s + 1),
+                                   word(vb[u], 2 * s + 1), word(vx[u], 2 * s), word(vx[u], 2 * s + 1));
     }
-    for (; kb < kb1; kb += 32) { /* the rest, one step at a time */
+    for (; kb < kb1; kb += 32) { /* tail_batched = 0 only */
         const uint4 va = ld_stream16(wa + kb), vb = ld_stream16(wb + kb), vx = ld_cached16(xr + kb);
 #pragma unroll
         for (int s = 0; s < 2; s++)
@@ -125,10 +134,10 @@ extern "C" int ds_cuda_gemv_tc(ds_cuda_ctx *ctx, const void *W, int64_t N, int64
     dim3 grid((unsigned)bx, (unsigned)splits);
     if (out_f32)
         ds_launch(ctx, gemv_tc_kernel<float>, grid, TC_WARPS * 32, 0, (const bf16 *)W, N, K,
-                  (const bf16 *)x, ldx, R, (float *)out, ldo, kps, ctx->d_splitk_ws, ctx->d_splitk_cnt);
+                  (const bf16 *)x, ldx, R, (float *)out, ldo, kps, ctx->d_splitk_ws, ctx->d_splitk_cnt, ctx->tc_tail);
     else
         ds_launch(ctx, gemv_tc_kernel<bf16>, grid, TC_WARPS * 32, 0, (const bf16 *)W, N, K,
-                  (const bf16 *)x, ldx, R, (bf16 *)out, ldo, kps, ctx->d_splitk_ws, ctx->d_splitk_cnt);
+                  (const bf16 *)x, ldx, R, (bf16 *)out, ldo, kps, ctx->d_splitk_ws, ctx->d_splitk_cnt, ctx->tc_tail);
     DS_CU_LAUNCHED2(ctx, splits > 1 ? "gemv_tc_kernel (split-K)" : "gemv_tc_kernel", N, K);
     return 1;
 }
