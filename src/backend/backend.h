@@ -140,13 +140,6 @@ typedef struct ds_backend_ops {
                             const ds_tensor *x, ds_tensor *delta, ds_tensor *residual,
                             const ds_tensor *norm_w, float eps, ds_tensor *out);
 
-    /* A linear layer fused with the residual add + RMSNorm after it (the mixers' output
-     * projections): delta = x·Wᵀ; residual += delta; out = rmsnorm(residual)·norm_w — the same
-     * bits as linear into delta, then add_rmsnorm. x [R, n_in], delta/residual/out [R, n_out]. */
-    void (*linear_add_rmsnorm)(ds_backend *be, const ds_tensor *x, const ds_linear *w,
-                               ds_tensor *delta, ds_tensor *residual, const ds_tensor *norm_w,
-                               float eps, ds_tensor *out);
-
     /* Seeded random weights of realistic scale for cfg, created directly in backend memory, so
      * full-size shapes can be benchmarked without a checkpoint (NULL: the model code generates
      * host weights and calls prepare_weights). Freed by release_weights. */

@@ -33,43 +33,24 @@ static void ffn_forward(ds_model *m, const ds_layer_weights *L, int64_t T) {
     op->linear(m->be, &a, &L->mlp.down, &y);
 }
 
-/* The mixer's output projection, then the residual add + RMSNorm before the FFN:
- * d = o·Wᵀ;  h += d;  xn = RMSNorm_post(h). One backend op when it fuses them (the same bits;
- * not with tensor parallelism, whose all-reduce of d sits between). */
-static void mixer_out(ds_model *m, const ds_tensor *o, const ds_linear *w_out,
-                      const ds_layer_weights *L, int64_t T) {
-    const ds_backend_ops *op = m->be->ops;
-    const ds_config *c = &m->cfg;
-    const float eps = (float)c->rms_eps;
-    ds_tensor h = rows_view(&m->s.resid, T, c->hidden);
-    ds_tensor xn = rows_view(&m->s.normed, T, c->hidden);
-    ds_tensor d = rows_view(&m->s.delta, T, c->hidden);
-    if (op->linear_add_rmsnorm && !m->allreduce) {
-        op->linear_add_rmsnorm(m->be, o, w_out, &d, &h, &L->post_norm, eps, &xn);
-        return;
-    }
-    op->linear(m->be, o, w_out, &d);
-    if (m->allreduce) m->allreduce(m->allreduce_ctx, &d); /* tensor parallel: Σ ranks */
-    op->add_rmsnorm(m->be, &h, &d, &L->post_norm, eps, &xn);
-}
-
 static void mixer_forward(ds_model *m, ds_cache *cache, int layer, const ds_layer_weights *L,
                           int64_t T) {
     const ds_backend_ops *op = m->be->ops;
     const ds_config *c = &m->cfg;
     ds_tensor x = rows_view(&m->s.normed, T, c->hidden);
+    ds_tensor y = rows_view(&m->s.delta, T, c->hidden);
     if (L->type == DS_LAYER_LINEAR_ATTN) {
         ds_tensor proj = rows_view(&m->s.proj, T, L->gdn.in_proj.n_out); /* [T, qkv|z|b|a] */
         ds_tensor o = rows_view(&m->s.core, T, (int64_t)c->gdn_v_heads * c->gdn_v_dim);
         op->linear(m->be, &x, &L->gdn.in_proj, &proj);
         op->gdn(m->be, cache, layer, c, &L->gdn, &proj, &o);
-        mixer_out(m, &o, &L->gdn.out, L, T);
+        op->linear(m->be, &o, &L->gdn.out, &y);
     } else {
         ds_tensor qkv = rows_view(&m->s.proj, T, L->attn.qkv.n_out); /* [T, q|gate, k, v] */
         ds_tensor o = rows_view(&m->s.core, T, (int64_t)c->n_heads * c->head_dim);
         op->linear(m->be, &x, &L->attn.qkv, &qkv);
         op->attention(m->be, cache, layer, c, &L->attn, &qkv, &o);
-        mixer_out(m, &o, &L->attn.o, L, T);
+        op->linear(m->be, &o, &L->attn.o, &y);
     }
 }
 
@@ -93,7 +74,9 @@ ds_status ds_model_forward(ds_model *m, ds_cache *cache, const ds_batch *b, ds_e
 
     for (int l = 0; l < c->n_layers; l++) {
         const ds_layer_weights *L = &m->w.layers[l];
-        mixer_forward(m, cache, l, L, T); /* h += mixer; xn = RMSNorm_post(h) */
+        mixer_forward(m, cache, l, L, T);
+        if (m->allreduce) m->allreduce(m->allreduce_ctx, &d); /* tensor parallel: Σ ranks */
+        op->add_rmsnorm(m->be, &h, &d, &L->post_norm, eps, &xn);
         const ds_tensor *next_norm =
             l + 1 < c->n_layers ? &m->w.layers[l + 1].input_norm : &m->w.final_norm;
         if (c->is_moe && op->moe_add_rmsnorm && !m->allreduce) {

@@ -459,7 +459,6 @@ static const ds_backend_ops cuda_ops = {
     .gdn = ds_cuda_op_gdn,
     .moe = ds_cuda_op_moe,
     .moe_add_rmsnorm = ds_cuda_op_moe_add_rmsnorm,
-    .linear_add_rmsnorm = ds_cuda_op_linear_add_rmsnorm,
     .logits = ds_cuda_op_logits,
     .argmax = ds_cuda_op_argmax,
     .dummy_weights = ds_cuda_dummy_weights,
@@ -519,8 +518,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->moe_down_rows = dnr && (atoi(dnr) == 4 || atoi(dnr) == 8 || atoi(dnr) == 16) ? atoi(dnr) : 0;
         const char *tail = getenv("DS_CUDA_TC_TAIL");
         c->tc_tail = !(tail && atoi(tail) == 0);
-        const char *on = getenv("DS_CUDA_OUT_NORM");
-        c->out_norm = !(on && atoi(on) == 0);
+        const char *rb = getenv("DS_CUDA_ROUTE_BATCHED");
+        c->route_batched = !(rb && atoi(rb) == 0);
         const char *one = getenv("DS_CUDA_TC_ONE_SEQ");
         c->tc_one_seq = one && atoi(one) == 1;
         const char *cols = getenv("DS_CUDA_GDN_SCAN_COLS");
@@ -551,8 +550,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
     }
     CREATE_CHECK(cudaMalloc((void **)&c->d_meta, sizeof(int32_t) * DS_CUDA_META_INTS));
     CREATE_CHECK(cudaMalloc((void **)&c->d_splitk_ws, sizeof(float) * DS_CUDA_SPLITK_WS_FLOATS));
-    CREATE_CHECK(cudaMalloc((void **)&c->d_splitk_cnt, sizeof(int) * (DS_CUDA_SPLITK_COUNTERS + 1)));
-    CREATE_CHECK(cudaMemset(c->d_splitk_cnt, 0, sizeof(int) * (DS_CUDA_SPLITK_COUNTERS + 1)));
+    CREATE_CHECK(cudaMalloc((void **)&c->d_splitk_cnt, sizeof(int) * DS_CUDA_SPLITK_COUNTERS));
+    CREATE_CHECK(cudaMemset(c->d_splitk_cnt, 0, sizeof(int) * DS_CUDA_SPLITK_COUNTERS));
     CREATE_CHECK(cudaMalloc(&c->d_lt_ws, DS_CUDA_LT_WS_BYTES));
     CREATE_CHECK(cudaMalloc((void **)&c->d_ids, sizeof(int32_t) * DS_CUDA_MAX_TOKENS));
     CREATE_CHECK(cudaHostAlloc((void **)&c->h_ids, sizeof(int32_t) * DS_CUDA_MAX_TOKENS,

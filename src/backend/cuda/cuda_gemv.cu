@@ -8,54 +8,16 @@
  * resets the counter to 0, so the next launch (or a graph replay) finds it clean. */
 #include <math.h>
 
-#include <type_traits>
-
 #include "cuda_gemv.cuh"
 #include "cuda_launch.cuh"
-#include "cuda_norm.cuh"
 
 #define GEMV_WARPS 8
-
-/* Optional epilogue of a one-row bf16 GEMV (residual NULL: none): the residual add + RMSNorm
- * of the row it produced (ds_cuda_gemv_add_rmsnorm). */
-typedef struct gemv_norm_ep {
-    bf16 *residual;     /* [N], += out */
-    const float *w;     /* [N] */
-    float eps;
-    bf16 *normed;       /* [N] */
-    int *ticket;        /* zero between launches */
-} gemv_norm_ep;
-
-/* The last block to finish (a ticket over the gridDim.x blocks that reach it) adds the GEMV's
- * row (already stored, bf16) to the residual and normalises it with the same add_rmsnorm_row
- * as the add_rmsnorm kernel (DS_NORM_THREADS = the GEMV's 256 threads), so the bits equal the
- * two-launch path; the step saves the norm launch and its dependency wait (catalogue item 14:
- * the add + norm fused into its neighbour). */
-template <typename OutT>
-static __device__ __forceinline__ void gemv_norm_epilogue(const gemv_norm_ep &ep, const OutT *out,
-                                                          int64_t N) {
-    if constexpr (std::is_same<OutT, bf16>::value) {
-        __shared__ int last;
-        __shared__ float red[32];
-        __threadfence(); /* this block's outputs, before its ticket */
-        __syncthreads();
-        if (threadIdx.x == 0) last = atomicAdd(ep.ticket, 1) == (int)gridDim.x - 1;
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
-        add_rmsnorm_row<true>(
-            ep.residual,
-            [&](int64_t v, float d[8]) { unpack8(__ldcg(reinterpret_cast<const uint4 *>(out + v * 8)), d); },
-            ep.w, ep.eps, N, ep.normed, red);
-        if (threadIdx.x == 0) *ep.ticket = 0;
-    }
-}
 
 template <int R, int ROWS, int UNROLL, typename OutT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_kernel(const bf16 *__restrict__ W, int64_t N, int64_t K, const bf16 *__restrict__ x,
                 int64_t ldx, OutT *__restrict__ out, int64_t ldo, int64_t k_per_split,
-                float *__restrict__ ws, int *__restrict__ counters, int pf_bytes, gemv_norm_ep ep) {
+                float *__restrict__ ws, int *__restrict__ counters, int pf_bytes) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t n0 = ((int64_t)blockIdx.x * GEMV_WARPS + warp) * ROWS;
     const int64_t k0 = (int64_t)blockIdx.y * k_per_split;
@@ -86,7 +48,6 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 #pragma unroll
                     for (int r = 0; r < R; r++) store_out(out + r * ldo + n0 + rr, acc[rr][r]);
         }
-        if (R == 1 && ep.residual) gemv_norm_epilogue(ep, out, N);
         return;
     }
 
@@ -120,7 +81,6 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         store_out(out + r * ldo + n, s);
     }
     if (threadIdx.x == 0) counters[blockIdx.x] = 0;
-    if (R == 1 && ep.residual) gemv_norm_epilogue(ep, out, N); /* among the tiles' last blocks */
 }
 
 /* Bytes of each weight row (from its split's start) a GEMV block prefetches into L2 before it
@@ -138,11 +98,10 @@ static int gemv_prefetch_bytes(const ds_cuda_ctx *ctx, int64_t N, int64_t K, int
 
 template <int R, int ROWS, int UNROLL, typename OutT>
 static void launch_gemv(ds_cuda_ctx *ctx, dim3 grid, const bf16 *W, int64_t N, int64_t K,
-                        const bf16 *x, int64_t ldx, OutT *out, int64_t ldo, int64_t kps,
-                        gemv_norm_ep ep = gemv_norm_ep{}) {
+                        const bf16 *x, int64_t ldx, OutT *out, int64_t ldo, int64_t kps) {
     const int pf = gemv_prefetch_bytes(ctx, N, K, kps, (int64_t)grid.x * grid.y);
     ds_launch(ctx, gemv_kernel<R, ROWS, UNROLL, OutT>, grid, GEMV_WARPS * 32, 0, W, N, K, x, ldx,
-              out, ldo, kps, ctx->d_splitk_ws, ctx->d_splitk_cnt, pf, ep);
+              out, ldo, kps, ctx->d_splitk_ws, ctx->d_splitk_cnt, pf);
 }
 
 template <int ROWS, int UNROLL, typename OutT>
@@ -198,28 +157,6 @@ extern "C" void ds_cuda_gemv_cores(ds_cuda_ctx *ctx, const void *W, int64_t N, i
         else dispatch_r<2, 4>(ctx, grid, Wb, N, K, xb, ldx, R, o, ldo, kps);
     }
     DS_CU_LAUNCHED2(ctx, splits > 1 ? "gemv_kernel (split-K)" : "gemv_kernel", N, K);
-}
-
-/* delta[N] = W · x (one row), then residual += delta; normed = rmsnorm(residual)·w in the
- * GEMV's last block (gemv_norm_epilogue): the CUDA-core GEMV exactly as ds_cuda_gemv_cores runs
- * it for one row, plus the norm of ds_cuda_add_rmsnorm. */
-extern "C" void ds_cuda_gemv_add_rmsnorm(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K,
-                                         const void *x, void *delta, void *residual,
-                                         const float *w, float eps, void *normed) {
-    if (N <= 0) return;
-    const int rows = ctx->gemv_rows == 1 || ctx->gemv_rows == 4 ? ctx->gemv_rows : 2;
-    const int64_t bx = DS_DIV_UP(N, (int64_t)GEMV_WARPS * rows);
-    int64_t kps;
-    const int64_t splits = gemv_split_k(ctx, bx, N, K, 1, &kps);
-    dim3 grid((unsigned)bx, (unsigned)splits);
-    const gemv_norm_ep ep = {(bf16 *)residual, w, eps, (bf16 *)normed,
-                             ctx->d_splitk_cnt + DS_CUDA_SPLITK_COUNTERS};
-    const bf16 *Wb = (const bf16 *)W, *xb = (const bf16 *)x;
-    bf16 *o = (bf16 *)delta;
-    if (rows == 1) launch_gemv<1, 1, 8>(ctx, grid, Wb, N, K, xb, K, o, N, kps, ep);
-    else if (rows == 4) launch_gemv<1, 4, 2>(ctx, grid, Wb, N, K, xb, K, o, N, kps, ep);
-    else launch_gemv<1, 2, 4>(ctx, grid, Wb, N, K, xb, K, o, N, kps, ep);
-    DS_CU_LAUNCHED2(ctx, splits > 1 ? "gemv_kernel (split-K) + add_rmsnorm" : "gemv_kernel + add_rmsnorm", N, K);
 }
 
 /* ---- fused lm_head + argmax (greedy decode) ------------------------------------------------ */

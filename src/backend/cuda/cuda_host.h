@@ -82,9 +82,6 @@ void ds_cuda_op_moe(ds_backend *be, const ds_config *cfg, const ds_moe_weights *
 void ds_cuda_op_moe_add_rmsnorm(ds_backend *be, const ds_config *cfg, const ds_moe_weights *w,
                                 const ds_tensor *x, ds_tensor *delta, ds_tensor *residual,
                                 const ds_tensor *norm_w, float eps, ds_tensor *out);
-void ds_cuda_op_linear_add_rmsnorm(ds_backend *be, const ds_tensor *x, const ds_linear *w,
-                                   ds_tensor *delta, ds_tensor *residual, const ds_tensor *norm_w,
-                                   float eps, ds_tensor *out);
 void ds_cuda_op_logits(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head,
                        ds_tensor *out);
 void ds_cuda_op_argmax(ds_backend *be, const ds_tensor *logits, int32_t *ids);

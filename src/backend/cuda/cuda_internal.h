@@ -181,9 +181,10 @@ typedef struct ds_cuda_ctx {
     /* tensor-core GEMVs for one-sequence steps too (DS_CUDA_TC_ONE_SEQ=1; default 0: CUDA cores,
      * cuda_gemv.cu ds_cuda_gemv) */
     int tc_one_seq;
-    /* one-row output projections fused with the residual add + RMSNorm after them (1, default,
-     * with opt.fuse_norm) or not (DS_CUDA_OUT_NORM=0, for before/after runs) */
-    int out_norm;
+    /* the batched routing kernel stages the shared expert's activations with all loads in
+     * flight (1, default) or one element at a time (DS_CUDA_ROUTE_BATCHED=0, for before/after
+     * runs) */
+    int route_batched;
 
     /* Optimisation switches (catalogue items; env at create, README "Switches"), 1 = on:
      * moe_fast_route   DS_OPT_MOE_FAST_ROUTE: decode routing from shared memory
@@ -212,8 +213,7 @@ typedef struct ds_cuda_ctx {
 
     /* GEMV split-K */
     float *d_splitk_ws;           /* [DS_CUDA_SPLITK_WS_FLOATS] */
-    int *d_splitk_cnt;            /* [DS_CUDA_SPLITK_COUNTERS + 1], zero between launches; the
-                                     last one is the GEMV + add_rmsnorm launch's grid ticket */
+    int *d_splitk_cnt;            /* [DS_CUDA_SPLITK_COUNTERS], zero between launches */
 
     /* cuBLASLt */
     cublasLtHandle_t lt;
@@ -275,10 +275,6 @@ int ds_cuda_gemv_tc(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K, const
 /* ds_cuda_gemv on the CUDA cores only. */
 void ds_cuda_gemv_cores(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K, const void *x,
                         int64_t ldx, int R, void *out, int64_t ldo, int out_f32);
-/* One row: delta[N] = W · x (ds_cuda_gemv_cores' arithmetic), then residual += delta and
- * normed = rmsnorm(residual)·w (ds_cuda_add_rmsnorm's), in one launch; N % 8 == 0. */
-void ds_cuda_gemv_add_rmsnorm(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K, const void *x,
-                              void *delta, void *residual, const float *w, float eps, void *normed);
 /* Same contract through cuBLASLt (any R). */
 void ds_cuda_gemm_lt(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K, const void *x,
                      int64_t ldx, int R, void *out, int64_t ldo, int out_f32);

@@ -80,33 +80,6 @@ void ds_cuda_op_linear(ds_backend *be, const ds_tensor *x, const ds_linear *w, d
     linear_any(ds_cuda_ctx_of(be), x, w, out, 0, 0);
 }
 
-/* One-row steps (batch-1 decode) in one launch, when the row's GEMV would run on the CUDA cores
- * anyway (ds_cuda_gemv: one-sequence steps) and the add + norm fusion is on; otherwise the
- * linear and the add_rmsnorm launch. Either way the same bits. */
-void ds_cuda_op_linear_add_rmsnorm(ds_backend *be, const ds_tensor *x, const ds_linear *w,
-                                   ds_tensor *delta, ds_tensor *residual, const ds_tensor *norm_w,
-                                   float eps, ds_tensor *out) {
-    ds_cuda_ctx *c = ds_cuda_ctx_of(be);
-    const int64_t K = w->n_in, N = w->n_out;
-    const bool on_tc = c->opt.tc_gemv && (c->batch.n_seqs > 1 || c->tc_one_seq);
-    const ds_tensor *wp = &w->parts[0];
-    const bool fuse = c->opt.fuse_norm && c->out_norm && !on_tc && n_rows(x) == 1 &&
-                      w->n_parts == 1 && x->dtype == DS_DTYPE_BF16 && K % 8 == 0 && N % 8 == 0 &&
-                      last_dim(x) == K && ((uintptr_t)x->data % 16) == 0 &&
-                      ((uintptr_t)wp->data % 16) == 0 && residual->dtype == DS_DTYPE_BF16 &&
-                      delta->dtype == DS_DTYPE_BF16 && out->dtype == DS_DTYPE_BF16 &&
-                      norm_w->dtype == DS_DTYPE_F32 && last_dim(residual) == N &&
-                      n_rows(residual) == 1 && ds_tensor_numel(norm_w) == N;
-    if (!fuse) {
-        linear_any(c, x, w, delta, 0, 0);
-        ds_cuda_op_add_rmsnorm(be, residual, delta, norm_w, eps, out);
-        return;
-    }
-    DS_ASSERT(wp->ndim == 2 && wp->ne[0] == N && wp->ne[1] == K && wp->dtype == DS_DTYPE_BF16);
-    ds_cuda_gemv_add_rmsnorm(c, wp->data, N, K, x->data, delta->data, residual->data,
-                             norm_w->data, eps, out->data);
-}
-
 void ds_cuda_op_logits(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head,
                        ds_tensor *out) {
     /* the CUDA-core GEMV: greedy ids from these logits equal argmax_logits' (same dot products) */
