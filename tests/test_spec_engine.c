@@ -11,7 +11,12 @@
  * plain run by design; test_spec.c checks their distribution). Also: preemption under KV
  * pressure with the speculative lookahead, cancellation freeing all caches, the acceptance
  * counters in the stats, and the option checks. The GDN op is forced to the token-by-token
- * recurrence (as in test_engine.c), whose result does not depend on how prompts are chunked. */
+ * recurrence (as in test_engine.c), whose result does not depend on how prompts are chunked.
+ *
+ * Catalogue item 6 with speculation (test_min_tokens_bans): greedy requests below min_tokens
+ * verify on the fused path with their EOS / stop ids banned per verification row, on the CPU
+ * backend dressed up with step graphs (a verification is fused only where graphs are; the fake
+ * graphs run every step eagerly, test_graph_warmup.c has the bookkeeping ones). */
 #include "testlib.h"
 
 #include <pthread.h>
@@ -46,7 +51,56 @@ static void fixture_open(fixture *f, const char *name) {
     test_model_init(f, MODEL_MAX_TOKENS, MODEL_MAX_OUT);
 }
 
-static void fixture_close(fixture *f) { test_model_close(f); }
+/* ---- fake step graphs: the CPU runs a "recorded" step's ops at once (graph_end's one run) and
+ * graph_launch never replays, so every step of a graphed path runs eagerly, fused as recorded */
+
+static const ds_backend_ops *g_cpu; /* the CPU backend's own table while the fakes stand in */
+static ds_backend_ops g_graph_ops;
+
+static ds_status fake_begin(ds_backend *be, uint64_t key, ds_error *err) {
+    (void)be;
+    (void)key;
+    (void)err;
+    return DS_OK;
+}
+
+static ds_status fake_end(ds_backend *be, ds_error *err) {
+    (void)be;
+    (void)err;
+    return DS_OK;
+}
+
+static bool fake_launch(ds_backend *be, uint64_t key, const ds_batch *b) {
+    (void)be;
+    (void)key;
+    (void)b;
+    return false;
+}
+
+/* A backend whose ban table holds nothing: every table is refused (and the table cleared). */
+static bool refuse_bans(ds_backend *be, const int32_t *ids, int B, int n_ban) {
+    (void)ids;
+    g_cpu->set_argmax_bans(be, NULL, 0, 0);
+    return B == 0 || n_ban == 0;
+}
+
+static void fixture_open_graphs(fixture *f, const char *name) {
+    char rel[256];
+    snprintf(rel, sizeof rel, !strcmp(name, "demo") ? "../../models/qwen35-demo" : "models/%s", name);
+    test_model_load(f, test_data_path(rel));
+    g_cpu = f->be->ops;
+    g_graph_ops = *g_cpu;
+    g_graph_ops.graph_begin = fake_begin;
+    g_graph_ops.graph_end = fake_end;
+    g_graph_ops.graph_launch = fake_launch;
+    f->be->ops = &g_graph_ops;
+    test_model_init(f, MODEL_MAX_TOKENS, MODEL_MAX_OUT);
+}
+
+static void fixture_close(fixture *f) {
+    if (f->be->ops == &g_graph_ops) f->be->ops = g_cpu; /* (the fakes share the CPU's free) */
+    test_model_close(f);
+}
 
 typedef struct spec {
     int32_t prompt[MAX_PROMPT];
@@ -467,6 +521,137 @@ static void test_options(void **state) {
     fixture_close(&f);
 }
 
+/* ---- min_tokens bans on fused verifications (catalogue item 6) ------------------------------- */
+
+/* "The grace of our Lord Jesus Christ be with you all. Amen." in the demo's tokenizer. After it
+ * the demo wants EOS (<|im_end|>) at once, and while that is banned it answers " Amen." again and
+ * wants EOS after every one: output tokens 0, 2, 4, ... would all be EOS, so every min_tokens
+ * bans an EOS the model prefers, and min_tokens = 8 ends with EOS exactly at output token 8, the
+ * first row that must not ban (a verification row past the boundary). */
+static const int32_t AMEN[] = {470, 1733, 268, 606, 639, 691, 848, 301, 352, 376, 369, 13, 2475, 13};
+#define N_AMEN ((int)(sizeof AMEN / sizeof AMEN[0]))
+#define N_BAN_REQ 6
+
+static void amen_spec(spec *s, int n_prompt, int min_tokens, int max_tokens) {
+    memset(s, 0, sizeof *s);
+    s->n_prompt = n_prompt;
+    memcpy(s->prompt, AMEN, (size_t)n_prompt * sizeof(int32_t));
+    ds_sampling_params_init(&s->params);
+    s->params.temperature = 0.0f;
+    s->params.min_tokens = min_tokens;
+    s->params.max_tokens = max_tokens;
+    s->params.stop_token_ids = s->stop_ids;
+    s->compare = true;
+}
+
+/* No EOS / stop id among each request's first min_tokens output tokens. */
+static void expect_no_banned(const fixture *f, const spec *w, const result *res, int n) {
+    for (int i = 0; i < n; i++) {
+        const ds_sampling_params *p = &w[i].params;
+        assert_true(res[i].n >= p->min_tokens);
+        for (int j = 0; j < p->min_tokens; j++) {
+            for (int e = 0; e < f->cfg.n_eos; e++)
+                assert_int_not_equal(res[i].toks[j], f->cfg.eos_ids[e]);
+            for (int e = 0; e < p->n_stop_token_ids; e++)
+                assert_int_not_equal(res[i].toks[j], p->stop_token_ids[e]);
+        }
+    }
+}
+
+/* Proves: greedy requests below min_tokens, verified with k = 1 and 2 drafts, emit exactly the
+ * tokens of plain decoding (k = 0, whose greedy steps ban on the device too, and each request
+ * alone through the host sampler), never an EOS / stop id before min_tokens although the model
+ * prefers one there, and end at the first row past min_tokens that wants EOS; and that their
+ * verifications took the fused path with a ban table (spec_fused_steps, ban_uploads). Before
+ * device bans for verification rows, every verification of a request below min_tokens took the
+ * logits path: the single request's spec_fused_steps would be 0 of its verifications, as with
+ * DS_OPT_DEVICE_MASKS=0 below (the tokens must not change with that, nor with a backend that
+ * refuses the table). Banning every row of a verification that starts below min_tokens (not
+ * per row) fails here: request 0 would not get its EOS at output token 8. */
+static void test_min_tokens_bans(void **state) {
+    (void)state;
+    fixture f;
+    fixture_open_graphs(&f, "demo");
+    spec *w = calloc(N_BAN_REQ, sizeof *w);
+    result *solo = calloc(N_BAN_REQ, sizeof *solo), *plain = calloc(N_BAN_REQ, sizeof *plain);
+    result *eng = calloc(N_BAN_REQ, sizeof *eng);
+    amen_spec(&w[0], N_AMEN, 8, 24); /* EOS at output token 8 */
+    amen_spec(&w[1], N_AMEN, 5, 24);
+    amen_spec(&w[2], N_AMEN, 3, 24);
+    amen_spec(&w[3], N_AMEN, 0, 24); /* no bans: EOS at once */
+    amen_spec(&w[4], 7, 0, 20);      /* "The grace of our Lord Jesus Christ": stop ids below */
+    amen_spec(&w[5], 7, 14, 14);     /* min_tokens = max_tokens, ignore_eos */
+    w[5].params.ignore_eos = true;
+    /* request 4 bans its own greedy tokens 2 and 5 (stop ids) until min_tokens 12 */
+    {
+        result base;
+        solo_all(&f, &w[4], 1, &base);
+        assert_true(base.n >= 6);
+        w[4].stop_ids[0] = base.toks[2];
+        w[4].stop_ids[1] = base.toks[5];
+        w[4].params.n_stop_token_ids = 2;
+        w[4].params.min_tokens = 12;
+        w[4].params.ignore_eos = true;
+    }
+    solo_all(&f, w, N_BAN_REQ, solo);
+    /* the bans matter: request 0 ends with EOS right at its min_tokens, 3 at its first token */
+    assert_int_equal(solo[0].n, 9);
+    assert_int_equal(solo[0].reason, DS_FINISH_STOP);
+    assert_int_equal(solo[3].n, 1);
+    assert_int_equal(solo[3].reason, DS_FINISH_STOP);
+    expect_no_banned(&f, w, solo, N_BAN_REQ);
+
+    ds_engine_opts o;
+    ds_engine_stats st;
+    base_opts(&o, 0);
+    engine_run(&f, &o, w, N_BAN_REQ, 1, plain, &st);
+    expect_same(w, solo, plain, N_BAN_REQ, 0);
+    for (int k = 1; k <= 2; k++) {
+        /* all six at once: rows of several items, banned and not, in one verification */
+        base_opts(&o, k);
+        engine_run(&f, &o, w, N_BAN_REQ, 1, eng, &st);
+        expect_same(w, plain, eng, N_BAN_REQ, k);
+        expect_no_banned(&f, w, eng, N_BAN_REQ);
+        printf("  bans k=%d: %llu of %llu steps fused, %llu ban uploads, %llu of %llu drafts "
+               "accepted\n", k, (unsigned long long)st.spec_fused_steps,
+               (unsigned long long)st.steps, (unsigned long long)st.ban_uploads,
+               (unsigned long long)st.spec.n_accepted_tokens,
+               (unsigned long long)st.spec.n_draft_tokens);
+        assert_true(st.spec_fused_steps > 0 && st.ban_uploads > 0);
+        assert_true(st.spec.n_accepted_tokens > 0);
+
+        /* request 0 alone: after its prompt's step, every step verifies it below (or across)
+         * its min_tokens, one item, so every one is fused */
+        engine_run(&f, &o, w, 1, 1, eng, &st);
+        expect_same(w, plain, eng, 1, k);
+        assert_int_equal(st.spec_fused_steps, st.steps - 1);
+        assert_true(st.ban_uploads >= 1);
+
+        /* masks off: the same tokens from the logits path, where every verification that
+         * starts below min_tokens goes (as all of them did before) */
+        setenv("DS_OPT_DEVICE_MASKS", "0", 1);
+        engine_run(&f, &o, w, 1, 1, eng, &st);
+        unsetenv("DS_OPT_DEVICE_MASKS");
+        expect_same(w, plain, eng, 1, k);
+        assert_true(st.spec_fused_steps < st.steps - 1);
+        assert_int_equal(st.ban_uploads, 0);
+
+        /* a refused table: that verification and the later ones below min_tokens take the
+         * logits path; the tokens are the same, one upload was tried */
+        g_graph_ops.set_argmax_bans = refuse_bans;
+        engine_run(&f, &o, w, 1, 1, eng, &st);
+        g_graph_ops.set_argmax_bans = g_cpu->set_argmax_bans;
+        expect_same(w, plain, eng, 1, k);
+        assert_true(st.spec_fused_steps < st.steps - 1);
+        assert_int_equal(st.ban_uploads, 1);
+    }
+    free(w);
+    free(solo);
+    free(plain);
+    free(eng);
+    fixture_close(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_options),
@@ -475,6 +660,7 @@ int main(void) {
         cmocka_unit_test(test_dense_fixture),
         cmocka_unit_test(test_preemption),
         cmocka_unit_test(test_cancel_frees_caches),
+        cmocka_unit_test(test_min_tokens_bans),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

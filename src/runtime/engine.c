@@ -12,7 +12,8 @@
  * With speculative decoding (opts.num_speculative_tokens = k > 0) a step is instead
  *   ds_runner_verify(plan)             decodes feed [last token, drafts]; argmax ids of every row
  *                                      (all-greedy decodes with one draft count: from a step
- *                                      graph per shape, ds_runner_step_graphed)
+ *                                      graph per shape, ds_runner_step_graphed_bans; rows below
+ *                                      min_tokens ban their EOS / stop ids there)
  *   per sequence that wants logits: ds_spec_verify (accept drafts, correction/bonus token),
  *     ds_runner_commit (GDN state of the last accepted token), push the 1..k+1 tokens
  *   ds_runner_draft                    the MTP over the step's rows, k drafts per sequence
@@ -55,7 +56,10 @@ struct ds_engine {
 
     int k;                    /* draft tokens per step (0: no speculative decoding) */
     int32_t *k_next;          /* [max_num_seqs] engine thread: drafts wanted per plan item */
-    uint64_t *ban_keys;       /* [max_num_seqs] engine thread: ban key per greedy plan item */
+    uint64_t *ban_keys;       /* [max_num_seqs · (k + 1)] engine thread: ban key per greedy plan
+                                 item (k = 0) or per verification row (k > 0) */
+    int32_t *ban_item;        /* [max_num_seqs · (k + 1)] engine thread (k > 0): plan item of
+                                 each verification row */
     uint64_t n_serial;        /* engine thread: serials handed to requests so far */
     ds_request *done;         /* engine thread: finished this round, events not yet delivered */
     ds_engine_stats counters; /* engine thread: the counters part of the stats */
@@ -253,16 +257,42 @@ static void emit_tokens(ds_engine *e, ds_request *r, const int32_t *toks,
 }
 
 /* A verification whose every item is a decode (one known token + its drafts) deciding from the
- * argmax ids alone: ds_runner_step_graphed's plan (it checks that the draft counts agree). */
-static bool spec_graph_plan(const ds_sched_plan *plan) {
+ * argmax ids alone: ds_runner_step_graphed_bans's plan (it checks that the draft counts agree).
+ * An item below min_tokens qualifies when the runner bans ids on the device (greedy, no
+ * penalties, no logprobs). Fills e->ban_keys per verification row (item i's 1 + n_draft rows
+ * after those of the items before it): row j decides output token n_generated + j, so it bans
+ * (key = the request's serial) while that is below min_tokens; and e->ban_item, its item. */
+static bool spec_graph_plan(ds_engine *e, const ds_sched_plan *plan) {
+    const bool bans = ds_runner_device_bans(&e->runner);
+    int row = 0;
     for (int i = 0; i < plan->n_items; i++) {
         const ds_sched_item *it = &plan->items[i];
         const ds_request *r = it->seq->owner;
-        if (it->n_tokens != 1 || !it->wants_logits ||
-            !ds_spec_argmax_suffices(&r->sampler, r->n_generated))
+        const ds_sampler *smp = &r->sampler;
+        if (it->n_tokens != 1 || !it->wants_logits) return false;
+        if (!ds_spec_argmax_suffices(smp, r->n_generated) &&
+            (!bans || !ds_spec_argmax_banned_suffices(smp)))
             return false;
+        const bool has_bans = smp->n_eos + smp->params.n_stop_token_ids > 0;
+        for (int j = 0; j <= it->n_draft; j++, row++) {
+            const bool below = r->n_generated + j < smp->params.min_tokens;
+            e->ban_keys[row] = below && has_bans ? r->serial : 0;
+            e->ban_item[row] = i;
+        }
     }
     return plan->n_items > 0;
+}
+
+typedef struct spec_bans_ctx {
+    const ds_engine *e;
+    const ds_sched_plan *plan; /* the verification spec_graph_plan filled e->ban_item for */
+} spec_bans_ctx;
+
+/* ds_runner_ban_fn of a verification: the ids the request of row `row` bans below min_tokens. */
+static int fill_spec_bans(void *ctx, int row, int32_t *ids, int cap) {
+    const spec_bans_ctx *c = ctx;
+    const ds_request *r = c->plan->items[c->e->ban_item[row]].seq->owner;
+    return ds_spec_min_tokens_bans(&r->sampler, ids, cap);
 }
 
 /* One speculative step (see the top of this file). */
@@ -274,11 +304,17 @@ static void run_step_spec(ds_engine *e) {
     }
     ds_error err = {0};
     ds_runner *rn = &e->runner;
-    /* all-greedy verifications replay a graph per shape (runner.h ds_runner_step_graphed) */
-    ds_status st = spec_graph_plan(plan)
-                       ? ds_runner_step_graphed(rn, plan, &e->kv, NULL, NULL, &err)
+    /* all-greedy verifications replay a graph per shape (runner.h ds_runner_step_graphed_bans);
+     * fused: their ids are the argmax with each row's bans, and no logits exist */
+    int fused = 0;
+    spec_bans_ctx bctx = {e, plan};
+    ds_status st = spec_graph_plan(e, plan)
+                       ? ds_runner_step_graphed_bans(rn, plan, &e->kv, e->ban_keys,
+                                                     fill_spec_bans, &bctx, &fused, NULL, &err)
                        : ds_runner_verify(rn, plan, &e->kv, &err);
     e->counters.steps++;
+    e->counters.ban_uploads = rn->ban_uploads;
+    if (st == DS_OK && fused) e->counters.spec_fused_steps++;
     int32_t toks[DS_SPEC_MAX_K + 1];
     ds_sample_result res[DS_SPEC_MAX_K + 1];
     for (int i = 0; i < plan->n_items; i++) {
@@ -294,7 +330,8 @@ static void run_step_spec(ds_engine *e) {
             continue;
         }
         const int row = rn->row0[i], n_rows = 1 + it->n_draft;
-        const bool fast = ds_spec_argmax_suffices(&r->sampler, r->n_generated);
+        /* a fused step took only items whose ids suffice (rows below min_tokens banned) */
+        const bool fast = fused || ds_spec_argmax_suffices(&r->sampler, r->n_generated);
         float *logits = fast ? NULL : ds_runner_logits(rn, row, n_rows, &err);
         ds_spec_result vr;
         if ((!fast && !logits) ||
@@ -459,6 +496,7 @@ static void engine_free_parts(ds_engine *e) {
     ds_state_slots_free(&e->slots);
     free(e->k_next);
     free(e->ban_keys);
+    free(e->ban_item);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     free(e);
@@ -496,7 +534,9 @@ ds_status ds_engine_create(ds_model *model, const ds_engine_opts *opts, ds_engin
     ds_scheduler_set_spec(&e->sched, e->k);
     e->counters.num_speculative_tokens = e->k;
     e->k_next = ds_xcalloc((size_t)o->max_num_seqs, sizeof(int32_t));
-    e->ban_keys = ds_xcalloc((size_t)o->max_num_seqs, sizeof(uint64_t));
+    const size_t rows = (size_t)o->max_num_seqs * (size_t)(e->k + 1); /* a step's output rows */
+    e->ban_keys = ds_xcalloc(rows, sizeof(uint64_t));
+    e->ban_item = ds_xcalloc(rows, sizeof(int32_t));
 
     st = ds_runner_init_spec(&e->runner, model, o->max_num_seqs, o->max_num_batched_tokens,
                              (int)n_blocks, o->block_size, (int)max_blocks, e->k, err);

@@ -100,6 +100,9 @@ typedef struct ds_engine_stats {
     uint64_t greedy_steps;        /* steps of them on the greedy ids-only path (runner.h) */
     uint64_t ban_uploads;         /* banned-id tables sent to the backend (DS_OPT_DEVICE_MASKS) */
     int num_speculative_tokens;   /* k (0: speculative decoding off) */
+    uint64_t spec_fused_steps;    /* verification steps whose argmax ran fused with the lm_head
+                                     (ids only, rows below min_tokens banned on the device; runner.h
+                                     ds_runner_step_graphed_bans) */
     ds_spec_stats spec;           /* drafts, draft tokens, accepted tokens (per position) */
     int graph_shapes_captured;    /* step shapes with a recorded graph (warmup or first use) */
     int graph_shapes_eager;       /* step shapes whose recording failed: they run eagerly */

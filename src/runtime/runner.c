@@ -24,6 +24,23 @@ static atomic_uint g_bans_serial; /* bans_id of the last runner created */
  * the ablation's "before" of catalogue items 7-8 (deltaserve bench does the same). */
 #define GREEDY_UNFUSED 3
 
+static const char *graph_off_reason(const ds_runner *r);
+
+/* Catalogue item 6: rows below min_tokens stay on the fused path, their ids banned there, when
+ * the runner has one (fused) and the backend a ban table. The host side of the table has a row
+ * per output row of a step: max_out (max_seqs, or a verification's max_seqs · (k + 1)).
+ * Returns false only when out of memory. */
+static bool bans_init(ds_runner *r, bool fused) {
+    const ds_backend_ops *op = r->model->be->ops;
+    r->device_bans = fused && op->set_argmax_bans && ds_env_switch("DS_OPT_DEVICE_MASKS", true);
+    if (!r->device_bans) return true;
+    const size_t rows = (size_t)r->max_out;
+    r->ban_keys = calloc(rows, sizeof(uint64_t));
+    r->ban_table = malloc(rows * DS_RUNNER_MAX_BANS * sizeof(int32_t));
+    r->ban_count = calloc(rows, sizeof(int));
+    return r->ban_keys && r->ban_table && r->ban_count;
+}
+
 /* Greedy decode steps: on when the backend has argmax_logits (or forced), unless
  * DS_SERVE_GRAPHS=0. Returns false only when out of memory. */
 static bool greedy_init(ds_runner *r) {
@@ -39,17 +56,8 @@ static bool greedy_init(ds_runner *r) {
     const unsigned serial = atomic_fetch_add(&g_runner_serial, 1u) & 0xffffu;
     r->graph_tag = (UINT64_C(0x53525647) << 32) | ((uint64_t)serial << 16);
     DS_ASSERT(r->max_seqs < (1 << 16));
-    /* catalogue item 6: rows below min_tokens stay on the fused path, their ids banned there */
     const bool fused = op->argmax_logits != NULL && r->greedy_mode != GREEDY_UNFUSED;
-    r->device_bans = fused && op->set_argmax_bans && ds_env_switch("DS_OPT_DEVICE_MASKS", true);
-    if (r->device_bans) {
-        const size_t S = (size_t)r->max_seqs;
-        r->ban_keys = calloc(S, sizeof(uint64_t));
-        r->ban_table = malloc(S * DS_RUNNER_MAX_BANS * sizeof(int32_t));
-        r->ban_count = calloc(S, sizeof(int));
-        if (!r->ban_keys || !r->ban_table || !r->ban_count) return false;
-    }
-    return r->gids && r->graph_state;
+    return bans_init(r, fused) && r->gids && r->graph_state;
 }
 
 ds_status ds_runner_init(ds_runner *r, ds_model *m, int max_seqs, int max_tokens, int n_blocks,
@@ -110,6 +118,8 @@ ds_status ds_runner_init_spec(ds_runner *r, ds_model *m, int max_seqs, int max_t
         for (int i = 0; ok && i < max_seqs; i++) r->gdn_cur[i] = i * (k + 2);
     }
     if (ok && k == 0) ok = greedy_init(r);
+    /* verifications are fused exactly when they run through step graphs (ds_runner_step_graphed) */
+    if (ok && k > 0) ok = bans_init(r, graph_off_reason(r) == NULL);
     if (!ok) {
         ds_runner_free(r);
         return ds_error_set(err, DS_ERR_NOMEM, "runner: out of memory for the step buffers "
@@ -308,15 +318,17 @@ static ds_status greedy_forward(ds_runner *r, ds_batch *b, ds_error *err) {
     return DS_OK;
 }
 
-/* Makes the backend's ban table the one this fused greedy step needs: row i bans fill(i)'s
- * ids when keys[i] != 0 (keys NULL: no row). Nothing is built or uploaded when the rows' keys
- * equal those of this runner's last upload and no other runner uploaded since (then the table
- * on the backend is still that one), or when the step needs no bans and nobody ever uploaded
- * any. Returns false when the backend refused the table (it is empty then). */
+/* Makes the backend's ban table the one the n output rows of this fused greedy step (a decode
+ * step's items, or a verification's rows) need: row i bans fill(i)'s ids when keys[i] != 0
+ * (keys NULL: no row). Nothing is built or uploaded when the rows' keys equal those of this
+ * runner's last upload and no other runner uploaded since (then the table on the backend is
+ * still that one), or when the step needs no bans and nobody ever uploaded any. Returns false
+ * when the backend refused the table (it is empty then). */
 static bool bans_sync(ds_runner *r, int n, const uint64_t *keys, ds_runner_ban_fn fill,
                       void *ctx) {
     ds_backend *be = r->model->be;
     if (!be->ops->set_argmax_bans) return true; /* then no bans exist on this backend */
+    DS_ASSERT(n <= r->max_out);
     int rows = 0; /* up to the last banned row */
     if (keys)
         for (int i = 0; i < n; i++)
@@ -420,7 +432,6 @@ void ds_runner_commit(ds_runner *r, const ds_sched_plan *plan, int i, int n_emit
     r->gdn_cur[it->seq->slot] = r->state_out[row];
 }
 
-static const char *graph_off_reason(const ds_runner *r);
 static bool spec_graphs_ready(ds_runner *r);
 
 /* One draft pass (spec.h): from its step graph when state_idx ≥ 0 (then keyed by the region's
@@ -598,7 +609,15 @@ static bool spec_graphs_ready(ds_runner *r) {
 
 ds_status ds_runner_step_graphed(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
                                  int *graphed, ds_error *why, ds_error *err) {
+    return ds_runner_step_graphed_bans(r, plan, kv, NULL, NULL, NULL, graphed, why, err);
+}
+
+ds_status ds_runner_step_graphed_bans(ds_runner *r, const ds_sched_plan *plan,
+                                      const ds_kv_blocks *kv, const uint64_t *keys,
+                                      ds_runner_ban_fn fill, void *ctx, int *graphed,
+                                      ds_error *why, ds_error *err) {
     ds_backend *be = r->model->be;
+    DS_ASSERT(!keys || r->k > 0); /* decode steps ban through ds_runner_step_greedy_bans */
     int unused;
     if (!graphed) graphed = &unused;
     *graphed = 0;
@@ -636,6 +655,13 @@ ds_status ds_runner_step_graphed(ds_runner *r, const ds_sched_plan *plan, const 
         }
         if (!spec_graphs_ready(r))
             return ds_error_set(err, DS_ERR_NOMEM, "runner: out of memory for graph states");
+        /* the fused argmax reads the table from a fixed device address at every run, so a
+         * recorded graph replays with whatever table is current: no recording per table */
+        if (keys && !bans_sync(r, n * (1 + d), keys, fill, ctx)) {
+            r->device_bans = false; /* refused: too large for it (as k = 0: off from now on) */
+            if (why) ds_error_set(why, DS_ERR_UNSUPPORTED, "the backend refused the ban table");
+            return ds_runner_verify(r, plan, kv, err);
+        }
         r->batch = build_batch(r, plan, kv);
         r->n_out = 0; /* no logits rows: ds_runner_logits must not be asked for this step */
         b = r->batch;

@@ -30,6 +30,9 @@
  * rows' ban keys change (a new request in a row, a row reaching its min_tokens), so a steady
  * batch uploads it once and a graph replay reads it from the same device buffer. Off (or no
  * such backend): those items take the logits path (ds_runner_step + the host sampler).
+ * Speculative runners do the same per verification row (ds_runner_step_graphed_bans): row j of
+ * an item decides its output token n_generated + j, so only the rows below min_tokens ban; off,
+ * or a verification that is not fused, those items decide from downloaded logits.
  *
  * Later (design.md): upload only what changed. */
 #ifndef DS_RUNNER_H
@@ -46,8 +49,9 @@
  * (DS_SAMPLING_MAX_STOP_IDS); the engine checks the sum. */
 #define DS_RUNNER_MAX_BANS 136
 
-/* Writes the banned ids of plan item `item` (at most cap) to ids; returns how many. */
-typedef int (*ds_runner_ban_fn)(void *ctx, int item, int32_t *ids, int cap);
+/* Writes the banned ids of output row `row` (at most cap) to ids; returns how many. A decode
+ * step's row is its plan item; a verification's: runner.h ds_runner_step_graphed_bans. */
+typedef int (*ds_runner_ban_fn)(void *ctx, int row, int32_t *ids, int cap);
 
 typedef struct ds_runner {
     ds_model *model; /* borrowed */
@@ -102,16 +106,18 @@ typedef struct ds_runner {
     uint64_t graph_tag;       /* high bits of this runner's graph keys (| sequence count): unique
                                  per runner in the process, disjoint from small keys (bench) */
 
-    /* banned ids of greedy rows (ds_runner_step_greedy_bans; runner.c bans_sync) */
+    /* banned ids of greedy rows (ds_runner_step_greedy_bans, ds_runner_step_graphed_bans;
+     * runner.c bans_sync) */
     bool device_bans;         /* items below min_tokens may take the fused path with their ids
-                                 banned on the device (DS_OPT_DEVICE_MASKS, fused argmax, backend
-                                 set_argmax_bans); the ban_* buffers exist only then */
+                                 banned on the device (DS_OPT_DEVICE_MASKS, backend
+                                 set_argmax_bans, fused argmax: k = 0 greedy_mode 1, k > 0 graphed
+                                 verifications); the ban_* buffers exist only then */
     uint32_t bans_id;         /* this runner in the process-wide record of who set a backend's
                                  ban table last (nonzero) */
     int ban_rows;             /* rows of the table this runner uploaded last (0: empty) */
-    uint64_t *ban_keys;       /* [max_seqs] the ban key of each of those rows (0: no bans) */
-    int32_t *ban_table;       /* [max_seqs, DS_RUNNER_MAX_BANS] host staging of the table */
-    int *ban_count;           /* [max_seqs] ids of each staged row */
+    uint64_t *ban_keys;       /* [max_out] the ban key of each of those rows (0: no bans) */
+    int32_t *ban_table;       /* [max_out, DS_RUNNER_MAX_BANS] host staging of the table */
+    int *ban_count;           /* [max_out] ids of each staged row */
     uint64_t ban_uploads;     /* set_argmax_bans calls (a steady batch uploads once) */
 } ds_runner;
 
@@ -137,7 +143,8 @@ static inline bool ds_runner_greedy_ready(const ds_runner *r) { return r->greedy
  * token of each item, in plan order (valid until the next step). No logits are produced. */
 ds_status ds_runner_step_greedy(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
                                 const int32_t **ids, ds_error *err);
-/* True when ds_runner_step_greedy_bans may get banned rows (see the top of this file). */
+/* True when ds_runner_step_greedy_bans (k = 0) or ds_runner_step_graphed_bans (k > 0) may get
+ * banned rows (see the top of this file). */
 static inline bool ds_runner_device_bans(const ds_runner *r) { return r->device_bans; }
 /* ds_runner_step_greedy where item i never gets the ids fill(ctx, i, ...) lists when
  * keys[i] != 0. A key names one ban list for as long as it is used (the engine: the request's
@@ -190,13 +197,31 @@ ds_status ds_runner_draft(ds_runner *r, const ds_sched_plan *plan, const ds_kv_b
  *    ds_runner_step_greedy_bans);
  *  - k > 0: a verification (ds_runner_verify's results: r->ids, r->row0, then ds_runner_draft)
  *    whose items each feed one known token + the same n_draft = d drafts and decide from the
- *    argmax ids only (the caller checks that: greedy, no penalties / logprobs / pending
- *    min_tokens); the lm_head + argmax fused over all n · (1 + d) rows, no logits
- *    (ds_runner_logits must not be called for the step); graph per (n, d), state
- *    r->graph_state[n · (k + 1) + d] of (max_seqs + 1) · (k + 1) (allocated at the first call),
- *    keys tagged "SRVS". Other plans, or no graphs: ds_runner_verify (*graphed 0).
+ *    argmax ids only (the caller checks that: greedy, no penalties / logprobs, min_tokens
+ *    reached, or its rows below it banned through ds_runner_step_graphed_bans); the lm_head +
+ *    argmax fused over all n · (1 + d) rows, no logits (ds_runner_logits must not be called for
+ *    the step); graph per (n, d), state r->graph_state[n · (k + 1) + d] of
+ *    (max_seqs + 1) · (k + 1) (allocated at the first call), keys tagged "SRVS". Other plans, or
+ *    no graphs: ds_runner_verify (*graphed 0). So *graphed != 0 exactly when the step was fused:
+ *    its ids come from the fused argmax (with the backend's ban table as it is: the warmup's
+ *    steps leave it alone), and no logits exist.
  * plan NULL runs nothing: *graphed 0 with *why set when r graphs no steps at all. */
 ds_status ds_runner_step_graphed(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
                                  int *graphed, ds_error *why, ds_error *err);
+/* ds_runner_step_graphed of a verification (k > 0) whose fused argmax never gives output row
+ * `row` the ids fill(ctx, row, ...) lists when keys[row] != 0. Item i's rows follow those of the
+ * items before it, 1 + n_draft each (so they start at r->row0[i] after the step, and are the
+ * fused argmax's rows); its row j decides its output token n_generated + j. Keys and fill as
+ * ds_runner_step_greedy_bans: fill is called only when the rows' keys changed; the table is
+ * uploaded before the step and read by every run or replay of its graph. Nonzero keys need
+ * ds_runner_device_bans. When the step is not fused (*graphed 0: ds_runner_verify) nothing was
+ * banned: its rows below min_tokens must decide from logits. That also happens when the
+ * backend refused the table (device_bans is off from then on). The draft passes after the step
+ * read the same table (one per backend): a draft pass's row p bans what the verification's row p
+ * does, which may change drafts but never the tokens (the verification decides those). */
+ds_status ds_runner_step_graphed_bans(ds_runner *r, const ds_sched_plan *plan,
+                                      const ds_kv_blocks *kv, const uint64_t *keys,
+                                      ds_runner_ban_fn fill, void *ctx, int *graphed,
+                                      ds_error *why, ds_error *err);
 
 #endif

@@ -70,6 +70,15 @@ int ds_spec_min_tokens_bans(const ds_sampler *s, int32_t *ids, int cap) {
     return n;
 }
 
+/* True when token is one of the ids ds_spec_min_tokens_bans lists. */
+static bool min_tokens_banned(const ds_sampler *s, int token) {
+    for (int i = 0; i < s->n_eos; i++)
+        if (s->eos_ids[i] == token) return true;
+    for (int i = 0; i < s->params.n_stop_token_ids; i++)
+        if (s->params.stop_token_ids[i] == token) return true;
+    return false;
+}
+
 static void plain_result(ds_sample_result *r, int token) {
     memset(r, 0, sizeof *r);
     r->token = token;
@@ -128,6 +137,13 @@ ds_status ds_spec_verify(ds_sampler *s, int n_generated, const int32_t *drafts, 
             tok = accepted ? d : draw_residual(row, vocab, d, ds_rng_uniform(&s->rng));
             plain_result(&res[i], tok);
         }
+        /* the sampler masks these ids below min_tokens; target ids come from an argmax that
+         * banned them on the device, which falls back to the plain argmax when every other id
+         * is NaN: such a row fails here as the sampler fails a row without a finite logit */
+        if (gen < s->params.min_tokens && min_tokens_banned(s, tok))
+            return ds_error_set(err, DS_ERR_INTERNAL,
+                                "speculative verification: output token %d is the banned id %d "
+                                "(min_tokens %d)", gen, tok, s->params.min_tokens);
         if ((st = ds_sampler_accept(s, tok, err)) != DS_OK) return st;
         tokens[i] = tok;
         out->n_emitted = i + 1;

@@ -77,9 +77,12 @@ typedef struct ds_spec_result {
 
 /* Decides the tokens of one verification (step 2 above) for a request that has emitted
  * n_generated tokens, and records each in the sampler (ds_sampler_accept). drafts [n_draft];
- * target_ids [n_draft + 1] the target's argmax per row (only when ds_spec_argmax_suffices), or
- * NULL: then logits [n_draft + 1, vocab] host F32 rows (clobbered). Stops early at a finish
- * (EOS / stop id / max_tokens). tokens / res receive up to n_draft + 1 entries. */
+ * target_ids [n_draft + 1] the target's argmax per row (only when ds_spec_argmax_suffices, or
+ * ds_spec_argmax_banned_suffices with the ids of ds_spec_min_tokens_bans excluded from the
+ * argmax of every row j with n_generated + j < min_tokens), or NULL: then logits
+ * [n_draft + 1, vocab] host F32 rows (clobbered). Stops early at a finish (EOS / stop id /
+ * max_tokens). tokens / res receive up to n_draft + 1 entries. Fails (DS_ERR_INTERNAL) rather
+ * than emit one of those ids below min_tokens, whatever decided it. */
 ds_status ds_spec_verify(ds_sampler *s, int n_generated, const int32_t *drafts, int n_draft,
                          const int32_t *target_ids, float *logits, int vocab, int32_t *tokens,
                          ds_sample_result *res, ds_spec_result *out, ds_error *err);
