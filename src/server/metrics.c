@@ -190,7 +190,19 @@ void ds_metrics_render(ds_metrics *m, const ds_engine_stats *st, const char *mod
           "stderr lists those of the warmup, with the reason).",
           st->graph_shapes_eager);
 
-    if (st->num_speculative_tokens > 0) spec_counters(out, L, st);
+    counter(out, L, "greedy_steps_total",
+            "Decode steps on the greedy ids-only path (fused lm_head + argmax, no logits).",
+            st->greedy_steps);
+    counter(out, L, "ban_uploads_total",
+            "Banned-id tables (EOS / stop ids below min_tokens) sent to the device.",
+            st->ban_uploads);
+    if (st->num_speculative_tokens > 0) {
+        spec_counters(out, L, st);
+        counter(out, L, "spec_fused_verifications_total",
+                "Verification steps decided on the device by the fused lm_head + argmax (no "
+                "logits; rows below min_tokens with their ids banned).",
+                st->spec_fused_steps);
+    }
 
     pthread_mutex_lock(&m->mu);
     static const char *const reasons[DS_METRICS_FINISH_COUNT] = {"stop", "length", "abort"};

@@ -3,7 +3,11 @@
 # start-up graph warmup): serves the trained demo model (it has an MTP head) with
 # --num-speculative-tokens 0 and then 2, sends the same greedy completions to both, and checks
 # that the texts are identical; prints each server's start-up graph report, the acceptance and
-# graph gauges from /metrics. Needs BIN (the directory holding deltaserve and lib/) and OUT.
+# graph gauges from /metrics. One request has min_tokens 8 on a prompt after which the demo
+# model wants EOS at once: both servers must emit at least 8 tokens, the same ones, and with
+# k = 2 its verifications must run fused with the EOS banned on the device
+# (deltaserve:spec_fused_verifications_total and ban_uploads_total above 0; checked on CUDA, whose
+# step graphs make verifications fused — DS_SSC_DEVICE=cpu runs the rest on the CPU backend). Needs BIN (the directory holding deltaserve and lib/) and OUT.
 #   BIN=/tmp/ds-gpu OUT=/tmp/out bash tools/gpu/serve_spec_check.sh
 set -uo pipefail
 BIN=${BIN:?} OUT=${OUT:?}
@@ -17,7 +21,7 @@ for k in 0 2; do
     timeout 120 "$BIN/deltaserve" serve -m models/qwen35-demo --device "${DS_SSC_DEVICE:-cuda}" --port "$port" \
         --max-num-seqs 4 --max-model-len 1024 --num-speculative-tokens "$k" >"$work/server$k.log" 2>&1 &
     pid=$!
-    python3 - "$port" "$work/out$k.json" <<'EOF' >>"$log" 2>&1 || rc=1
+    python3 - "$port" "$work/out$k.json" "${DS_SSC_DEVICE:-cuda}" <<'EOF' >>"$log" 2>&1 || rc=1
 import json, sys, time, urllib.request
 port, path = sys.argv[1], sys.argv[2]
 base = f"http://127.0.0.1:{port}"
@@ -30,14 +34,33 @@ for _ in range(300):
 model = json.loads(urllib.request.urlopen(base + "/v1/models", timeout=5).read())["data"][0]["id"]
 prompts = ["In the beginning God created", "And the LORD said unto Moses,", "Blessed is the man"]
 outs = []
-for p in prompts:
-    body = json.dumps({"model": model, "prompt": p, "max_tokens": 64, "temperature": 0}).encode()
+def complete(p, **extra):
+    body = json.dumps({"model": model, "prompt": p, "max_tokens": 64, "temperature": 0, **extra}).encode()
     req = urllib.request.Request(base + "/v1/completions", body, {"Content-Type": "application/json"})
-    outs.append(json.loads(urllib.request.urlopen(req, timeout=60).read())["choices"][0]["text"])
+    return json.loads(urllib.request.urlopen(req, timeout=60).read())
+for p in prompts:
+    outs.append(complete(p)["choices"][0]["text"])
+# min_tokens: the demo model ends this verse with EOS right away
+r = complete("The grace of our Lord Jesus Christ be with you all. Amen.", max_tokens=24, min_tokens=8)
+n = r["usage"]["completion_tokens"]
+print(f"  k={port[-1]} min_tokens 8: {n} tokens, finish_reason {r['choices'][0]['finish_reason']}")
+if n < 8:
+    print(f"  k={port[-1]} min_tokens FAILED: only {n} tokens")
+    sys.exit(1)
+outs.append(r["choices"][0]["text"])
 metrics = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+vals = {}
 for line in metrics.splitlines():
-    if any(w in line for w in ("graph_shapes", "spec_decode", "acceptance")) and not line.startswith("#"):
+    if line.startswith("#"):
+        continue
+    if any(w in line for w in ("graph_shapes", "spec_decode", "acceptance", "ban_uploads", "greedy_steps", "fused_verif")):
         print(f"  k={port[-1]} {line}")
+    name = line.split("{")[0].split(" ")[0]
+    vals[name] = float(line.rsplit(" ", 1)[1])
+if port.endswith("2") and sys.argv[3] == "cuda" and not (vals.get("deltaserve:spec_fused_verifications_total", 0) > 0
+                               and vals.get("deltaserve:ban_uploads_total", 0) > 0):
+    print("  k=2 FAILED: no fused verification with bans")
+    sys.exit(1)
 json.dump(outs, open(path, "w"))
 EOF
     kill "$pid" 2>/dev/null
@@ -45,7 +68,7 @@ EOF
     grep -E "step graphs|warmup" "$work/server$k.log" | sed "s/^/  k=$k server: /" >>"$log"
 done
 if [ -s "$work/out0.json" ] && cmp -s "$work/out0.json" "$work/out2.json"; then
-    echo "serve spec check: greedy texts with k = 2 identical to k = 0 (3 prompts x 64 tokens)" >>"$log"
+    echo "serve spec check: greedy texts with k = 2 identical to k = 0 (3 prompts x 64 tokens, 1 with min_tokens 8)" >>"$log"
 else
     echo "serve spec check: FAILED (texts differ or a server did not answer)" >>"$log"
     tail -20 "$work/server2.log" >>"$log"
