@@ -15,7 +15,7 @@
 typedef struct result {
     char content[4096], reasoning[4096];
     int n_calls;
-    char name[MAXC][64], id[MAXC][64], args[MAXC][1024];
+    char name[MAXC][260], id[MAXC][64], args[MAXC][1024];
     bool ended[MAXC], truncated[MAXC];
 } result;
 
@@ -36,7 +36,7 @@ static void apply(result *r, const ds_tc_event *ev, size_t n) {
         case DS_TC_CALL_BEGIN:
             assert_int_equal(e->index, r->n_calls);
             assert_true(r->n_calls < MAXC);
-            snprintf(r->name[e->index], 64, "%s", e->name);
+            snprintf(r->name[e->index], sizeof r->name[0], "%s", e->name);
             snprintf(r->id[e->index], 64, "%s", e->id);
             r->n_calls++;
             break;
@@ -279,6 +279,30 @@ static void test_malformed(void **state) {
     assert_string_equal(r.content, "a < b and <tool_c");
 }
 
+/* Names at the length limit (256 bytes): a function or parameter name of 256 is taken, one of
+ * 257 is malformed (function: the block is content; parameter: the tag is skipped), the same
+ * in every chunking (the streaming parser once took 257 bytes when they came in one chunk and
+ * 256 when they came one by one: found by fuzz_template). */
+static void test_name_length_limit(void **state) {
+    (void)state;
+    static char text[2048], name[300];
+    result r;
+    for (int len = 255; len <= 257; len++) {
+        memset(name, 'a', (size_t)len);
+        name[len] = 0;
+        snprintf(text, sizeof text, "<tool_call>\n<function=%s>\n</function>\n</tool_call>", name);
+        parse_all_ways(text, true, false, &r);
+        assert_int_equal(r.n_calls, len <= 256 ? 1 : 0);
+        assert_string_equal(r.content, len <= 256 ? "" : text);
+        snprintf(text, sizeof text,
+                 "<tool_call>\n<function=f>\n<parameter=%s>\n1\n</parameter>\n</function>\n</tool_call>",
+                 name);
+        parse_all_ways(text, true, false, &r);
+        assert_int_equal(r.n_calls, 1);
+        assert_int_equal(strstr(r.args[0], name) != NULL, len <= 256);
+    }
+}
+
 static void test_truncated(void **state) {
     (void)state;
     result r;
@@ -447,7 +471,7 @@ int main(void) {
         cmocka_unit_test(test_think_rule),       cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_truncated),        cmocka_unit_test(test_whitespace_rules),
         cmocka_unit_test(test_prefill),          cmocka_unit_test(test_random_ids),
-        cmocka_unit_test(test_request_helpers),
+        cmocka_unit_test(test_request_helpers), cmocka_unit_test(test_name_length_limit),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -513,7 +513,7 @@ static size_t step(ds_tool_parser *p, const char *s, size_t n, bool final) {
     }
     case P_FUNC_NAME: {
         size_t i = 0;
-        while (i < n && s[i] != '>' && s[i] != '<' && s[i] != '\n' && p->fname.n + i <= MAX_NAME) i++;
+        while (i < n && s[i] != '>' && s[i] != '<' && s[i] != '\n' && p->fname.n + i < MAX_NAME) i++;
         tc_put(&p->raw, s, i);
         tc_put(&p->fname, s, i);
         if (i < n && s[i] == '>' && p->fname.n > 0) {
@@ -570,7 +570,7 @@ static size_t step(ds_tool_parser *p, const char *s, size_t n, bool final) {
     }
     case P_PARAM_NAME: {
         size_t i = 0;
-        while (i < n && s[i] != '>' && s[i] != '<' && s[i] != '\n' && p->pname.n + i <= MAX_NAME) i++;
+        while (i < n && s[i] != '>' && s[i] != '<' && s[i] != '\n' && p->pname.n + i < MAX_NAME) i++;
         tc_put(&p->pname, s, i);
         if (i < n && s[i] == '>' && p->pname.n > 0) {
             tc_clear(&p->raw); /* raw holds the value from here */
