@@ -227,7 +227,7 @@ static bool run_step_greedy(ds_engine *e, const ds_sched_plan *plan) {
         res.token = ids[i];
         /* a banned id here means the device argmax fell back (no finite logit left) */
         if (ids[i] < 0 || ids[i] >= e->vocab ||
-            ds_spec_banned_now(&r->sampler, r->n_generated, ids[i]) ||
+            ds_sampler_min_tokens_banned(&r->sampler, ids[i], r->n_generated) ||
             ds_sampler_accept(&r->sampler, res.token, &err) != DS_OK) {
             end_request(e, r, DS_FINISH_NONE, -1);
             continue;

@@ -70,15 +70,6 @@ int ds_spec_min_tokens_bans(const ds_sampler *s, int32_t *ids, int cap) {
     return n;
 }
 
-bool ds_spec_banned_now(const ds_sampler *s, int n_generated, int token) {
-    if (n_generated >= s->params.min_tokens) return false;
-    for (int i = 0; i < s->n_eos; i++)
-        if (s->eos_ids[i] == token) return true;
-    for (int i = 0; i < s->params.n_stop_token_ids; i++)
-        if (s->params.stop_token_ids[i] == token) return true;
-    return false;
-}
-
 static void plain_result(ds_sample_result *r, int token) {
     memset(r, 0, sizeof *r);
     r->token = token;
@@ -140,7 +131,7 @@ ds_status ds_spec_verify(ds_sampler *s, int n_generated, const int32_t *drafts, 
         /* the sampler masks these ids below min_tokens; target ids come from an argmax that
          * banned them on the device, which falls back to the plain argmax when every other id
          * is NaN: such a row fails here as the sampler fails a row without a finite logit */
-        if (ds_spec_banned_now(s, gen, tok))
+        if (ds_sampler_min_tokens_banned(s, tok, gen))
             return ds_error_set(err, DS_ERR_INTERNAL,
                                 "speculative verification: output token %d is the banned id %d "
                                 "(min_tokens %d)", gen, tok, s->params.min_tokens);

@@ -67,10 +67,6 @@ bool ds_spec_argmax_banned_suffices(const ds_sampler *s);
 /* The ids the sampler bans while a request is below its min_tokens (ds_sampler_apply_min_tokens:
  * its EOS ids, then its stop_token_ids), at most cap of them into ids; returns how many. */
 int ds_spec_min_tokens_bans(const ds_sampler *s, int32_t *ids, int cap);
-/* True when token, as output token number n_generated, is one of those ids while n_generated is
- * below min_tokens: a device argmax that should have banned it fell back (every other logit NaN);
- * the request must fail as the host sampler fails such a row. */
-bool ds_spec_banned_now(const ds_sampler *s, int n_generated, int token);
 
 typedef struct ds_spec_result {
     int n_emitted;           /* tokens emitted (≥ 1): accepted drafts, then correction/bonus */

@@ -133,6 +133,11 @@ void ds_sampler_apply_min_tokens(const ds_sampler *s, float *logits, int n_gener
         logits[s->params.stop_token_ids[i]] = -INFINITY;
 }
 
+bool ds_sampler_min_tokens_banned(const ds_sampler *s, int token, int n_generated) {
+    return n_generated < s->params.min_tokens &&
+           (ds_sampler_is_eos(s, token) || is_stop_id(s, token));
+}
+
 /* NaN → -inf and -0 → +0 in place (equal logits then have equal radix keys); returns the max
  * and the number of entries > -inf. Blocks of 16 with a constant inner trip count so GCC -O2
  * vectorises it. */

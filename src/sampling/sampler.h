@@ -102,6 +102,9 @@ ds_status ds_sampler_probs(ds_sampler *s, float *logits, int n_generated, ds_err
  * and for tests. Both are in place on logits [vocab]. */
 void ds_sampler_apply_penalties(const ds_sampler *s, float *logits);
 void ds_sampler_apply_min_tokens(const ds_sampler *s, float *logits, int n_generated);
+/* Whether ds_sampler_apply_min_tokens masks token at n_generated (an EOS or stop_token_id while
+ * n_generated < min_tokens): for ids decided elsewhere (a device argmax with banned ids). */
+bool ds_sampler_min_tokens_banned(const ds_sampler *s, int token, int n_generated);
 
 /* After token `token` was appended and n_generated counts it: DS_FINISH_STOP for an EOS id
  * (unless ignore_eos) or a stop_token_id (*stop_token = that id, else -1) once
