@@ -44,7 +44,7 @@ for b in test_cuda_ops test_cuda_model deltaserve; do
 done
 rc_all=0
 # which parts run (DS_GPU_PARTS, space-separated; default all): ops model bench ablation profile
-# profile_spec ncu serve_bench spec_checks
+# profile_spec ncu ncu_detail serve_bench spec_checks
 PARTS=" ${DS_GPU_PARTS:-ops model bench ablation profile profile_spec ncu serve_bench spec_checks} " # also: spec_test
 want() { [[ "$PARTS" == *" $1 "* ]]; }
 ALL_OFF="DS_OPT_MOE_FAST_ROUTE=0 DS_OPT_MOE_ROUTE_FUSED=0 DS_OPT_TC_GEMV=0 DS_OPT_SHARED_EXPERT=0 DS_OPT_PDL=0 DS_OPT_PREFETCH=0 DS_OPT_FUSED_ARGMAX=0 DS_OPT_FUSED_NORM=0 DS_OPT_MOE_GEMM=0 DS_OPT_GDN_PREFILL=0 DS_OPT_DEVICE_MASKS=0 DS_OPT_SPEC_GRAPHS=0"
@@ -154,6 +154,22 @@ if want ncu && command -v ncu > /dev/null && [ "$t" -ge 60 ]; then
     done
 else
     log "ncu skipped"
+fi
+
+# ncu_detail: ncu's memory, warp-stall and occupancy sections for the kernels whose names match
+# DS_GPU_NCU_KERNEL (regex, default the expert GEMVs) in one eager decode step at batch
+# DS_GPU_NCU_BATCH (default 8), with the environment DS_GPU_NCU_ENV (e.g. a knob) → ncu_detail.txt
+t=$(left); [ "$t" -gt 150 ] && t=150
+if want ncu_detail && command -v ncu > /dev/null && [ "$t" -ge 60 ]; then
+    log "ncu detail (${DS_GPU_NCU_KERNEL:-moe_expert_kernel}, batch ${DS_GPU_NCU_BATCH:-8}, ${DS_GPU_NCU_ENV:-}, timeout $t s)"
+    # shellcheck disable=SC2086
+    DS_CUDA_PROFILER_STEP=4 timeout "$t" env ${DS_GPU_NCU_ENV:-} ncu --clock-control none --cache-control none \
+        --profile-from-start off -k "regex:${DS_GPU_NCU_KERNEL:-moe_expert_kernel}" --launch-count 4 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+        --section Occupancy --section LaunchStats --section SchedulerStats \
+        "${DSENV[@]}" "$BIN/deltaserve" bench -m configs/qwen3.5-35b-a3b --dummy-weights --device cuda \
+        --prompt-len 16 --steps 8 --warmup 2 --batch "${DS_GPU_NCU_BATCH:-8}" --graphs 0 > "$OUT/ncu_detail.txt" 2>&1
+    log "ncu detail rc=$?"
 fi
 
 # ---- 5. serving and speculative decoding on the GPU (scripts of their own, if present) ------------

@@ -195,6 +195,7 @@ static void cu_destroy(ds_backend *be) {
         cudaFree(c->d_lt_ws);
         cudaFree(c->d_splitk_ws);
         cudaFree(c->d_splitk_cnt);
+        cudaFree(c->d_moe_sync);
         cudaFree(c->d_meta);
         cudaFree(c->d_ids);
         cudaFree(c->d_tokbuf);
@@ -522,6 +523,12 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->route_batched = !(rb && atoi(rb) == 0);
         const char *one = getenv("DS_CUDA_TC_ONE_SEQ");
         c->tc_one_seq = one && atoi(one) == 1;
+        const char *chain = getenv("DS_CUDA_MOE_CHAIN");
+        c->moe_chain = chain ? atoi(chain) != 0 : 0;
+        const char *early = getenv("DS_CUDA_GDN_EARLY");
+        c->gdn_early = early ? atoi(early) != 0 : 0;
+        const char *tune = getenv("DS_CUDA_LT_TUNE");
+        c->lt_tune = tune ? atoi(tune) : 0;
         const char *cols = getenv("DS_CUDA_GDN_SCAN_COLS");
         c->gdn_scan_cols = cols && atoi(cols) == 4 ? 4 : 2;
         c->opt.moe_fast_route = ds_env_switch("DS_OPT_MOE_FAST_ROUTE", true);
@@ -552,6 +559,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
     CREATE_CHECK(cudaMalloc((void **)&c->d_splitk_ws, sizeof(float) * DS_CUDA_SPLITK_WS_FLOATS));
     CREATE_CHECK(cudaMalloc((void **)&c->d_splitk_cnt, sizeof(int) * DS_CUDA_SPLITK_COUNTERS));
     CREATE_CHECK(cudaMemset(c->d_splitk_cnt, 0, sizeof(int) * DS_CUDA_SPLITK_COUNTERS));
+    CREATE_CHECK(cudaMalloc((void **)&c->d_moe_sync, sizeof(int) * 2 * DS_CUDA_MOE_SYNC));
+    CREATE_CHECK(cudaMemset(c->d_moe_sync, 0, sizeof(int) * 2 * DS_CUDA_MOE_SYNC));
     CREATE_CHECK(cudaMalloc(&c->d_lt_ws, DS_CUDA_LT_WS_BYTES));
     CREATE_CHECK(cudaMalloc((void **)&c->d_ids, sizeof(int32_t) * DS_CUDA_MAX_TOKENS));
     CREATE_CHECK(cudaHostAlloc((void **)&c->h_ids, sizeof(int32_t) * DS_CUDA_MAX_TOKENS,

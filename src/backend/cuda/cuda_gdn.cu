@@ -24,8 +24,16 @@
 #define GDN_KC 4  /* conv kernel (all Qwen3.5 configs) */
 #define GDN_SEG 4 /* row segments of the state: block = GDN_SEG·dv threads */
 
+/* early (ctx->gdn_early, DS_CUDA_GDN_EARLY): the block reads its state, conv history and conv
+ * weights before its dependency wait, while the input projection that precedes it still runs.
+ * This widens cuda_launch.cuh's contract, soundly: under PDL this kernel starts only once every
+ * kernel before its predecessor has completed, and the state and conv history of a (slot,
+ * layer) are written only by this layer's GDN kernels (of earlier steps: done long before), by
+ * cache_reset_slot's memsets (ordered before the step's first kernel) and never by the input
+ * projection; the slot ids and snapshot slots come from the batch upload, also ordered before
+ * the step's first kernel. */
 template <int DK, int DV>
-__global__ void __launch_bounds__(GDN_SEG * DV) gdn_kernel(ds_cuda_batch b, ds_cuda_gdn_args a) {
+__global__ void __launch_bounds__(GDN_SEG * DV) gdn_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, int early) {
     constexpr int KC = GDN_KC;
     constexpr int SEG = GDN_SEG;
     constexpr int NT = SEG * DV;      /* threads */
@@ -39,7 +47,7 @@ __global__ void __launch_bounds__(GDN_SEG * DV) gdn_kernel(ds_cuda_batch b, ds_c
     __shared__ float qred[NW], kred[NW]; /* q/k sums of squares per warp */
     __shared__ float ored[NW];           /* o² per warp (separate arrays: no reuse race) */
 
-    pdl_enter(); /* cuda_launch.cuh: before any access */
+    if (!early) pdl_enter(); /* cuda_launch.cuh: before any access */
 
     const int h = blockIdx.x, s = blockIdx.y;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -50,7 +58,6 @@ __global__ void __launch_bounds__(GDN_SEG * DV) gdn_kernel(ds_cuda_batch b, ds_c
     const int64_t ldp = conv_dim + (int64_t)hv * DV + 2 * hv;
     const int slot = b.seq_slot[s];
     const int ts = b.seq_start[s], te = b.seq_start[s + 1];
-    if (ts >= te) return;
 
     float *S = a.state + (int64_t)slot * a.state_slot_stride + (int64_t)h * DK * DV;
     float *CH = a.conv_hist + (int64_t)slot * a.conv_slot_stride + (int64_t)h * NCH * (KC - 1);
@@ -67,16 +74,19 @@ __global__ void __launch_bounds__(GDN_SEG * DV) gdn_kernel(ds_cuda_batch b, ds_c
     else if (c < 2 * DK) gc = (int64_t)hk * DK + (int64_t)kh * DK + (c - DK);
     else if (c < NCH) gc = 2 * (int64_t)hk * DK + (int64_t)h * DV + (c - 2 * DK);
     float cw[KC], hist[KC - 1];
-    if (c < NCH) {
-#pragma unroll
-        for (int i = 0; i < KC; i++) cw[i] = a.conv_w[gc * KC + i];
-#pragma unroll
-        for (int i = 0; i < KC - 1; i++) hist[i] = CH[c * (KC - 1) + i];
-    }
-
     float st[RPS];
+    if (ts < te) {
+        if (c < NCH) {
 #pragma unroll
-    for (int ii = 0; ii < RPS; ii++) st[ii] = S[(int64_t)(seg * RPS + ii) * DV + j];
+            for (int i = 0; i < KC; i++) cw[i] = a.conv_w[gc * KC + i];
+#pragma unroll
+            for (int i = 0; i < KC - 1; i++) hist[i] = CH[c * (KC - 1) + i];
+        }
+#pragma unroll
+        for (int ii = 0; ii < RPS; ii++) st[ii] = S[(int64_t)(seg * RPS + ii) * DV + j];
+    }
+    if (early) pdl_enter();
+    if (ts >= te) return;
 
     const float qscale0 = rsqrtf((float)DK);
     /* This thread's inputs of token t (its conv channel; the gate pair; its z), loaded one
@@ -207,10 +217,10 @@ extern "C" void ds_cuda_gdn(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a) {
     const dim3 grid(a->hv, ctx->batch.n_seqs);
     const int shape = (a->dk == a->dv && a->kernel == GDN_KC && a->hk > 0 && a->hv % a->hk == 0) ? a->dk : 0;
     switch (shape) {
-    case 16: ds_launch(ctx, gdn_kernel<16, 16>, grid, GDN_SEG * 16, 0, ctx->batch, *a); break;
-    case 32: ds_launch(ctx, gdn_kernel<32, 32>, grid, GDN_SEG * 32, 0, ctx->batch, *a); break;
-    case 64: ds_launch(ctx, gdn_kernel<64, 64>, grid, GDN_SEG * 64, 0, ctx->batch, *a); break;
-    case 128: ds_launch(ctx, gdn_kernel<128, 128>, grid, GDN_SEG * 128, 0, ctx->batch, *a); break;
+    case 16: ds_launch(ctx, gdn_kernel<16, 16>, grid, GDN_SEG * 16, 0, ctx->batch, *a, ctx->gdn_early); break;
+    case 32: ds_launch(ctx, gdn_kernel<32, 32>, grid, GDN_SEG * 32, 0, ctx->batch, *a, ctx->gdn_early); break;
+    case 64: ds_launch(ctx, gdn_kernel<64, 64>, grid, GDN_SEG * 64, 0, ctx->batch, *a, ctx->gdn_early); break;
+    case 128: ds_launch(ctx, gdn_kernel<128, 128>, grid, GDN_SEG * 128, 0, ctx->batch, *a, ctx->gdn_early); break;
     default:
         ds_cuda_check(ctx, cudaErrorInvalidValue,
                       "gdn: built for dk = dv in {16, 32, 64, 128} and conv kernel 4", __FILE__,

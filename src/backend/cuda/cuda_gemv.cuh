@@ -20,17 +20,32 @@ struct XRows {
     }
 };
 
-/* x source: SiLU(g) ⊙ u computed on the fly from gate_up rows [2I] (g at k, u at I + k). */
-template <int R>
+/* x source: SiLU(g) ⊙ u computed on the fly from gate_up rows [2I] (g at k, u at I + k).
+ * L2: the rows were written by other blocks of the same launch (cuda_moe.cu's chained launch),
+ * so they are read through L2 (ld.global.cg), never the non-coherent path. */
+template <int R, bool L2 = false>
 struct XSiluMul {
     const bf16 *base[R];
     int64_t I;
     __device__ __forceinline__ void load(int r, int64_t k, float f[8]) const {
         float g[8], u[8];
-        unpack8(ld_cached16(base[r] + k), g);
-        unpack8(ld_cached16(base[r] + I + k), u);
+        if (L2) {
+            unpack8(__ldcg(reinterpret_cast<const uint4 *>(base[r] + k)), g);
+            unpack8(__ldcg(reinterpret_cast<const uint4 *>(base[r] + I + k)), u);
+        } else {
+            unpack8(ld_cached16(base[r] + k), g);
+            unpack8(ld_cached16(base[r] + I + k), u);
+        }
 #pragma unroll
         for (int i = 0; i < 8; i++) f[i] = silu_f(g[i]) * u[i];
+    }
+};
+
+/* x source: one row in shared memory (bf16, 16-byte aligned). */
+struct XShared {
+    const bf16 *base;
+    __device__ __forceinline__ void load(int, int64_t k, float f[8]) const {
+        unpack8(*reinterpret_cast<const uint4 *>(base + k), f);
     }
 };
 

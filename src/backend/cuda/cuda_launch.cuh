@@ -11,7 +11,9 @@
  *
  * The contract every kernel launched through ds_launch keeps:
  *   1. before pdl_enter(): only reads of weights (never written by a step) — in practice only
- *      L2 prefetches of them — and no early return;
+ *      L2 prefetches of them — and no early return; one documented exception, the GDN decode
+ *      kernel's state (cuda_gdn.cu, DS_CUDA_GDN_EARLY: data no kernel of the current step has
+ *      written before it);
  *   2. pdl_enter() (wait for the predecessor grid to complete and flush, then allow the successor
  *      to launch) before any other memory access and before any early return.
  * Because every block of every kernel waits, kernel N complete implies kernels < N complete, so
