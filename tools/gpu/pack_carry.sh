@@ -11,15 +11,20 @@
 #
 #   tools/gpu/pack_carry.sh [BUILD_DIR]   (default build-cuda; configured -DDS_CUDA=ON
 #                                          -DDS_NATIVE=OFF so the host code runs on the GPU
-#                                          machine's CPU; builds the three targets first)
+#                                          machine's CPU, -DDS_CUDA_ARCHS=90a-real; builds the
+#                                          targets first)
 set -euo pipefail
 BUILD=${1:-build-cuda}
 cd "$(dirname "$0")/../.."
 if [ ! -f "$BUILD/CMakeCache.txt" ]; then
-    cmake -S . -B "$BUILD" -DDS_CUDA=ON -DDS_NATIVE=OFF
+    cmake -S . -B "$BUILD" -DDS_CUDA=ON -DDS_NATIVE=OFF -DDS_CUDA_ARCHS=90a-real
 fi
 grep -q '^DS_NATIVE:BOOL=OFF' "$BUILD/CMakeCache.txt" || { echo "$BUILD: configure with -DDS_NATIVE=OFF" >&2; exit 1; }
 grep -q '^DS_CUDA:STRING=ON' "$BUILD/CMakeCache.txt" || { echo "$BUILD: configure with -DDS_CUDA=ON" >&2; exit 1; }
+# the H200's sm_90a code only (the default build also has sm_90 code and PTX: three copies of
+# every kernel, which no longer fit the 64 MiB the device tool carries)
+grep -q '^DS_CUDA_ARCHS:STRING=90a-real' "$BUILD/CMakeCache.txt" ||
+    { echo "$BUILD: configure with -DDS_CUDA_ARCHS=90a-real" >&2; exit 1; }
 # test_cuda_spec (MTP on CUDA) travels when the tree has it
 BINS="test_cuda_ops test_cuda_model deltaserve"
 [ -f tests/test_cuda_spec.c ] && [ -z "${DS_PACK_NO_SPEC:-}" ] && BINS="$BINS test_cuda_spec"

@@ -529,6 +529,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->gdn_early = early ? atoi(early) != 0 : 0;
         const char *tune = getenv("DS_CUDA_LT_TUNE");
         c->lt_tune = tune ? atoi(tune) : 0;
+        const char *preload = getenv("DS_CUDA_GEMV_PRELOAD");
+        c->gemv_preload = preload ? atoi(preload) != 0 : 0;
         const char *cols = getenv("DS_CUDA_GDN_SCAN_COLS");
         c->gdn_scan_cols = cols && atoi(cols) == 4 ? 4 : 2;
         c->opt.moe_fast_route = ds_env_switch("DS_OPT_MOE_FAST_ROUTE", true);

@@ -18,7 +18,7 @@ template <int R, int ROWS, int UNROLL, typename OutT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_kernel(const bf16 *__restrict__ W, int64_t N, int64_t K, const bf16 *__restrict__ x,
                 int64_t ldx, OutT *__restrict__ out, int64_t ldo, int64_t k_per_split,
-                float *__restrict__ ws, int *__restrict__ counters, int pf_bytes) {
+                float *__restrict__ ws, int *__restrict__ counters, int pf_bytes, int preload) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t n0 = ((int64_t)blockIdx.x * GEMV_WARPS + warp) * ROWS;
     const int64_t k0 = (int64_t)blockIdx.y * k_per_split;
@@ -27,6 +27,17 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     if (pf_bytes > 0 && lane < ROWS && n0 + lane < N) {
         const int64_t span = (k1 - k0) * 2; /* the last split may be shorter */
         prefetch_l2(W + (n0 + lane) * K + k0, (uint32_t)(pf_bytes < span ? pf_bytes : span));
+    }
+    /* preload (ctx->gemv_preload, DS_CUDA_GEMV_PRELOAD): the warp's first batch of weights is
+     * loaded into registers before the wait, so a block that is resident while its predecessor
+     * finishes (after a small kernel: a norm, the GDN, a combine) has its first DRAM round trip
+     * behind it when the input becomes readable */
+    WBatch<ROWS, UNROLL> first;
+    const bool pre = preload && n0 < N;
+    if (pre) {
+        const bf16 *wrow[ROWS];
+        gemv_rows<ROWS>(W, K, n0, N, wrow);
+        wbatch_load<ROWS, UNROLL, true>(wrow, k0 + lane * 8, k1, first);
     }
     pdl_enter();
     XRows<R> xs;
@@ -38,7 +49,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     for (int rr = 0; rr < ROWS; rr++)
 #pragma unroll
         for (int r = 0; r < R; r++) acc[rr][r] = 0.f;
-    if (n0 < N) gemv_warp_partial<R, ROWS, UNROLL, true>(W, K, n0, N, xs, k0, k1, acc);
+    if (pre) gemv_warp_partial<R, ROWS, UNROLL, true, XRows<R>, true>(W, K, n0, N, xs, k0, k1, acc, &first);
+    else if (n0 < N) gemv_warp_partial<R, ROWS, UNROLL, true>(W, K, n0, N, xs, k0, k1, acc);
     gemv_warp_reduce<R, ROWS>(acc);
 
     if (gridDim.y == 1) {
@@ -102,7 +114,7 @@ static void launch_gemv(ds_cuda_ctx *ctx, dim3 grid, const bf16 *W, int64_t N, i
                         const bf16 *x, int64_t ldx, OutT *out, int64_t ldo, int64_t kps) {
     const int pf = gemv_prefetch_bytes(ctx, N, K, kps, (int64_t)grid.x * grid.y);
     ds_launch(ctx, gemv_kernel<R, ROWS, UNROLL, OutT>, grid, GEMV_WARPS * 32, 0, W, N, K, x, ldx,
-              out, ldo, kps, ctx->d_splitk_ws, ctx->d_splitk_cnt, pf);
+              out, ldo, kps, ctx->d_splitk_ws, ctx->d_splitk_cnt, pf, ctx->gemv_preload);
 }
 
 template <int ROWS, int UNROLL, typename OutT>

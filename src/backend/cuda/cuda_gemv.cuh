@@ -49,55 +49,90 @@ struct XShared {
     }
 };
 
-/* acc[rr][r] += Σ_{k in [k0,k1)} W[n0+rr, k] · x_r[k] for this lane's chunks (not reduced).
- * Rows n0+rr ≥ nvalid are clamped to a valid row (their results are discarded by the caller). */
-template <int R, int ROWS, int UNROLL, bool STREAM, class XS>
-static __device__ __forceinline__ void gemv_warp_partial(const bf16 *__restrict__ W, int64_t K,
-                                                         int64_t n0, int64_t nvalid, const XS &xs,
-                                                         int64_t k0, int64_t k1,
-                                                         float acc[ROWS][R]) {
-    const int lane = threadIdx.x & 31;
-    const bf16 *wrow[ROWS];
+/* One step of a warp's weight stream: UNROLL chunks of 256 columns of ROWS rows, from column
+ * kb (this lane's first) on; 16 bytes per row and chunk per lane. */
+template <int ROWS, int UNROLL>
+struct WBatch {
+    uint4 w[UNROLL][ROWS];
+};
+
+/* Row pointers of rows n0.. (rows ≥ nvalid clamped to a valid row; their results are discarded
+ * by the caller). */
+template <int ROWS>
+static __device__ __forceinline__ void gemv_rows(const bf16 *__restrict__ W, int64_t K, int64_t n0,
+                                                 int64_t nvalid, const bf16 *wrow[ROWS]) {
 #pragma unroll
     for (int rr = 0; rr < ROWS; rr++) {
         int64_t n = n0 + rr < nvalid ? n0 + rr : nvalid - 1;
         wrow[rr] = W + n * K;
     }
-    for (int64_t kb = k0 + lane * 8; kb < k1; kb += 256 * UNROLL) {
-        uint4 w[UNROLL][ROWS];
+}
+
+template <int ROWS, int UNROLL, bool STREAM>
+static __device__ __forceinline__ void wbatch_load(const bf16 *const wrow[ROWS], int64_t kb,
+                                                   int64_t k1, WBatch<ROWS, UNROLL> &b) {
 #pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            const int64_t k = kb + u * 256;
+    for (int u = 0; u < UNROLL; u++) {
+        const int64_t k = kb + u * 256;
+#pragma unroll
+        for (int rr = 0; rr < ROWS; rr++) {
+            if (k < k1) {
+                b.w[u][rr] = STREAM ? ld_stream16(wrow[rr] + k) : ld_cached16(wrow[rr] + k);
+            } else {
+                b.w[u][rr] = make_uint4(0, 0, 0, 0);
+            }
+        }
+    }
+}
+
+template <int R, int ROWS, int UNROLL, class XS>
+static __device__ __forceinline__ void wbatch_fma(const WBatch<ROWS, UNROLL> &b, const XS &xs,
+                                                  int64_t kb, int64_t k1, float acc[ROWS][R]) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++) {
+        const int64_t k = kb + u * 256;
+        if (k < k1) {
+            float xf[R][8];
+#pragma unroll
+            for (int r = 0; r < R; r++) xs.load(r, k, xf[r]);
 #pragma unroll
             for (int rr = 0; rr < ROWS; rr++) {
-                if (k < k1) {
-                    w[u][rr] = STREAM ? ld_stream16(wrow[rr] + k) : ld_cached16(wrow[rr] + k);
-                } else {
-                    w[u][rr] = make_uint4(0, 0, 0, 0);
+                float wf[8];
+                unpack8(b.w[u][rr], wf);
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    float s = acc[rr][r];
+#pragma unroll
+                    for (int i = 0; i < 8; i++) s = fmaf(wf[i], xf[r][i], s);
+                    acc[rr][r] = s;
                 }
             }
         }
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            const int64_t k = kb + u * 256;
-            if (k < k1) {
-                float xf[R][8];
-#pragma unroll
-                for (int r = 0; r < R; r++) xs.load(r, k, xf[r]);
-#pragma unroll
-                for (int rr = 0; rr < ROWS; rr++) {
-                    float wf[8];
-                    unpack8(w[u][rr], wf);
-#pragma unroll
-                    for (int r = 0; r < R; r++) {
-                        float s = acc[rr][r];
-#pragma unroll
-                        for (int i = 0; i < 8; i++) s = fmaf(wf[i], xf[r][i], s);
-                        acc[rr][r] = s;
-                    }
-                }
-            }
-        }
+    }
+}
+
+/* acc[rr][r] += Σ_{k in [k0,k1)} W[n0+rr, k] · x_r[k] for this lane's chunks (not reduced).
+ * Rows n0+rr ≥ nvalid are clamped to a valid row (their results are discarded by the caller).
+ * FIRST: *first is the batch at this lane's first column, already loaded (gemv_kernel loads it
+ * before its dependency wait); the sums are the same either way. */
+template <int R, int ROWS, int UNROLL, bool STREAM, class XS, bool FIRST = false>
+static __device__ __forceinline__ void gemv_warp_partial(const bf16 *__restrict__ W, int64_t K,
+                                                         int64_t n0, int64_t nvalid, const XS &xs,
+                                                         int64_t k0, int64_t k1,
+                                                         float acc[ROWS][R],
+                                                         const WBatch<ROWS, UNROLL> *first = nullptr) {
+    const int lane = threadIdx.x & 31;
+    const bf16 *wrow[ROWS];
+    gemv_rows<ROWS>(W, K, n0, nvalid, wrow);
+    int64_t kb = k0 + lane * 8;
+    if (FIRST) { /* compile-time, so `first` stays in registers */
+        if (kb < k1) wbatch_fma<R, ROWS, UNROLL>(*first, xs, kb, k1, acc);
+        kb += 256 * UNROLL;
+    }
+    for (; kb < k1; kb += 256 * UNROLL) {
+        WBatch<ROWS, UNROLL> b;
+        wbatch_load<ROWS, UNROLL, STREAM>(wrow, kb, k1, b);
+        wbatch_fma<R, ROWS, UNROLL>(b, xs, kb, k1, acc);
     }
 }
 

@@ -197,6 +197,9 @@ typedef struct ds_cuda_ctx {
      * outside graph captures (DS_CUDA_LT_TUNE=1; 2 also prints the times; default 0 until
      * measured: the heuristic's first choice; cuda_gemv.cu lt_plan) */
     int lt_tune;
+    /* CUDA-core GEMV: each warp's first batch of weights loaded into registers before the PDL
+     * wait (DS_CUDA_GEMV_PRELOAD=1; default 0 until measured; cuda_gemv.cu gemv_kernel) */
+    int gemv_preload;
 
     /* Optimisation switches (catalogue items; env at create, README "Switches"), 1 = on:
      * moe_fast_route   DS_OPT_MOE_FAST_ROUTE: decode routing from shared memory
