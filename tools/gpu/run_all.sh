@@ -44,7 +44,7 @@ for b in test_cuda_ops test_cuda_model deltaserve; do
 done
 rc_all=0
 # which parts run (DS_GPU_PARTS, space-separated; default all): ops model bench ablation profile
-# profile_spec ncu ncu_detail serve_bench spec_checks
+# profile_spec ncu ncu_detail ncu_prefill serve_bench spec_checks
 PARTS=" ${DS_GPU_PARTS:-ops model bench ablation profile profile_spec ncu serve_bench spec_checks} " # also: spec_test
 want() { [[ "$PARTS" == *" $1 "* ]]; }
 ALL_OFF="DS_OPT_MOE_FAST_ROUTE=0 DS_OPT_MOE_ROUTE_FUSED=0 DS_OPT_TC_GEMV=0 DS_OPT_SHARED_EXPERT=0 DS_OPT_PDL=0 DS_OPT_PREFETCH=0 DS_OPT_FUSED_ARGMAX=0 DS_OPT_FUSED_NORM=0 DS_OPT_MOE_GEMM=0 DS_OPT_GDN_PREFILL=0 DS_OPT_DEVICE_MASKS=0 DS_OPT_SPEC_GRAPHS=0"
@@ -170,6 +170,18 @@ if want ncu_detail && command -v ncu > /dev/null && [ "$t" -ge 60 ]; then
         "${DSENV[@]}" "$BIN/deltaserve" bench -m configs/qwen3.5-35b-a3b --dummy-weights --device cuda \
         --prompt-len 16 --steps 8 --warmup 2 --batch "${DS_GPU_NCU_BATCH:-8}" --graphs 0 > "$OUT/ncu_detail.txt" 2>&1
     log "ncu detail rc=$?"
+fi
+
+# ncu_prefill: every kernel of one 1024-token prefill (the bench's second), device time and DRAM
+# bytes → ncu_prefill.csv (the profile part's event timings mis-time cuBLASLt, s7-run1)
+t=$(left); [ "$t" -gt 150 ] && t=150
+if want ncu_prefill && command -v ncu > /dev/null && [ "$t" -ge 60 ]; then
+    log "ncu prefill (timeout $t s)"
+    DS_CUDA_PROFILER_PREFILL=2 timeout "$t" ncu --clock-control none --cache-control none --csv \
+        --profile-from-start off --metrics gpu__time_duration.sum,dram__bytes_read.sum \
+        "${DSENV[@]}" "$BIN/deltaserve" bench -m configs/qwen3.5-35b-a3b --dummy-weights --device cuda \
+        --prompt-len 1024 --steps 2 --warmup 0 --batch 1 --graphs 0 > "$OUT/ncu_prefill.csv" 2>&1
+    log "ncu prefill rc=$?"
 fi
 
 # ---- 5. serving and speculative decoding on the GPU (scripts of their own, if present) ------------

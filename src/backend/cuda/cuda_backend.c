@@ -195,7 +195,6 @@ static void cu_destroy(ds_backend *be) {
         cudaFree(c->d_lt_ws);
         cudaFree(c->d_splitk_ws);
         cudaFree(c->d_splitk_cnt);
-        cudaFree(c->d_moe_sync);
         cudaFree(c->d_meta);
         cudaFree(c->d_ids);
         cudaFree(c->d_tokbuf);
@@ -420,13 +419,15 @@ void ds_cuda_set_batch(ds_backend *be, const ds_batch *b) {
     const int decode = T > 0 && max_tok == 1;
     prof_open(c, decode);
     /* DS_CUDA_PROFILER_STEP=N: the N-th decode step (from 1) runs between cudaProfilerStart and
-     * cudaProfilerStop, so `ncu --profile-from-start off` sees exactly one decode step */
-    if (c->profiler_step > 0 && !c->capturing) {
+     * cudaProfilerStop, so `ncu --profile-from-start off` sees exactly one decode step;
+     * DS_CUDA_PROFILER_PREFILL=N: the same for the N-th step that is not a decode step */
+    if ((c->profiler_step > 0 || c->profiler_prefill > 0) && !c->capturing) {
         if (c->profiler_running) {
             DS_CU(c, cudaProfilerStop());
             c->profiler_running = 0;
-            c->profiler_step = 0;
-        } else if (decode && ++c->profiler_seen == c->profiler_step) {
+            c->profiler_step = c->profiler_prefill = 0;
+        } else if ((decode && ++c->profiler_seen == c->profiler_step) ||
+                   (!decode && T > 0 && ++c->profiler_pf_seen == c->profiler_prefill)) {
             DS_CU(c, cudaProfilerStart());
             c->profiler_running = 1;
         }
@@ -523,14 +524,12 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->route_batched = !(rb && atoi(rb) == 0);
         const char *one = getenv("DS_CUDA_TC_ONE_SEQ");
         c->tc_one_seq = one && atoi(one) == 1;
-        const char *chain = getenv("DS_CUDA_MOE_CHAIN");
-        c->moe_chain = chain ? atoi(chain) != 0 : 0;
         const char *early = getenv("DS_CUDA_GDN_EARLY");
-        c->gdn_early = early ? atoi(early) != 0 : 0;
-        const char *tune = getenv("DS_CUDA_LT_TUNE");
-        c->lt_tune = tune ? atoi(tune) : 0;
+        c->gdn_early = early ? atoi(early) != 0 : 1;
         const char *preload = getenv("DS_CUDA_GEMV_PRELOAD");
-        c->gemv_preload = preload ? atoi(preload) != 0 : 0;
+        c->gemv_preload = preload ? atoi(preload) != 0 : 1;
+        const char *staged = getenv("DS_CUDA_MOE_DOWN_STAGED");
+        c->moe_down_staged = staged ? atoi(staged) != 0 : 1;
         const char *cols = getenv("DS_CUDA_GDN_SCAN_COLS");
         c->gdn_scan_cols = cols && atoi(cols) == 4 ? 4 : 2;
         c->opt.moe_fast_route = ds_env_switch("DS_OPT_MOE_FAST_ROUTE", true);
@@ -561,8 +560,6 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
     CREATE_CHECK(cudaMalloc((void **)&c->d_splitk_ws, sizeof(float) * DS_CUDA_SPLITK_WS_FLOATS));
     CREATE_CHECK(cudaMalloc((void **)&c->d_splitk_cnt, sizeof(int) * DS_CUDA_SPLITK_COUNTERS));
     CREATE_CHECK(cudaMemset(c->d_splitk_cnt, 0, sizeof(int) * DS_CUDA_SPLITK_COUNTERS));
-    CREATE_CHECK(cudaMalloc((void **)&c->d_moe_sync, sizeof(int) * 2 * DS_CUDA_MOE_SYNC));
-    CREATE_CHECK(cudaMemset(c->d_moe_sync, 0, sizeof(int) * 2 * DS_CUDA_MOE_SYNC));
     CREATE_CHECK(cudaMalloc(&c->d_lt_ws, DS_CUDA_LT_WS_BYTES));
     CREATE_CHECK(cudaMalloc((void **)&c->d_ids, sizeof(int32_t) * DS_CUDA_MAX_TOKENS));
     CREATE_CHECK(cudaHostAlloc((void **)&c->h_ids, sizeof(int32_t) * DS_CUDA_MAX_TOKENS,
@@ -583,6 +580,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
     {
         const char *step = getenv("DS_CUDA_PROFILER_STEP");
         c->profiler_step = step ? atoi(step) : 0;
+        const char *pf = getenv("DS_CUDA_PROFILER_PREFILL");
+        c->profiler_prefill = pf ? atoi(pf) : 0;
     }
     {
         const char *prof = getenv("DS_CUDA_PROFILE");

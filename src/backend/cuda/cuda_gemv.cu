@@ -7,7 +7,6 @@
  * fp32 partials, the last block to arrive (per-tile counter) sums them in split order and
  * resets the counter to 0, so the next launch (or a graph replay) finds it clean. */
 #include <math.h>
-#include <stdio.h>
 
 #include "cuda_gemv.cuh"
 #include "cuda_launch.cuh"
@@ -346,55 +345,8 @@ static uint32_t lt_align(const void *p, int64_t pitch_bytes) {
 
 /* Row-major out[R, N] = x[R, K] · W[N, K]ᵀ is, in cuBLASLt's column-major terms,
  * D (N×R, ld ldo) = op(A)·B with A = W stored K×N (ld K), op(A) = Aᵀ, B = x stored K×R (ld ldx). */
-/* Times each of the heuristic's n candidate algorithms for plan p on the real operands (one
- * warm-up, then LT_TUNE_REPS runs between two events) and returns the fastest one's index.
- * Synchronises the stream: only outside a graph capture (the output is overwritten by the
- * caller's own run). DS_CUDA_LT_TUNE=2 prints the times. */
-#define LT_TUNE_MAX 8
-#define LT_TUNE_REPS 3
-static int lt_tune(ds_cuda_ctx *ctx, ds_cuda_lt_plan *p, const cublasLtMatmulHeuristicResult_t *res,
-                   int n, const void *W, const void *x, void *out) {
-    cudaEvent_t e0, e1;
-    if (cudaEventCreate(&e0) != cudaSuccess) return 0;
-    if (cudaEventCreate(&e1) != cudaSuccess) {
-        cudaEventDestroy(e0);
-        return 0;
-    }
-    const float alpha = 1.f, beta = 0.f;
-    int best = 0;
-    float best_ms = INFINITY;
-    for (int i = 0; i < n; i++) {
-        if (res[i].workspaceSize > DS_CUDA_LT_WS_BYTES) continue;
-        bool ok = true;
-        for (int r = 0; r <= LT_TUNE_REPS && ok; r++) {
-            if (r == 1) ok = cudaEventRecord(e0, ctx->stream) == cudaSuccess;
-            ok = ok && cublasLtMatmul(ctx->lt, p->op, &alpha, W, p->a, x, p->b, &beta, out, p->c, out,
-                                      p->c, &res[i].algo, ctx->d_lt_ws, DS_CUDA_LT_WS_BYTES,
-                                      ctx->stream) == CUBLAS_STATUS_SUCCESS;
-        }
-        float ms = INFINITY;
-        if (ok && cudaEventRecord(e1, ctx->stream) == cudaSuccess &&
-            cudaEventSynchronize(e1) == cudaSuccess)
-            cudaEventElapsedTime(&ms, e0, e1);
-        (void)cudaGetLastError(); /* a candidate that failed is skipped, not fatal */
-        if (ctx->lt_tune > 1)
-            fprintf(stderr, "cuBLASLt tune m=%lld n=%lld k=%lld %s: algo %d of %d %.1f us\n",
-                    (long long)p->m, (long long)p->n, (long long)p->k,
-                    p->ctype == CUDA_R_32F ? "f32 out" : "bf16 out", i, n,
-                    ms * 1000.f / LT_TUNE_REPS);
-        if (ms < best_ms) {
-            best_ms = ms;
-            best = i;
-        }
-    }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    return best;
-}
-
 static ds_cuda_lt_plan *lt_plan(ds_cuda_ctx *ctx, int64_t N, int64_t K, int64_t ldx, int R,
-                                int64_t ldo, int out_f32, const uint32_t align[3], const void *W,
-                                const void *x, void *out) {
+                                int64_t ldo, int out_f32, const uint32_t align[3]) {
     const int ctype = out_f32 ? CUDA_R_32F : CUDA_R_16BF;
     for (int i = 0; i < DS_CUDA_LT_CACHE; i++) {
         ds_cuda_lt_plan *p = &ctx->lt_plans[i];
@@ -437,21 +389,20 @@ static ds_cuda_lt_plan *lt_plan(ds_cuda_ctx *ctx, int64_t N, int64_t K, int64_t 
                           pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align[2], sizeof align[2]));
     bad |= DS_LT(ctx, cublasLtMatmulPreferenceSetAttribute(
                           pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align[2], sizeof align[2]));
-    /* the heuristic's first choice, or (ctx->lt_tune, DS_CUDA_LT_TUNE, outside a capture) the
-     * fastest of its first LT_TUNE_MAX on the real operands: its first choice ran the prefill's
-     * router GEMM [1281 → fp32] at ~17 TFLOP/s (s5-run1 profile) */
-    const bool tune = ctx->lt_tune && !ctx->capturing;
-    cublasLtMatmulHeuristicResult_t res[LT_TUNE_MAX];
+    /* the heuristic's first choice: timing its first 8 on the real operands (s7-run1) found
+     * the prefill GEMMs within 10-20 % of the best (in_proj 70.8 vs 68.5 us, router 91 vs
+     * 76 us), prefill 1024 tokens 78.09 vs 78.29 ms: not worth a choice that varies by run */
+    cublasLtMatmulHeuristicResult_t res;
     int nres = 0;
     bad |= DS_LT(ctx, cublasLtMatmulAlgoGetHeuristic(ctx->lt, p->op, p->a, p->b, p->c, p->c, pref,
-                                                     tune ? LT_TUNE_MAX : 1, res, &nres));
+                                                     1, &res, &nres));
     cublasLtMatmulPreferenceDestroy(pref);
     if (bad || nres < 1) {
         if (!bad) ds_cuda_check_lt(ctx, CUBLAS_STATUS_NOT_SUPPORTED, "no cuBLASLt algorithm",
                                    __FILE__, __LINE__);
         return NULL; /* descriptors leak only on this error path; the backend is failed anyway */
     }
-    p->algo = res[tune && nres > 1 ? lt_tune(ctx, p, res, nres, W, x, out) : 0].algo;
+    p->algo = res.algo;
     p->used = 1;
     return p;
 }
@@ -463,7 +414,7 @@ extern "C" void ds_cuda_gemm_lt(ds_cuda_ctx *ctx, const void *W, int64_t N, int6
     /* alignment each operand really has: its address and its row pitch */
     const uint32_t align[3] = {lt_align(W, K * 2), lt_align(x, ldx * 2),
                                lt_align(out, ldo * (out_f32 ? 4 : 2))};
-    ds_cuda_lt_plan *p = lt_plan(ctx, N, K, ldx, R, ldo, out_f32, align, W, x, out);
+    ds_cuda_lt_plan *p = lt_plan(ctx, N, K, ldx, R, ldo, out_f32, align);
     if (!p) return;
     const float alpha = 1.f, beta = 0.f;
     DS_LT(ctx, cublasLtMatmul(ctx->lt, p->op, &alpha, W, p->a, x, p->b, &beta, out, p->c, out,

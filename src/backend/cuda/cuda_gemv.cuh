@@ -20,32 +20,28 @@ struct XRows {
     }
 };
 
-/* x source: SiLU(g) ⊙ u computed on the fly from gate_up rows [2I] (g at k, u at I + k).
- * L2: the rows were written by other blocks of the same launch (cuda_moe.cu's chained launch),
- * so they are read through L2 (ld.global.cg), never the non-coherent path. */
-template <int R, bool L2 = false>
+/* x source: SiLU(g) ⊙ u computed on the fly from gate_up rows [2I] (g at k, u at I + k). */
+template <int R>
 struct XSiluMul {
     const bf16 *base[R];
     int64_t I;
     __device__ __forceinline__ void load(int r, int64_t k, float f[8]) const {
         float g[8], u[8];
-        if (L2) {
-            unpack8(__ldcg(reinterpret_cast<const uint4 *>(base[r] + k)), g);
-            unpack8(__ldcg(reinterpret_cast<const uint4 *>(base[r] + I + k)), u);
-        } else {
-            unpack8(ld_cached16(base[r] + k), g);
-            unpack8(ld_cached16(base[r] + I + k), u);
-        }
+        unpack8(ld_cached16(base[r] + k), g);
+        unpack8(ld_cached16(base[r] + I + k), u);
 #pragma unroll
         for (int i = 0; i < 8; i++) f[i] = silu_f(g[i]) * u[i];
     }
 };
 
-/* x source: one row in shared memory (bf16, 16-byte aligned). */
-struct XShared {
-    const bf16 *base;
-    __device__ __forceinline__ void load(int, int64_t k, float f[8]) const {
-        unpack8(*reinterpret_cast<const uint4 *>(base + k), f);
+/* x source: fp32 rows in shared memory, row r at base + r·ld (16-byte aligned). */
+struct XSharedF32 {
+    const float *base;
+    int64_t ld;
+    __device__ __forceinline__ void load(int r, int64_t k, float f[8]) const {
+        const float4 a = *reinterpret_cast<const float4 *>(base + r * ld + k);
+        const float4 b = *reinterpret_cast<const float4 *>(base + r * ld + k + 4);
+        f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
     }
 };
 

@@ -30,7 +30,6 @@ extern "C" {
 #define DS_CUDA_GEMV_MAX_ROWS 8      /* linear rows served by the GEMV; more go to cuBLASLt */
 #define DS_CUDA_SPLITK_WS_FLOATS (1 << 20) /* fp32 split-K partials of the GEMV */
 #define DS_CUDA_SPLITK_COUNTERS 4096 /* per-launch tile counters (self-resetting) */
-#define DS_CUDA_MOE_SYNC 1024        /* chained MoE launch: counters per active expert */
 #define DS_CUDA_LT_WS_BYTES (32u << 20) /* cuBLASLt workspace */
 #define DS_CUDA_LT_CACHE 48          /* cached cuBLASLt plans */
 #define DS_CUDA_ATTN_SPLIT_ROWS 1024 /* S·nsplit bound of the decode-attention workspace */
@@ -144,6 +143,7 @@ typedef struct ds_cuda_ctx {
     int prof_tab_n;
     uint64_t prof_steps[2];       /* windows profiled: [0] other steps, [1] decode steps */
     int profiler_step, profiler_seen, profiler_running; /* DS_CUDA_PROFILER_STEP (ncu) */
+    int profiler_prefill, profiler_pf_seen;              /* DS_CUDA_PROFILER_PREFILL (ncu) */
 
     /* batch metadata: pinned staging (double-buffered, guarded by events) → device buffer */
     int32_t *h_meta[2];           /* pinned [DS_CUDA_META_INTS] */
@@ -186,20 +186,16 @@ typedef struct ds_cuda_ctx {
      * flight (1, default) or one element at a time (DS_CUDA_ROUTE_BATCHED=0, for before/after
      * runs) */
     int route_batched;
-    /* decode MoE steps: the routed experts' gate_up and down (and the shared expert's down)
-     * in one launch, each down block waiting on its expert's gate_up blocks through a counter
-     * (DS_CUDA_MOE_CHAIN=1; default 0 until measured: two launches; cuda_moe.cu) */
-    int moe_chain;
-    /* the GDN decode kernel reads its state before its PDL wait (DS_CUDA_GDN_EARLY=1; default
-     * 0 until measured: after; cuda_gdn.cu) */
+    /* the GDN decode kernel reads its state before its PDL wait (1, default; DS_CUDA_GDN_EARLY=0:
+     * after, for before/after runs; cuda_gdn.cu) */
     int gdn_early;
-    /* cuBLASLt plans: the fastest of the heuristic's first 8 algorithms, timed once per shape
-     * outside graph captures (DS_CUDA_LT_TUNE=1; 2 also prints the times; default 0 until
-     * measured: the heuristic's first choice; cuda_gemv.cu lt_plan) */
-    int lt_tune;
     /* CUDA-core GEMV: each warp's first batch of weights loaded into registers before the PDL
-     * wait (DS_CUDA_GEMV_PRELOAD=1; default 0 until measured; cuda_gemv.cu gemv_kernel) */
+     * wait (1, default; DS_CUDA_GEMV_PRELOAD=0: after, for before/after runs; cuda_gemv.cu) */
     int gemv_preload;
+    /* the expert down launch of decode steps of 2+ tokens stages SiLU(g)·u in shared memory
+     * (1, default; DS_CUDA_MOE_DOWN_STAGED=0: the per-warp loader, for before/after runs;
+     * cuda_moe.cu moe_down_staged_kernel) */
+    int moe_down_staged;
 
     /* Optimisation switches (catalogue items; env at create, README "Switches"), 1 = on:
      * moe_fast_route   DS_OPT_MOE_FAST_ROUTE: decode routing from shared memory
@@ -229,8 +225,6 @@ typedef struct ds_cuda_ctx {
     /* GEMV split-K */
     float *d_splitk_ws;           /* [DS_CUDA_SPLITK_WS_FLOATS] */
     int *d_splitk_cnt;            /* [DS_CUDA_SPLITK_COUNTERS], zero between launches */
-    /* chained MoE launch: per active expert, gate_up blocks arrived / down blocks released */
-    int *d_moe_sync;              /* [2 · DS_CUDA_MOE_SYNC], zero between launches */
 
     /* cuBLASLt */
     cublasLtHandle_t lt;

@@ -11,9 +11,7 @@
  *  5. expert down GEMV with SiLU(g)·u computed in its input loader → y [A, H] fp32;
  *     (4 and 5 for steps above DS_CUDA_GEMV_MAX_ROWS tokens: the grouped tensor-core GEMM of
  *     cuda_moe_gemm.cu, which writes SiLU(g)·u [A, I] bf16 into h, then y);
- *  6. shared down GEMV → ysh [T, H] fp32; (4, 5 and 6 of decode steps in one launch with
- *     DS_CUDA_MOE_CHAIN=1: moe_chain_kernel / moe_chain_multi_kernel, down blocks waiting on
- *     their expert's gate_up blocks through counters);
+ *  6. shared down GEMV → ysh [T, H] fp32;
  *  7. combine: out[t] = Σ_i w_i·y[t·k + i] + sg[t]·ysh[t], summed in slot order → bf16, over
  *     (H/512, T) blocks with each thread's k loads issued together.
  * Grids are sized from T on the host (min(E, T·k) expert blocks); blocks past the device-side
@@ -349,8 +347,7 @@ __global__ void __launch_bounds__(1024)
 
 #define MOE_WARPS 8
 
-/* L2 (down only): the gate_up rows come from the same launch (moe_chain_kernel) */
-template <bool DOWN, int ROWS, int UNROLL, int R, bool STREAM, bool L2 = false>
+template <bool DOWN, int ROWS, int UNROLL, int R, bool STREAM>
 static __device__ __forceinline__ void moe_chunk(const bf16 *W, int64_t N, int64_t K, int64_t n0,
                                                  const int32_t *rows, int k, int H, int I,
                                                  const bf16 *x, const moe_scratch &sc) {
@@ -361,7 +358,7 @@ static __device__ __forceinline__ void moe_chunk(const bf16 *W, int64_t N, int64
 #pragma unroll
         for (int r = 0; r < R; r++) acc[rr][r] = 0.f;
     if (DOWN) {
-        XSiluMul<R, L2> xs;
+        XSiluMul<R> xs;
         xs.I = I;
 #pragma unroll
         for (int r = 0; r < R; r++) xs.base[r] = sc.h + (int64_t)rows[r] * 2 * I;
@@ -443,7 +440,7 @@ static __device__ __forceinline__ void for_chunks(int n, F &&f) {
  * launch that follows; in the down launch the shared expert's down weights, prefetched before
  * the dependency wait. */
 /* The shared expert's down rows of block row y for all T tokens (the down launch's last column
- * of blocks, and the chained launch's first blocks). */
+ * of blocks). */
 template <int ROWS, int UNROLL, int RMAX>
 static __device__ __forceinline__ void shared_down_block(int y, const bf16 *__restrict__ w_sh, int H,
                                                          int Is, int T, const moe_scratch &sc) {
@@ -455,9 +452,8 @@ static __device__ __forceinline__ void shared_down_block(int y, const bf16 *__re
 }
 
 /* Block (active expert i, row block y of ny) of a grouped expert GEMV, the groups in the scratch:
- * gate_up (x → sc.h) or down (SiLU(g)·u of sc.h → sc.y; L2: sc.h written by the same launch).
- * pf_w: see moe_expert_kernel. */
-template <bool DOWN, int ROWS, int UNROLL, int RMAX, bool L2 = false>
+ * gate_up (x → sc.h) or down (SiLU(g)·u of sc.h → sc.y). pf_w: see moe_expert_kernel. */
+template <bool DOWN, int ROWS, int UNROLL, int RMAX>
 static __device__ __forceinline__ void expert_block(int i, int y, int ny, const bf16 *__restrict__ Wall,
                                                     int H, int I, int k, const bf16 *__restrict__ x,
                                                     const moe_scratch &sc, const bf16 *__restrict__ pf_w) {
@@ -486,8 +482,8 @@ static __device__ __forceinline__ void expert_block(int i, int y, int ny, const 
     for_chunks<RMAX>(a1 - a0, [&](auto r, int c) {
         constexpr int R = decltype(r)::value;
         const int32_t *rows = sc.sorted + a0 + c;
-        if (R == 8 && !stream) moe_chunk<DOWN, ROWS, UNROLL, R, false, L2>(W, N, K, n0, rows, k, H, I, x, sc);
-        else moe_chunk<DOWN, ROWS, UNROLL, R, true, L2>(W, N, K, n0, rows, k, H, I, x, sc);
+        if (R == 8 && !stream) moe_chunk<DOWN, ROWS, UNROLL, R, false>(W, N, K, n0, rows, k, H, I, x, sc);
+        else moe_chunk<DOWN, ROWS, UNROLL, R, true>(W, N, K, n0, rows, k, H, I, x, sc);
     });
 }
 
@@ -516,6 +512,92 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
     pdl_enter(); /* cuda_launch.cuh: before any access */
     if (i >= *sc.n_act) return;
     expert_block<DOWN, ROWS, UNROLL, RMAX>(i, blockIdx.y, gridDim.y, Wall, H, I, k, x, sc, pf_w);
+}
+
+/* The down launch of decode steps of 2+ tokens with the experts' inputs staged
+ * (ctx->moe_down_staged, DS_CUDA_MOE_DOWN_STAGED): the block of expert i first computes
+ * SiLU(g)·u of its n ≤ T
+ * assignments once into shared memory (fp32, exactly the values XSiluMul computes per warp),
+ * then its warps stream their rows against it; each warp's first batch of weights is loaded
+ * before the staging, so the block's dependent loads (groups, gate_up rows) overlap it. The
+ * per-warp loader held both halves of every gate_up row and the SiLU in registers:
+ * moe_expert_kernel<down, 16 rows> needed 240 registers, one block per SM, DRAM at 55 % (ncu,
+ * s7-run1, batch 8). Same chunks, same order: bit-identical to moe_expert_kernel. Dynamic
+ * shared memory: T·I floats. */
+template <int ROWS, int UNROLL, int RMAX>
+__global__ void __launch_bounds__(MOE_WARPS * 32, 2) /* ≤ 128 registers: two blocks per SM */
+    moe_down_staged_kernel(const bf16 *__restrict__ Wall, int H, int I, moe_scratch sc,
+                           const bf16 *__restrict__ w_sh, int Is, int T, const bf16 *__restrict__ pf_w) {
+    extern __shared__ __align__(16) float act[]; /* [n, I] */
+    const int i = blockIdx.x;
+    if (w_sh && i == (int)gridDim.x - 1) { /* as moe_expert_kernel */
+        const int64_t n0 = ((int64_t)blockIdx.y * MOE_WARPS + (threadIdx.x >> 5)) * ROWS;
+        if (pf_w && (threadIdx.x & 31) == 0 && n0 < H)
+            prefetch_l2(w_sh + n0 * Is, (uint32_t)((H - n0 < ROWS ? H - n0 : ROWS) * Is * 2));
+        pdl_enter(); /* cuda_launch.cuh */
+        shared_down_block<ROWS, UNROLL, RMAX>(blockIdx.y, w_sh, H, Is, T, sc);
+        return;
+    }
+    pdl_enter(); /* cuda_launch.cuh: before any access */
+    if (i >= *sc.n_act) return;
+    const int e = sc.act[i];
+    const int lane = threadIdx.x & 31;
+    const int64_t n0 = ((int64_t)blockIdx.y * MOE_WARPS + (threadIdx.x >> 5)) * ROWS;
+    const bf16 *W = Wall + (int64_t)e * H * I;
+    /* the warp's first batch of weights is in flight while the block stages the inputs */
+    WBatch<ROWS, UNROLL> first;
+    if (n0 < H) {
+        const bf16 *wrow[ROWS];
+        gemv_rows<ROWS>(W, I, n0, H, wrow);
+        wbatch_load<ROWS, UNROLL, true>(wrow, lane * 8, I, first);
+    }
+    const int a0 = sc.off[i], n = sc.off[i + 1] - a0;
+    const int cpr = I / 8; /* 8-element chunks per row */
+    for (int q = threadIdx.x; q < n * cpr; q += blockDim.x) {
+        const int r = q / cpr, c = q - r * cpr;
+        const bf16 *hrow = sc.h + (int64_t)sc.sorted[a0 + r] * 2 * I + c * 8;
+        float g[8], u[8];
+        unpack8(ld_cached16(hrow), g);
+        unpack8(ld_cached16(hrow + I), u);
+#pragma unroll
+        for (int j = 0; j < 8; j++) g[j] = silu_f(g[j]) * u[j];
+        float4 *dst = reinterpret_cast<float4 *>(act + (int64_t)r * I + c * 8);
+        dst[0] = make_float4(g[0], g[1], g[2], g[3]);
+        dst[1] = make_float4(g[4], g[5], g[6], g[7]);
+    }
+    __syncthreads();
+    if (n0 >= H) return;
+    /* chunks of assignments as for_chunks<RMAX> walks them; the first takes the loaded batch */
+    auto chunk = [&](auto rc, int c, bool pre) {
+        constexpr int R = decltype(rc)::value;
+        float acc[ROWS][R];
+#pragma unroll
+        for (int rr = 0; rr < ROWS; rr++)
+#pragma unroll
+            for (int r = 0; r < R; r++) acc[rr][r] = 0.f;
+        const XSharedF32 xs{act + (int64_t)c * I, I};
+        if (pre) gemv_warp_partial<R, ROWS, UNROLL, true, XSharedF32, true>(W, I, n0, H, xs, 0, I, acc, &first);
+        else gemv_warp_partial<R, ROWS, UNROLL, true>(W, I, n0, H, xs, 0, I, acc);
+        gemv_warp_reduce<R, ROWS>(acc);
+        if (lane == 0) {
+#pragma unroll
+            for (int rr = 0; rr < ROWS; rr++) {
+                if (n0 + rr >= H) continue;
+#pragma unroll
+                for (int r = 0; r < R; r++) sc.y[(int64_t)sc.sorted[a0 + c + r] * H + n0 + rr] = acc[rr][r];
+            }
+        }
+    };
+    int c0;
+    if (RMAX >= 2 && n >= 2) {
+        chunk(IntC<(RMAX >= 2 ? 2 : 1)>(), 0, true);
+        c0 = 2;
+    } else {
+        chunk(IntC<1>(), 0, true);
+        c0 = 1;
+    }
+    if (n > c0) /* an expert with more assignments than one chunk: rare in decode */
+        for_chunks<RMAX>(n - c0, [&](auto rc, int c) { chunk(rc, c0 + c, false); });
 }
 
 /* One-token steps: routing + grouping folded into the gate_up launch (DS_OPT_MOE_ROUTE_FUSED), so
@@ -641,160 +723,6 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
     const int n_act = route_staged(rs, T, E, k, norm_topk, sc, writer);
     if ((int)blockIdx.x >= n_act) return;
     gate_up_rows<ROWS, UNROLL>(rs, blockIdx.x, blockIdx.y, gridDim.y, Wall, H, I, k, x, sc, pf_w);
-}
-
-/* ---- one-token steps: the experts chained in one launch ------------------------------------
- * moe_chain_kernel (ctx->moe_chain, DS_CUDA_MOE_CHAIN) does in one launch what the routed
- * gate_up launch and the down launch (with the shared expert) do in two: the boundary between
- * them — the gate_up launch's last blocks draining, the down launch's start, its routing-
- * dependent prologue and its first weight loads — happens once per MoE layer (40 per step at
- * Qwen3.5-35B-A3B). Its 1-D grid holds, in this order:
- *   [0, NS)        the shared expert's down rows (NS = gy_dn when Is > 0): they compute
- *                  SiLU(g)·u from the router GEMV's output themselves, no waiting;
- *   [NS, NS + NG)  the routed gate_up blocks (active expert i, row block y), NG = nblk·gy_gu,
- *                  exactly as moe_gate_up_routed_kernel; each then counts itself into
- *                  arrive[i] (after a fence);
- *   [NS + NG, ..)  the routed down blocks (i, y), nblk·gy_dn: each routes for itself, prefetches
- *                  its 4 rows per warp of expert i's down matrix into L2, waits until arrive[i]
- *                  counts all gy_gu gate_up blocks of i, then reads their rows through L2.
- * A down block waits only on gate_up blocks with lower block indices, which the hardware
- * dispatches first, and gate_up blocks wait on nothing, so the chain cannot deadlock however
- * few blocks are resident. The last down block of expert i to pass the wait (released[i])
- * resets both counters for the next launch or graph replay. Every output row is computed by
- * the same code with the same chunking as the two-launch path: bit-identical results (tested,
- * test_cuda_ops moe variants). */
-#define CHAIN_DOWN_ROWS 4
-#define CHAIN_DOWN_UNROLL 2
-
-static __device__ __forceinline__ int ld_acquire(const int *p) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-/* A gate_up block of active expert i has written its rows of sc.h: count it (whole block). */
-static __device__ __forceinline__ void chain_arrive(int *sync, int i) {
-    __threadfence(); /* this block's rows of h visible GPU-wide before it counts */
-    __syncthreads();
-    if (threadIdx.x == 0) atomicAdd(&sync[i], 1);
-}
-
-/* A down block of active expert i waits for all gy_gu gate_up blocks of i (whole block); the
- * last of the gy_dn down blocks of i to pass resets both counters. */
-static __device__ __forceinline__ void chain_wait(int *sync, int i, int gy_gu, int gy_dn) {
-    if (threadIdx.x == 0) {
-        while (ld_acquire(&sync[i]) < gy_gu) __nanosleep(32);
-        __threadfence();
-        if (atomicAdd(&sync[DS_CUDA_MOE_SYNC + i], 1) == gy_dn - 1) { /* the last one through */
-            sync[i] = 0;
-            sync[DS_CUDA_MOE_SYNC + i] = 0;
-        }
-    }
-    __syncthreads();
-}
-
-template <int GU_ROWS, int GU_UNROLL>
-__global__ void __launch_bounds__(MOE_WARPS * 32)
-    moe_chain_kernel(const bf16 *__restrict__ w_gu, const bf16 *__restrict__ w_down,
-                     const bf16 *__restrict__ w_sh, int H, int I, int E, int k, int Is,
-                     int norm_topk, const bf16 *__restrict__ x, moe_scratch sc, int *sync,
-                     int nblk, int gy_gu, int gy_dn, const bf16 *__restrict__ pf_sh) {
-    __shared__ moe_block_routing rs;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int NS = Is > 0 ? gy_dn : 0, NG = nblk * gy_gu;
-    int b = blockIdx.x;
-    if (b < NS) { /* the shared expert's down rows n0.. of this warp */
-        const int64_t n0 = ((int64_t)b * MOE_WARPS + warp) * CHAIN_DOWN_ROWS;
-        if (pf_sh && lane == 0 && n0 < H)
-            prefetch_l2(pf_sh + n0 * Is, (uint32_t)((H - n0 < CHAIN_DOWN_ROWS ? H - n0 : CHAIN_DOWN_ROWS) * Is * 2));
-        pdl_enter(); /* cuda_launch.cuh */
-        bf16 *act = reinterpret_cast<bf16 *>(rs.lg); /* [Is] SiLU(g)·u, as sc.sh_act holds it */
-        const float *Lr = sc.L + E;
-        for (int j = threadIdx.x; j < Is; j += blockDim.x) act[j] = __float2bfloat16_rn(silu_f(Lr[j]) * Lr[Is + j]);
-        if (b == 0 && threadIdx.x == 0) sc.sg[0] = sigmoid_f(Lr[2 * Is]);
-        __syncthreads();
-        if (n0 >= H) return;
-        float acc[CHAIN_DOWN_ROWS][1];
-#pragma unroll
-        for (int rr = 0; rr < CHAIN_DOWN_ROWS; rr++) acc[rr][0] = 0.f;
-        gemv_warp_partial<1, CHAIN_DOWN_ROWS, CHAIN_DOWN_UNROLL, true>(w_sh, Is, n0, H, XShared{act}, 0, Is, acc);
-        gemv_warp_reduce<1, CHAIN_DOWN_ROWS>(acc);
-        if (lane == 0)
-#pragma unroll
-            for (int rr = 0; rr < CHAIN_DOWN_ROWS; rr++)
-                if (n0 + rr < H) sc.ysh[n0 + rr] = acc[rr][0];
-        return;
-    }
-    b -= NS;
-    pdl_enter(); /* cuda_launch.cuh: before any access */
-    stage_logits(rs, 1, E, Is, sc);
-    const int n_act = route_staged(rs, 1, E, k, norm_topk, sc, b == 0);
-    if (b < NG) { /* routed gate_up */
-        const int i = b % nblk, y = b / nblk;
-        if (i >= n_act) return;
-        gate_up_rows<GU_ROWS, GU_UNROLL>(rs, i, y, gy_gu, w_gu, H, I, k, x, sc, NULL);
-        chain_arrive(sync, i);
-        return;
-    }
-    b -= NG; /* routed down */
-    const int i = b % nblk, y = b / nblk;
-    if (i >= n_act) return;
-    const int e = rs.act[i];
-    const int64_t n0 = ((int64_t)y * MOE_WARPS + warp) * CHAIN_DOWN_ROWS;
-    const bf16 *W = w_down + (int64_t)e * H * I;
-    if (lane == 0 && n0 < H) /* this warp's rows are contiguous: one prefetch while waiting */
-        prefetch_l2(W + n0 * I, (uint32_t)((H - n0 < CHAIN_DOWN_ROWS ? H - n0 : CHAIN_DOWN_ROWS) * I * 2));
-    chain_wait(sync, i, gy_gu, gy_dn);
-    if (n0 >= H) return;
-    const int a0 = rs.off[i], a1 = rs.off[i + 1];
-    for_chunks<1>(a1 - a0, [&](auto r, int c) {
-        constexpr int R = decltype(r)::value;
-        moe_chunk<true, CHAIN_DOWN_ROWS, CHAIN_DOWN_UNROLL, R, true, true>(W, H, I, n0, rs.sorted + a0 + c,
-                                                                           k, H, I, x, sc);
-    });
-}
-
-/* Multi-token decode steps (2 ≤ T ≤ DS_CUDA_GEMV_MAX_ROWS): the same chain over the groups the
- * routing launch wrote to the scratch — [shared expert down rows | routed gate_up | routed down],
- * with the two-launch path's kernels' bodies (moe_expert_kernel: GU_ROWS / DN_ROWS rows per
- * warp, chunks of at most RMAX assignments): bit-identical results. A down warp prefetches its
- * DN_ROWS contiguous rows into L2 before waiting. */
-template <int GU_ROWS, int GU_UNROLL, int DN_ROWS, int DN_UNROLL, int RMAX>
-__global__ void __launch_bounds__(MOE_WARPS * 32)
-    moe_chain_multi_kernel(const bf16 *__restrict__ w_gu, const bf16 *__restrict__ w_down,
-                           const bf16 *__restrict__ w_sh, int H, int I, int k, int Is, int T,
-                           const bf16 *__restrict__ x, moe_scratch sc, int *sync, int nblk,
-                           int gy_gu, int gy_dn, const bf16 *__restrict__ pf_sh) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int NS = Is > 0 ? gy_dn : 0, NG = nblk * gy_gu;
-    int b = blockIdx.x;
-    if (b < NS) {
-        const int64_t n0 = ((int64_t)b * MOE_WARPS + warp) * DN_ROWS;
-        if (pf_sh && lane == 0 && n0 < H)
-            prefetch_l2(pf_sh + n0 * Is, (uint32_t)((H - n0 < DN_ROWS ? H - n0 : DN_ROWS) * Is * 2));
-        pdl_enter(); /* cuda_launch.cuh */
-        shared_down_block<DN_ROWS, DN_UNROLL, RMAX>(b, w_sh, H, Is, T, sc);
-        return;
-    }
-    b -= NS;
-    pdl_enter(); /* cuda_launch.cuh: before any access */
-    const int n_act = *sc.n_act;
-    if (b < NG) {
-        const int i = b % nblk, y = b / nblk;
-        if (i >= n_act) return;
-        expert_block<false, GU_ROWS, GU_UNROLL, RMAX>(i, y, gy_gu, w_gu, H, I, k, x, sc, NULL);
-        chain_arrive(sync, i);
-        return;
-    }
-    b -= NG;
-    const int i = b % nblk, y = b / nblk;
-    if (i >= n_act) return;
-    const int64_t n0 = ((int64_t)y * MOE_WARPS + warp) * DN_ROWS;
-    if (lane == 0 && n0 < H)
-        prefetch_l2(w_down + ((int64_t)sc.act[i] * H + n0) * I,
-                    (uint32_t)((H - n0 < DN_ROWS ? H - n0 : DN_ROWS) * I * 2));
-    chain_wait(sync, i, gy_gu, gy_dn);
-    expert_block<true, DN_ROWS, DN_UNROLL, RMAX, true>(i, y, gy_dn, w_down, H, I, k, x, sc, NULL);
 }
 
 /* Launches the expert kernel with the chunk bound RMAX = the largest of 8, 4, 2, 1 not above T
@@ -1018,17 +946,6 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
      * (cuda_moe_gemm.cu, DS_OPT_MOE_GEMM) */
     const int nblk = A < E ? A : E;
     const bool fuse_sh = Is > 0 && T <= DS_CUDA_GEMV_MAX_ROWS && ctx->opt.moe_fuse_shared;
-    /* one-token steps: gate_up → down chained in one launch (moe_chain_kernel); its shared
-     * expert rows need SiLU(g)·u in shared memory (Is ≤ 2·ROUTE_FUSED_LOGITS bf16) and its down
-     * rows the two-launch path's T = 1 shape (4 rows per warp) */
-    const bool chain = route_fused && ctx->moe_chain && (Is == 0 || fuse_sh) &&
-                       Is <= 2 * ROUTE_FUSED_LOGITS && nblk <= DS_CUDA_MOE_SYNC &&
-                       (ctx->moe_down_rows == 0 || ctx->moe_down_rows == CHAIN_DOWN_ROWS);
-    /* 2 ≤ T ≤ 8 tokens: the chain of moe_chain_multi_kernel, built for the defaults (gate_up 2
-     * rows per warp, down 16, chunks of ≤ 2 assignments) */
-    const bool chain_multi = !use_gemm && T >= 2 && T <= DS_CUDA_GEMV_MAX_ROWS && ctx->moe_chain &&
-                             (Is == 0 || fuse_sh) && nblk <= DS_CUDA_MOE_SYNC && ctx->moe_gu_rows == 2 &&
-                             (ctx->moe_down_rows == 0 || ctx->moe_down_rows == 16) && ctx->moe_rmax == 2;
     if (use_gemm) {
         ds_moe_gemm_args g = {};
         g.A = A, g.E = E, g.H = H, g.I = I, g.top_k = k;
@@ -1037,28 +954,6 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
         g.act = sc.h; /* [A, I] of the [A, 2I] buffer */
         g.y = sc.y;
         ds_cuda_moe_gemm(ctx, &g);
-    } else if (chain) {
-        const int gy_gu = DS_DIV_UP(2 * I, MOE_WARPS * ctx->moe_gu_rows);
-        const int gy_dn = DS_DIV_UP(H, MOE_WARPS * CHAIN_DOWN_ROWS);
-        const int nb = (Is > 0 ? gy_dn : 0) + nblk * (gy_gu + gy_dn);
-        const bf16 *pf_sh = pf_on ? (const bf16 *)a->w_sh_down : (const bf16 *)NULL;
-        if (ctx->moe_gu_rows == 4)
-            ds_launch(ctx, moe_chain_kernel<4, 2>, nb, MOE_WARPS * 32, 0, (const bf16 *)a->w_gu,
-                      (const bf16 *)a->w_down, (const bf16 *)a->w_sh_down, H, I, E, k, Is,
-                      (int)a->norm_topk, (const bf16 *)a->x, sc, ctx->d_moe_sync, nblk, gy_gu, gy_dn, pf_sh);
-        else
-            ds_launch(ctx, moe_chain_kernel<2, 4>, nb, MOE_WARPS * 32, 0, (const bf16 *)a->w_gu,
-                      (const bf16 *)a->w_down, (const bf16 *)a->w_sh_down, H, I, E, k, Is,
-                      (int)a->norm_topk, (const bf16 *)a->x, sc, ctx->d_moe_sync, nblk, gy_gu, gy_dn, pf_sh);
-        DS_CU_LAUNCHED2(ctx, "moe_chain_kernel", T, H);
-    } else if (chain_multi) {
-        const int gy_gu = DS_DIV_UP(2 * I, MOE_WARPS * 2), gy_dn = DS_DIV_UP(H, MOE_WARPS * 16);
-        const int nb = (Is > 0 ? gy_dn : 0) + nblk * (gy_gu + gy_dn);
-        const bf16 *pf_sh = pf_on ? (const bf16 *)a->w_sh_down : (const bf16 *)NULL;
-        ds_launch(ctx, moe_chain_multi_kernel<2, 4, 16, 1, 2>, nb, MOE_WARPS * 32, 0,
-                  (const bf16 *)a->w_gu, (const bf16 *)a->w_down, (const bf16 *)a->w_sh_down, H, I, k,
-                  Is, T, (const bf16 *)a->x, sc, ctx->d_moe_sync, nblk, gy_gu, gy_dn, pf_sh);
-        DS_CU_LAUNCHED2(ctx, "moe_chain_multi_kernel", T, H);
     } else {
         const bf16 *pf_down = pf_on ? (const bf16 *)a->w_down : (const bf16 *)NULL;
         if (ctx->moe_gu_rows == 4) launch_gate_up<4, 2>(ctx, a, sc, nblk, route_fused, pf_down);
@@ -1069,7 +964,14 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
          * and longer blocks; at T = 1 they cost 2.958 vs 2.919 ms per step, at T = 4 / 8 they
          * saved 5.162 → 5.054 and 7.683 → 7.506 ms, s5-run3). Results are the same bits. */
         const int down_rows = ctx->moe_down_rows ? ctx->moe_down_rows : (T == 1 ? 4 : 16);
-        if (down_rows == 16) launch_down<16, 1>(ctx, a, sc, nblk, w_sh, pf_sh);
+        /* steps of 2+ tokens with the default rows: inputs staged (moe_down_staged_kernel) */
+        const size_t staged_smem = sizeof(float) * (size_t)T * (size_t)I;
+        if (ctx->moe_down_staged && T >= 2 && ctx->moe_down_rows == 0 && ctx->moe_rmax == 2 &&
+            staged_smem <= 48 * 1024) { /* 8 rows per warp: the whole K = I per lane in one batch */
+            dim3 grid(nblk + (w_sh ? 1 : 0), DS_DIV_UP(H, MOE_WARPS * 8));
+            ds_launch(ctx, moe_down_staged_kernel<8, 2, 2>, grid, MOE_WARPS * 32, staged_smem,
+                      (const bf16 *)a->w_down, H, I, sc, w_sh, Is, T, pf_sh);
+        } else if (down_rows == 16) launch_down<16, 1>(ctx, a, sc, nblk, w_sh, pf_sh);
         else if (down_rows == 8) launch_down<8, 2>(ctx, a, sc, nblk, w_sh, pf_sh);
         else launch_down<4, 2>(ctx, a, sc, nblk, w_sh, pf_sh);
         DS_CU_LAUNCHED2(ctx, fuse_sh ? "moe_expert_kernel<down+shared>" : "moe_expert_kernel<down>", T, H);
