@@ -451,6 +451,19 @@ static __device__ __forceinline__ void shared_down_block(int y, const bf16 *__re
     });
 }
 
+/* A block of the down launches' last column: the shared expert's rows for all T tokens; its
+ * weights do not depend on routing, so with pf_w they are prefetched while waiting. */
+template <int ROWS, int UNROLL, int RMAX>
+static __device__ __forceinline__ void shared_down_column(const bf16 *__restrict__ w_sh, int H, int Is,
+                                                          int T, const moe_scratch &sc,
+                                                          const bf16 *__restrict__ pf_w) {
+    const int64_t n0 = ((int64_t)blockIdx.y * MOE_WARPS + (threadIdx.x >> 5)) * ROWS;
+    if (pf_w && (threadIdx.x & 31) == 0 && n0 < H)
+        prefetch_l2(w_sh + n0 * Is, (uint32_t)((H - n0 < ROWS ? H - n0 : ROWS) * Is * 2));
+    pdl_enter(); /* cuda_launch.cuh */
+    shared_down_block<ROWS, UNROLL, RMAX>(blockIdx.y, w_sh, H, Is, T, sc);
+}
+
 /* Block (active expert i, row block y of ny) of a grouped expert GEMV, the groups in the scratch:
  * gate_up (x → sc.h) or down (SiLU(g)·u of sc.h → sc.y). pf_w: see moe_expert_kernel. */
 template <bool DOWN, int ROWS, int UNROLL, int RMAX>
@@ -501,12 +514,7 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
                       int Is, int T, const bf16 *__restrict__ pf_w) {
     const int i = blockIdx.x;
     if (DOWN && w_sh && i == (int)gridDim.x - 1) {
-        const int64_t n0 = ((int64_t)blockIdx.y * MOE_WARPS + (threadIdx.x >> 5)) * ROWS;
-        /* the shared expert's weights do not depend on routing: prefetch them while waiting */
-        if (pf_w && (threadIdx.x & 31) == 0 && n0 < H)
-            prefetch_l2(w_sh + n0 * Is, (uint32_t)((H - n0 < ROWS ? H - n0 : ROWS) * Is * 2));
-        pdl_enter(); /* cuda_launch.cuh */
-        shared_down_block<ROWS, UNROLL, RMAX>(blockIdx.y, w_sh, H, Is, T, sc);
+        shared_down_column<ROWS, UNROLL, RMAX>(w_sh, H, Is, T, sc, pf_w);
         return;
     }
     pdl_enter(); /* cuda_launch.cuh: before any access */
@@ -516,9 +524,9 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
 
 /* The down launch of decode steps of 2+ tokens with the experts' inputs staged
  * (ctx->moe_down_staged, DS_CUDA_MOE_DOWN_STAGED): the block of expert i first computes
- * SiLU(g)·u of its n ≤ T
- * assignments once into shared memory (fp32, exactly the values XSiluMul computes per warp),
- * then its warps stream their rows against it; each warp's first batch of weights is loaded
+ * SiLU(g)·u of its n ≤ T assignments once into shared memory (fp32, exactly the values
+ * XSiluMul computes per warp), then its warps stream their rows against it; each warp's first
+ * batch of weights is loaded
  * before the staging, so the block's dependent loads (groups, gate_up rows) overlap it. The
  * per-warp loader held both halves of every gate_up row and the SiLU in registers:
  * moe_expert_kernel<down, 16 rows> needed 240 registers, one block per SM, DRAM at 55 % (ncu,
@@ -530,12 +538,8 @@ __global__ void __launch_bounds__(MOE_WARPS * 32, 2) /* ≤ 128 registers: two b
                            const bf16 *__restrict__ w_sh, int Is, int T, const bf16 *__restrict__ pf_w) {
     extern __shared__ __align__(16) float act[]; /* [n, I] */
     const int i = blockIdx.x;
-    if (w_sh && i == (int)gridDim.x - 1) { /* as moe_expert_kernel */
-        const int64_t n0 = ((int64_t)blockIdx.y * MOE_WARPS + (threadIdx.x >> 5)) * ROWS;
-        if (pf_w && (threadIdx.x & 31) == 0 && n0 < H)
-            prefetch_l2(w_sh + n0 * Is, (uint32_t)((H - n0 < ROWS ? H - n0 : ROWS) * Is * 2));
-        pdl_enter(); /* cuda_launch.cuh */
-        shared_down_block<ROWS, UNROLL, RMAX>(blockIdx.y, w_sh, H, Is, T, sc);
+    if (w_sh && i == (int)gridDim.x - 1) {
+        shared_down_column<ROWS, UNROLL, RMAX>(w_sh, H, Is, T, sc, pf_w);
         return;
     }
     pdl_enter(); /* cuda_launch.cuh: before any access */
@@ -955,6 +959,8 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
         g.y = sc.y;
         ds_cuda_moe_gemm(ctx, &g);
     } else {
+        /* the gate_up blocks' L2 prefetch of their expert's down slice: with DS_OPT_PREFETCH
+         * only (alone, s7-run4: 2.765 / 5.184 / 7.518 vs 2.691 / 5.066 / 7.399 ms, slower) */
         const bf16 *pf_down = pf_on ? (const bf16 *)a->w_down : (const bf16 *)NULL;
         if (ctx->moe_gu_rows == 4) launch_gate_up<4, 2>(ctx, a, sc, nblk, route_fused, pf_down);
         else launch_gate_up<2, 4>(ctx, a, sc, nblk, route_fused, pf_down);
