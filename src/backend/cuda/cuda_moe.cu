@@ -432,27 +432,9 @@ static __device__ __forceinline__ void for_chunks(int n, F &&f) {
     }
 }
 
-/* Blocks (active expert i, 16·ROWS output rows). With w_sh (down only, catalogue item 1 fused:
- * the shared expert runs concurrently with the routed ones, in the same launch), the last
- * column of blocks (blockIdx.x == gridDim.x - 1) computes the shared expert's down projection
- * for all T tokens instead. pf_w (DS_OPT_PREFETCH; NULL when off): in the gate_up launch the
- * routed experts' down weights, each block prefetching its slice of its expert's matrix for the
- * launch that follows; in the down launch the shared expert's down weights, prefetched before
- * the dependency wait. */
-/* The shared expert's down rows of block row y for all T tokens (the down launch's last column
- * of blocks). */
-template <int ROWS, int UNROLL, int RMAX>
-static __device__ __forceinline__ void shared_down_block(int y, const bf16 *__restrict__ w_sh, int H,
-                                                         int Is, int T, const moe_scratch &sc) {
-    const int64_t n0 = ((int64_t)y * MOE_WARPS + (threadIdx.x >> 5)) * ROWS;
-    if (n0 >= H) return;
-    for_chunks<RMAX>(T, [&](auto r, int t) {
-        shared_down_chunk<ROWS, UNROLL, decltype(r)::value>(w_sh, H, Is, n0, t, sc);
-    });
-}
-
-/* A block of the down launches' last column: the shared expert's rows for all T tokens; its
- * weights do not depend on routing, so with pf_w they are prefetched while waiting. */
+/* A block of the down launches' last column: the shared expert's rows n0.. of block row
+ * blockIdx.y for all T tokens; its weights do not depend on routing, so with pf_w they are
+ * prefetched while waiting. */
 template <int ROWS, int UNROLL, int RMAX>
 static __device__ __forceinline__ void shared_down_column(const bf16 *__restrict__ w_sh, int H, int Is,
                                                           int T, const moe_scratch &sc,
@@ -461,42 +443,9 @@ static __device__ __forceinline__ void shared_down_column(const bf16 *__restrict
     if (pf_w && (threadIdx.x & 31) == 0 && n0 < H)
         prefetch_l2(w_sh + n0 * Is, (uint32_t)((H - n0 < ROWS ? H - n0 : ROWS) * Is * 2));
     pdl_enter(); /* cuda_launch.cuh */
-    shared_down_block<ROWS, UNROLL, RMAX>(blockIdx.y, w_sh, H, Is, T, sc);
-}
-
-/* Block (active expert i, row block y of ny) of a grouped expert GEMV, the groups in the scratch:
- * gate_up (x → sc.h) or down (SiLU(g)·u of sc.h → sc.y). pf_w: see moe_expert_kernel. */
-template <bool DOWN, int ROWS, int UNROLL, int RMAX>
-static __device__ __forceinline__ void expert_block(int i, int y, int ny, const bf16 *__restrict__ Wall,
-                                                    int H, int I, int k, const bf16 *__restrict__ x,
-                                                    const moe_scratch &sc, const bf16 *__restrict__ pf_w) {
-    const int e = sc.act[i];
-    const int a0 = sc.off[i], a1 = sc.off[i + 1];
-    const int64_t N = DOWN ? H : 2 * (int64_t)I;
-    const int64_t K = DOWN ? I : H;
-    const bf16 *W = Wall + (int64_t)e * N * K;
-    const int warp = threadIdx.x >> 5;
-    const int64_t n0 = ((int64_t)y * MOE_WARPS + warp) * ROWS;
-    if (!DOWN && pf_w && threadIdx.x == 0) {
-        /* gate_up block (i, y) prefetches slice y of the same expert's down matrix [H, I] for
-         * the launch that follows (catalogue item 11) */
-        const int64_t rows = DS_DIV_UP((int64_t)H, (int64_t)ny);
-        const int64_t r0 = (int64_t)y * rows;
-        /* all active experts' slices together stay within the prefetch budget */
-        const int64_t cap = (int64_t)DS_CUDA_PREFETCH_BUDGET / ((int64_t)*sc.n_act * ny);
-        if (r0 < H) {
-            const int64_t nr = H - r0 < rows ? H - r0 : rows;
-            const int64_t bytes = nr * I * 2 < cap ? nr * I * 2 : cap;
-            prefetch_l2_range(pf_w + ((int64_t)e * H + r0) * I, (uint64_t)(bytes & ~(int64_t)15));
-        }
-    }
-    if (n0 >= N) return;
-    const bool stream = (a1 - a0) <= 8; /* weights re-read for more rows: keep them in L1 */
-    for_chunks<RMAX>(a1 - a0, [&](auto r, int c) {
-        constexpr int R = decltype(r)::value;
-        const int32_t *rows = sc.sorted + a0 + c;
-        if (R == 8 && !stream) moe_chunk<DOWN, ROWS, UNROLL, R, false>(W, N, K, n0, rows, k, H, I, x, sc);
-        else moe_chunk<DOWN, ROWS, UNROLL, R, true>(W, N, K, n0, rows, k, H, I, x, sc);
+    if (n0 >= H) return;
+    for_chunks<RMAX>(T, [&](auto r, int t) {
+        shared_down_chunk<ROWS, UNROLL, decltype(r)::value>(w_sh, H, Is, n0, t, sc);
     });
 }
 
@@ -519,18 +468,44 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
     }
     pdl_enter(); /* cuda_launch.cuh: before any access */
     if (i >= *sc.n_act) return;
-    expert_block<DOWN, ROWS, UNROLL, RMAX>(i, blockIdx.y, gridDim.y, Wall, H, I, k, x, sc, pf_w);
+    const int e = sc.act[i];
+    const int a0 = sc.off[i], a1 = sc.off[i + 1];
+    const int64_t N = DOWN ? H : 2 * (int64_t)I;
+    const int64_t K = DOWN ? I : H;
+    const bf16 *W = Wall + (int64_t)e * N * K;
+    const int warp = threadIdx.x >> 5;
+    const int64_t n0 = ((int64_t)blockIdx.y * MOE_WARPS + warp) * ROWS;
+    if (!DOWN && pf_w && threadIdx.x == 0) {
+        /* gate_up block (i, y) prefetches slice y of the same expert's down matrix [H, I] for
+         * the launch that follows (catalogue item 11) */
+        const int64_t rows = DS_DIV_UP((int64_t)H, (int64_t)gridDim.y);
+        const int64_t r0 = (int64_t)blockIdx.y * rows;
+        /* all active experts' slices together stay within the prefetch budget */
+        const int64_t cap = (int64_t)DS_CUDA_PREFETCH_BUDGET / ((int64_t)*sc.n_act * gridDim.y);
+        if (r0 < H) {
+            const int64_t nr = H - r0 < rows ? H - r0 : rows;
+            const int64_t bytes = nr * I * 2 < cap ? nr * I * 2 : cap;
+            prefetch_l2_range(pf_w + ((int64_t)e * H + r0) * I, (uint64_t)(bytes & ~(int64_t)15));
+        }
+    }
+    if (n0 >= N) return;
+    const bool stream = (a1 - a0) <= 8; /* weights re-read for more rows: keep them in L1 */
+    for_chunks<RMAX>(a1 - a0, [&](auto r, int c) {
+        constexpr int R = decltype(r)::value;
+        const int32_t *rows = sc.sorted + a0 + c;
+        if (R == 8 && !stream) moe_chunk<DOWN, ROWS, UNROLL, R, false>(W, N, K, n0, rows, k, H, I, x, sc);
+        else moe_chunk<DOWN, ROWS, UNROLL, R, true>(W, N, K, n0, rows, k, H, I, x, sc);
+    });
 }
 
 /* The down launch of decode steps of 2+ tokens with the experts' inputs staged
  * (ctx->moe_down_staged, DS_CUDA_MOE_DOWN_STAGED): the block of expert i first computes
  * SiLU(g)·u of its n ≤ T assignments once into shared memory (fp32, exactly the values
  * XSiluMul computes per warp), then its warps stream their rows against it; each warp's first
- * batch of weights is loaded
- * before the staging, so the block's dependent loads (groups, gate_up rows) overlap it. The
- * per-warp loader held both halves of every gate_up row and the SiLU in registers:
- * moe_expert_kernel<down, 16 rows> needed 240 registers, one block per SM, DRAM at 55 % (ncu,
- * s7-run1, batch 8). Same chunks, same order: bit-identical to moe_expert_kernel. Dynamic
+ * batch of weights is loaded before the staging, so the block's dependent loads (groups,
+ * gate_up rows) overlap it. The per-warp loader held both halves of every gate_up row and the
+ * SiLU in registers: moe_expert_kernel<down, 16 rows> needed 240 registers, one block per SM,
+ * DRAM at 55 % (ncu, s7-run1, batch 8). Same chunks, same order: bit-identical to moe_expert_kernel. Dynamic
  * shared memory: T·I floats. */
 template <int ROWS, int UNROLL, int RMAX>
 __global__ void __launch_bounds__(MOE_WARPS * 32, 2) /* ≤ 128 registers: two blocks per SM */
@@ -559,12 +534,9 @@ __global__ void __launch_bounds__(MOE_WARPS * 32, 2) /* ≤ 128 registers: two b
     const int cpr = I / 8; /* 8-element chunks per row */
     for (int q = threadIdx.x; q < n * cpr; q += blockDim.x) {
         const int r = q / cpr, c = q - r * cpr;
-        const bf16 *hrow = sc.h + (int64_t)sc.sorted[a0 + r] * 2 * I + c * 8;
-        float g[8], u[8];
-        unpack8(ld_cached16(hrow), g);
-        unpack8(ld_cached16(hrow + I), u);
-#pragma unroll
-        for (int j = 0; j < 8; j++) g[j] = silu_f(g[j]) * u[j];
+        const XSiluMul<1> hs{{sc.h + (int64_t)sc.sorted[a0 + r] * 2 * I}, I};
+        float g[8];
+        hs.load(0, (int64_t)c * 8, g);
         float4 *dst = reinterpret_cast<float4 *>(act + (int64_t)r * I + c * 8);
         dst[0] = make_float4(g[0], g[1], g[2], g[3]);
         dst[1] = make_float4(g[4], g[5], g[6], g[7]);
@@ -615,104 +587,23 @@ __global__ void __launch_bounds__(MOE_WARPS * 32, 2) /* ≤ 128 registers: two b
  * (one thread per expert while grouping), T·E ≤ ROUTE_FUSED_LOGITS, T·k ≤ ROUTE_FUSED_A. */
 #define ROUTE_FUSED_LOGITS 2048
 #define ROUTE_FUSED_A 256
-
-/* Shared memory of a block that routes a one-token step for itself. */
-struct moe_block_routing {
-    __align__(16) float lg[ROUTE_FUSED_LOGITS]; /* [T, E] router logits, then probabilities */
-    int32_t ids_s[ROUTE_FUSED_A];
-    int cnt[MOE_WARPS * 32];
-    int wsum[32];
-    int32_t n_act, act[MOE_WARPS * 32], off[MOE_WARPS * 32 + 1], sorted[ROUTE_FUSED_A];
-};
-
-/* Stages the T·E router logits of sc.L in rs.lg (no barrier: the caller may issue more loads
- * before route_staged's). */
-static __device__ __forceinline__ void stage_logits(moe_block_routing &rs, int T, int E, int Is,
-                                                    const moe_scratch &sc) {
-    const int64_t NL = moe_ldl(E, Is); /* row pitch of L */
-    for (int i = threadIdx.x; i < T * E; i += blockDim.x) {
-        const int t = i / E;
-        rs.lg[i] = sc.L[(int64_t)t * NL + (i - t * E)];
-    }
-}
-
-/* Routes the staged tokens (one warp per token) and groups the assignments into rs (same code,
- * same results as moe_route_group_fast_kernel); the writer block also stores the routing (ids,
- * weights) and the groups in the scratch for the launches that follow. Returns the number of
- * active experts. Called by the whole block (barriers inside). */
-static __device__ int route_staged(moe_block_routing &rs, int T, int E, int k, int norm_topk,
-                                   const moe_scratch &sc, bool writer) {
-    __syncthreads();
-    const int warp = threadIdx.x >> 5;
-    for (int t = warp; t < T; t += MOE_WARPS) route_from_shared(t, E, k, norm_topk, sc, rs.lg + t * E, rs.ids_s, writer);
-    __syncthreads();
-    const int A = T * k;
-    group_from_shared(A, E, rs.ids_s, rs.cnt, rs.wsum, moe_groups_out{&rs.n_act, rs.act, rs.off, rs.sorted},
-                      moe_prefetch{NULL, 0});
-    __syncthreads();
-    const int n_act = rs.n_act;
-    if (writer) { /* the groups for the down launch */
-        for (int i = threadIdx.x; i < n_act; i += blockDim.x) {
-            sc.act[i] = rs.act[i];
-            sc.off[i] = rs.off[i];
-        }
-        for (int a = threadIdx.x; a < A; a += blockDim.x) sc.sorted[a] = rs.sorted[a];
-        if (threadIdx.x == 0) {
-            *sc.n_act = n_act;
-            sc.off[n_act] = A;
-        }
-    }
-    return n_act;
-}
-
-/* Gate_up block (active expert i, row block y) after the routing: prefetches its slice of the
- * expert's down matrix when pf_w (as moe_expert_kernel), then computes its rows → sc.h. */
-template <int ROWS, int UNROLL>
-static __device__ __forceinline__ void gate_up_rows(const moe_block_routing &rs, int i, int y, int ny,
-                                                    const bf16 *__restrict__ Wall, int H, int I, int k,
-                                                    const bf16 *__restrict__ x, const moe_scratch &sc,
-                                                    const bf16 *__restrict__ pf_w) {
-    const int e = rs.act[i];
-    const int a0 = rs.off[i], a1 = rs.off[i + 1];
-    const int64_t N = 2 * (int64_t)I, K = H;
-    const bf16 *W = Wall + (int64_t)e * N * K;
-    const int64_t n0 = ((int64_t)y * MOE_WARPS + (threadIdx.x >> 5)) * ROWS;
-    if (pf_w && threadIdx.x == 0) { /* as moe_expert_kernel: this block's slice of the down matrix */
-        const int64_t rows = DS_DIV_UP((int64_t)H, (int64_t)ny);
-        const int64_t r0 = (int64_t)y * rows;
-        const int64_t cap = (int64_t)DS_CUDA_PREFETCH_BUDGET / ((int64_t)rs.n_act * ny);
-        if (r0 < H) {
-            const int64_t nr = H - r0 < rows ? H - r0 : rows;
-            const int64_t bytes = nr * I * 2 < cap ? nr * I * 2 : cap;
-            prefetch_l2_range(pf_w + ((int64_t)e * H + r0) * I, (uint64_t)(bytes & ~(int64_t)15));
-        }
-    }
-    if (n0 >= N) return;
-    /* one assignment at a time: one-token steps (an expert has one row) */
-    for_chunks<1>(a1 - a0, [&](auto r, int c) {
-        constexpr int R = decltype(r)::value;
-        moe_chunk<false, ROWS, UNROLL, R, true>(W, N, K, n0, rs.sorted + a0 + c, k, H, I, x, sc);
-    });
-}
-
-/* One-token steps: routing + grouping folded into the gate_up launch (DS_OPT_MOE_ROUTE_FUSED), so
- * no single-block routing launch sits between the router GEMV and the experts (s5-run1, ncu:
- * moe_route_group_fast_kernel took 7.9 µs per layer at batch 1 on one SM while the GPU idled).
- * Every block stages the T·E router logits in shared memory, routes each token with one warp and
- * groups the assignments with the same code as moe_route_group_fast_kernel (same results), then
- * serves active expert blockIdx.x from its shared copy of the groups. Block (0, 0) also writes
- * the routing (ids, weights) and the groups to the scratch for the down and combine launches;
- * the blocks of column 0 compute the shared expert's SiLU(g)·u and gate. Needs E ≤ blockDim.x
- * (one thread per expert while grouping), T·E ≤ ROUTE_FUSED_LOGITS, T·k ≤ ROUTE_FUSED_A. */
 template <int ROWS, int UNROLL>
 __global__ void __launch_bounds__(MOE_WARPS * 32)
     moe_gate_up_routed_kernel(const bf16 *__restrict__ Wall, int H, int I, int E, int k, int Is,
                               int norm_topk, int T, const bf16 *__restrict__ x, moe_scratch sc,
                               const bf16 *__restrict__ pf_w) {
-    __shared__ moe_block_routing rs;
+    __shared__ float lg[ROUTE_FUSED_LOGITS]; /* [T, E] router logits, then probabilities */
+    __shared__ int32_t ids_s[ROUTE_FUSED_A];
+    __shared__ int cnt[MOE_WARPS * 32];
+    __shared__ int wsum[32];
+    __shared__ int32_t n_act_s, act_s[MOE_WARPS * 32], off_s[MOE_WARPS * 32 + 1], sorted_s[ROUTE_FUSED_A];
     pdl_enter(); /* cuda_launch.cuh: before any access */
     const int64_t NL = moe_ldl(E, Is); /* row pitch of L */
-    stage_logits(rs, T, E, Is, sc);
+    const bool writer = blockIdx.x == 0 && blockIdx.y == 0;
+    for (int i = threadIdx.x; i < T * E; i += blockDim.x) {
+        const int t = i / E;
+        lg[i] = sc.L[(int64_t)t * NL + (i - t * E)];
+    }
     if (Is > 0 && blockIdx.x == 0) { /* column 0 shares the shared expert's activations */
         const int64_t per = DS_DIV_UP((int64_t)T * Is, (int64_t)gridDim.y);
         const int64_t i0 = (int64_t)blockIdx.y * per;
@@ -723,10 +614,49 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
         }
         if (blockIdx.y == 0 && threadIdx.x < T) sc.sg[threadIdx.x] = sigmoid_f(sc.L[(int64_t)threadIdx.x * NL + E + 2 * Is]);
     }
-    const bool writer = blockIdx.x == 0 && blockIdx.y == 0;
-    const int n_act = route_staged(rs, T, E, k, norm_topk, sc, writer);
-    if ((int)blockIdx.x >= n_act) return;
-    gate_up_rows<ROWS, UNROLL>(rs, blockIdx.x, blockIdx.y, gridDim.y, Wall, H, I, k, x, sc, pf_w);
+    __syncthreads();
+    const int warp = threadIdx.x >> 5;
+    for (int t = warp; t < T; t += MOE_WARPS) route_from_shared(t, E, k, norm_topk, sc, lg + t * E, ids_s, writer);
+    __syncthreads();
+    const int A = T * k;
+    group_from_shared(A, E, ids_s, cnt, wsum, moe_groups_out{&n_act_s, act_s, off_s, sorted_s},
+                      moe_prefetch{NULL, 0});
+    __syncthreads();
+    const int n_act = n_act_s;
+    if (writer) { /* the groups for the down launch */
+        for (int i = threadIdx.x; i < n_act; i += blockDim.x) {
+            sc.act[i] = act_s[i];
+            sc.off[i] = off_s[i];
+        }
+        for (int a = threadIdx.x; a < A; a += blockDim.x) sc.sorted[a] = sorted_s[a];
+        if (threadIdx.x == 0) {
+            *sc.n_act = n_act;
+            sc.off[n_act] = A;
+        }
+    }
+    const int i = blockIdx.x;
+    if (i >= n_act) return;
+    const int e = act_s[i];
+    const int a0 = off_s[i], a1 = off_s[i + 1];
+    const int64_t N = 2 * (int64_t)I, K = H;
+    const bf16 *W = Wall + (int64_t)e * N * K;
+    const int64_t n0 = ((int64_t)blockIdx.y * MOE_WARPS + warp) * ROWS;
+    if (pf_w && threadIdx.x == 0) { /* as moe_expert_kernel: this block's slice of the down matrix */
+        const int64_t rows = DS_DIV_UP((int64_t)H, (int64_t)gridDim.y);
+        const int64_t r0 = (int64_t)blockIdx.y * rows;
+        const int64_t cap = (int64_t)DS_CUDA_PREFETCH_BUDGET / ((int64_t)n_act * gridDim.y);
+        if (r0 < H) {
+            const int64_t nr = H - r0 < rows ? H - r0 : rows;
+            const int64_t bytes = nr * I * 2 < cap ? nr * I * 2 : cap;
+            prefetch_l2_range(pf_w + ((int64_t)e * H + r0) * I, (uint64_t)(bytes & ~(int64_t)15));
+        }
+    }
+    if (n0 >= N) return;
+    /* one assignment at a time: the launch serves one-token steps (an expert has one row) */
+    for_chunks<1>(a1 - a0, [&](auto r, int c) {
+        constexpr int R = decltype(r)::value;
+        moe_chunk<false, ROWS, UNROLL, R, true>(W, N, K, n0, sorted_s + a0 + c, k, H, I, x, sc);
+    });
 }
 
 /* Launches the expert kernel with the chunk bound RMAX = the largest of 8, 4, 2, 1 not above T
