@@ -19,8 +19,10 @@
 #include "testlib.h"
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_internal.h"
 #include "model/loader.h"
 #include "model/model.h"
+#include "spec_accept_case.h"
 
 #ifdef DS_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -790,6 +792,43 @@ static void test_concat(void **state) {
     }
 }
 
+/* spec_accept and the pos_shift / out_shift lowering (spec_accept_case.h) on both backends: each
+ * as specified (so CUDA equals the CPU reference exactly: these are integers). The CUDA
+ * positions and n_past are read from the device metadata batch_shift_kernel lowered. */
+static void cpu_read_meta(ds_backend *be, int T, int S, int32_t *positions, int32_t *n_past) {
+    const ds_batch *b = &ds_cpu_of(be)->batch;
+    memcpy(positions, b->positions, (size_t)T * sizeof(int32_t));
+    memcpy(n_past, b->seq_n_past, (size_t)S * sizeof(int32_t));
+}
+
+#ifdef DS_HAVE_CUDA
+static void cuda_read_meta(ds_backend *be, int T, int S, int32_t *positions, int32_t *n_past) {
+    const ds_cuda_ctx *c = be->impl;
+    assert_int_equal(cudaMemcpy(positions, c->batch.positions, (size_t)T * sizeof(int32_t),
+                                cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_int_equal(cudaMemcpy(n_past, c->batch.n_past, (size_t)S * sizeof(int32_t),
+                                cudaMemcpyDeviceToHost), cudaSuccess);
+}
+#endif
+
+static void test_spec_accept(void **state) {
+    (void)state;
+#ifdef DS_HAVE_CUDA
+    assert_non_null(g_cuda->ops->spec_accept);
+    sa_result rc, rg;
+    sa_run(g_cpu, cpu_read_meta, &rc);
+    sa_run(g_cuda, cuda_read_meta, &rg);
+    const int bad_c = sa_mismatches(&rc), bad_g = sa_mismatches(&rg);
+    printf("  spec_accept + shift: CPU %d, CUDA %d entries off the specification; CUDA m =", bad_c,
+           bad_g);
+    for (int s = 0; s < SA_S; s++) printf(" %d", rg.n_emitted[s]);
+    printf("\n");
+    assert_int_equal(bad_c, 0);
+    assert_int_equal(bad_g, 0);
+    assert_memory_equal(&rc, &rg, sizeof rc);
+#endif
+}
+
 /* ---- MoE ------------------------------------------------------------------------------------- */
 
 /* moe_add_rmsnorm (the combine fused with the residual add + RMSNorm, DS_OPT_FUSED_NORM) vs
@@ -1518,7 +1557,7 @@ int main(void) {
         cmocka_unit_test(test_argmax),      cmocka_unit_test(test_moe),
         cmocka_unit_test(test_mixers),      cmocka_unit_test(test_model_fixtures),
         cmocka_unit_test(test_argmax_logits), cmocka_unit_test(test_argmax_logits_bans),
-        cmocka_unit_test(test_concat),
+        cmocka_unit_test(test_concat),      cmocka_unit_test(test_spec_accept),
         cmocka_unit_test(test_gdn_snapshots), cmocka_unit_test(test_bench),
     };
     /* DS_CUDA_TESTS=name,name… runs a subset (e.g. under compute-sanitizer) */

@@ -652,6 +652,83 @@ static void test_min_tokens_bans(void **state) {
     fixture_close(&f);
 }
 
+/* Proves: greedy verifications accepted on the device (runner.h ds_runner_step_ahead: the
+ * draft passes issued before the host saw the ids, their positions lowered by the rejected
+ * drafts) emit exactly the tokens of each request alone, with finishes by max_tokens, EOS and
+ * stop ids inside accepted runs, for k = 2 and 3 on the demo model (whose MTP head is often right
+ * and often wrong, so every shift from 0 to k occurs), on the plain CPU backend (fused
+ * verifications run eagerly) and with step graphs; that most steps went that way
+ * (spec_device_accepts) and none with DS_OPT_SPEC_DEVICE_ACCEPT=0, which gives the same
+ * tokens, and the same accepted drafts: the device path drafts what the host path drafts,
+ * except that near max_tokens it may draft fewer (k_ahead assumes every draft is accepted), and
+ * on this workload none of those would have been taken. The tokens alone could not catch a
+ * wrong draft (verification corrects any), the accepted count does: drafting from the last row
+ * instead of the last accepted one (no out_shift) gave 65 accepted where the host path has 87
+ * (k = 2), MTP positions not lowered (no pos_shift) 88. */
+static void test_device_accept(void **state) {
+    (void)state;
+    enum { N = 8 };
+    for (int graphs = 0; graphs <= 1; graphs++) {
+        fixture f;
+        if (graphs) fixture_open_graphs(&f, "demo");
+        else fixture_open(&f, "demo");
+        spec *w = calloc(N, sizeof *w);
+        result *solo = calloc(N, sizeof *solo), *eng = calloc(N, sizeof *eng);
+        test_rng g = {0xacce97ull};
+        for (int i = 0; i < N; i++) {
+            spec *s = &w[i];
+            s->n_prompt = rnd_int(&g, 1, 60);
+            for (int t = 0; t < s->n_prompt; t++) s->prompt[t] = rnd_int(&g, 0, 5000);
+            ds_sampling_params_init(&s->params);
+            s->params.temperature = 0.0f;
+            s->params.max_tokens = i == 0 ? 2 : i == 1 ? 3 : rnd_int(&g, 24, 64);
+            s->params.ignore_eos = i % 3 == 0;
+            s->compare = true;
+        }
+        amen_spec(&w[N - 1], N_AMEN, 0, 24); /* ends with EOS after a few tokens */
+        solo_all(&f, w, N, solo);
+        /* a stop id inside request 2's output: it ends there, mid-verification or not */
+        assert_true(solo[2].n >= 5);
+        w[2].stop_ids[0] = solo[2].toks[4];
+        w[2].params.stop_token_ids = w[2].stop_ids;
+        w[2].params.n_stop_token_ids = 1;
+        solo_all(&f, &w[2], 1, &solo[2]);
+        for (int k = 2; k <= 3; k++) {
+            ds_engine_opts o;
+            base_opts(&o, k);
+            ds_engine_stats on, off;
+            /* (the CPU backend accepts on the device only when asked: runner.c dev_accept_init) */
+            setenv("DS_OPT_SPEC_DEVICE_ACCEPT", "1", 1);
+            engine_run(&f, &o, w, N, 2, eng, &on);
+            expect_same(w, solo, eng, N, k);
+            check_counters(w, eng, N, &on, k);
+            setenv("DS_OPT_SPEC_DEVICE_ACCEPT", "0", 1);
+            engine_run(&f, &o, w, N, 2, eng, &off);
+            unsetenv("DS_OPT_SPEC_DEVICE_ACCEPT");
+            expect_same(w, solo, eng, N, k);
+            printf("  device acceptance%s k=%d: %llu of %llu steps (off: %llu); %llu of %llu "
+                   "drafts accepted (off: %llu of %llu)\n",
+                   graphs ? " (graphs)" : "", k, (unsigned long long)on.spec_device_accepts,
+                   (unsigned long long)on.steps, (unsigned long long)off.spec_device_accepts,
+                   (unsigned long long)on.spec.n_accepted_tokens,
+                   (unsigned long long)on.spec.n_draft_tokens,
+                   (unsigned long long)off.spec.n_accepted_tokens,
+                   (unsigned long long)off.spec.n_draft_tokens);
+            assert_true(on.spec_device_accepts * 2 > on.steps);
+            assert_int_equal(off.spec_device_accepts, 0);
+            assert_int_equal(on.spec.n_accepted_tokens, off.spec.n_accepted_tokens);
+            /* partial acceptance happened, full acceptance too */
+            assert_true(on.spec.n_accepted_tokens > 0 &&
+                        on.spec.n_accepted_tokens < on.spec.n_draft_tokens);
+            assert_true(on.spec.accepted_per_pos[k - 1] > 0);
+        }
+        free(w);
+        free(solo);
+        free(eng);
+        fixture_close(&f);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_options),
@@ -661,6 +738,7 @@ int main(void) {
         cmocka_unit_test(test_preemption),
         cmocka_unit_test(test_cancel_frees_caches),
         cmocka_unit_test(test_min_tokens_bans),
+        cmocka_unit_test(test_device_accept),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,8 +6,13 @@
  *    batch without snapshots still updates in place;
  *  - the concat op;
  *  - the token buffer: argmax_logits with keep_at keeps its ids there, a batch row with
- *    token_src ≥ 0 embeds that id instead of its tokens entry, keep_at = -1 leaves the buffer. */
+ *    token_src ≥ 0 embeds that id instead of its tokens entry, keep_at = -1 leaves the buffer;
+ *  - spec_accept and the pos_shift / out_shift lowering (spec_accept_case.h: the emitted counts,
+ *    next tokens, lowered out rows, positions and n_past as specified). */
 #include "test_cpu_common.h"
+
+#include "backend/cpu/cpu_internal.h"
+#include "spec_accept_case.h"
 
 typedef struct gdn_fx {
     ds_config cfg;
@@ -233,11 +238,32 @@ static void test_token_buffer(void **state) {
     be->ops->destroy(be);
 }
 
+/* The lowered batch as the CPU ops read it (cpu_spec.c points the batch at its copies). */
+static void cpu_read_meta(ds_backend *be, int T, int S, int32_t *positions, int32_t *n_past) {
+    const ds_batch *b = &ds_cpu_of(be)->batch;
+    memcpy(positions, b->positions, (size_t)T * sizeof(int32_t));
+    memcpy(n_past, b->seq_n_past, (size_t)S * sizeof(int32_t));
+}
+
+static void test_spec_accept(void **state) {
+    (void)state;
+    ds_backend *be = tc_backend(1);
+    assert_non_null(be->ops->spec_accept);
+    sa_result res;
+    sa_run(be, cpu_read_meta, &res);
+    for (int s = 0; s < SA_S; s++)
+        printf("  spec_accept seq %d: %d drafts, m = %d, out row -> %d, n_past -> %d\n", s,
+               sa_n_draft[s], res.n_emitted[s], res.gathered[s], res.n_past[s]);
+    assert_int_equal(sa_mismatches(&res), 0);
+    be->ops->destroy(be);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gdn_state_snapshots),
         cmocka_unit_test(test_concat),
         cmocka_unit_test(test_token_buffer),
+        cmocka_unit_test(test_spec_accept),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -50,10 +50,22 @@ typedef struct ds_batch {
      * Lets a step take the ids of the step before it without the host waiting for them: the
      * MTP draft steps chain their drafts this way, and verification feeds them (spec.h). */
     const int32_t *token_src;
+    /* Positions decided on the device (optional; NULL = as given): the MTP draft passes that
+     * follow a verification accepted by spec_accept run before the host knows how many tokens
+     * were accepted, so their host arrays are written for the case where every draft was
+     * accepted and the device lowers them by the shift spec_accept stored (the drafts it
+     * rejected). pos_shift [S]: entry ≥ 0 → sequence s's positions and seq_n_past are lowered
+     * by entry pos_shift[s] of the backend's shift table; out_shift [n_out]: entry ≥ 0 →
+     * out_rows[r] is lowered by entry out_shift[r]; −1 → unchanged. Host-side checks see the
+     * unlowered values, an upper bound: the KV blocks they name must exist. */
+    const int32_t *pos_shift;
+    const int32_t *out_shift;
 } ds_batch;
 
 /* Entries of every backend's token buffer (ds_batch.token_src, argmax_logits keep_at). */
 #define DS_TOKEN_BUF 4096
+/* Entries of every backend's shift table (spec_accept, ds_batch.pos_shift / out_shift). */
+#define DS_SHIFT_TABLE 1024
 
 /* Sizes of the per-sequence caches: KV blocks for attention layers, one GDN state slot
  * (conv history + fp32 recurrent state) per slot for linear-attention layers. */
@@ -179,6 +191,29 @@ typedef struct ds_backend_ops {
      * Returns false, with the table cleared, when B·n_ban exceeds the backend's capacity (at
      * least 256 rows of 136 ids). */
     bool (*set_argmax_bans)(ds_backend *be, const int32_t *ids, int B, int n_ban);
+    /* Greedy acceptance of a verification on the device (issue 5's "no host round-trips";
+     * NULL: the host accepts). The current batch is the verification just run: sequence s
+     * feeds its last token then its n_s = rows − 1 drafts at rows [seq_start[s],
+     * seq_start[s+1]), all of them output rows, and each row's target argmax is at token-buffer
+     * entry ids_at + row (argmax_logits keep_at = ids_at). For each sequence: m_s = 1 + the
+     * number of leading drafts equal to the target id of the row before them (the tokens it
+     * emits: accepted drafts, then the correction / bonus). Writes token-buffer entry
+     * next_at + row = the target id of row min(row, seq_start[s] + m_s − 1), each row's next
+     * token for the MTP pass over the verified rows; token-buffer entry m_at + s = m_s, whose
+     * host copy reaches n_emitted[s] by the next synchronize; shift-table entry s = rows − m_s,
+     * for the draft passes' pos_shift / out_shift. Ranges must fit DS_TOKEN_BUF and S must not
+     * exceed DS_SHIFT_TABLE. Finishes (EOS, max_tokens) are the host's: it learns them from the
+     * ids and discards what the device drafted past them. */
+    void (*spec_accept)(ds_backend *be, int ids_at, int next_at, int m_at, int32_t *n_emitted);
+    /* A wait for part of the queued work (NULL: the backend finishes every op before returning,
+     * and its host outputs are written at once). mark() notes the current point of the queue;
+     * wait_mark() returns once the device has passed the last mark, with the host outputs of the
+     * ops queued before it (argmax_logits ids, spec_accept counts) written; those of later ops
+     * stay pending until a later synchronize or wait_mark. Not during a graph recording. Device
+     * errors are reported as by synchronize. Lets the host accept a verification while the
+     * device still runs the draft passes queued after it. */
+    void (*mark)(ds_backend *be);
+    ds_status (*wait_mark)(ds_backend *be, ds_error *err);
 
     /* Step graphs (all three or none). graph_begin(key) starts recording: the ops that follow
      * are recorded, not run, except set_batch, whose upload happens at once and stays out of

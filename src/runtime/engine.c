@@ -31,6 +31,7 @@
  * when it has nothing to run. Because the stats are published before final events are
  * delivered, a client that saw its request end also sees its caches freed in the stats. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,6 +57,8 @@ struct ds_engine {
 
     int k;                    /* draft tokens per step (0: no speculative decoding) */
     int32_t *k_next;          /* [max_num_seqs] engine thread: drafts wanted per plan item */
+    int32_t *k_ahead;         /* [max_num_seqs] engine thread: the same, drafted before the host
+                                 accepted (ds_runner_step_ahead): as if every draft were taken */
     uint64_t *ban_keys;       /* [max_num_seqs · (k + 1)] engine thread: ban key per greedy plan
                                  item (k = 0) or per verification row (k > 0) */
     int32_t *ban_item;        /* [max_num_seqs · (k + 1)] engine thread (k > 0): plan item of
@@ -309,14 +312,25 @@ static void run_step_spec(ds_engine *e) {
     /* all-greedy verifications replay a graph per shape (runner.h ds_runner_step_graphed_bans);
      * fused: their ids are the argmax with each row's bans, and no logits exist */
     int fused = 0;
+    bool drafted = false; /* accepted on the device and drafted already (runner.h) */
     spec_bans_ctx bctx = {e, plan};
-    ds_status st = spec_graph_plan(e, plan)
-                       ? ds_runner_step_graphed_bans(rn, plan, &e->kv, e->ban_keys,
-                                                     fill_spec_bans, &bctx, &fused, NULL, &err)
-                       : ds_runner_verify(rn, plan, &e->kv, &err);
+    ds_status st;
+    if (spec_graph_plan(e, plan)) {
+        /* drafts each item may take if all of its drafts are accepted now (its draft passes
+         * run before the host knows how many were) */
+        for (int i = 0; i < plan->n_items; i++) {
+            const ds_sched_seq *q = plan->items[i].seq;
+            const int left = q->max_tokens - (q->n_tokens + plan->items[i].n_draft + 1);
+            e->k_ahead[i] = !q->spec || left <= 0 ? 0 : left < e->k ? left : e->k;
+        }
+        st = ds_runner_step_ahead(rn, plan, &e->kv, e->ban_keys, fill_spec_bans, &bctx,
+                                  e->k_ahead, &drafted, &fused, &err);
+    } else {
+        st = ds_runner_verify(rn, plan, &e->kv, &err);
+    }
     e->counters.steps++;
     e->counters.ban_uploads = rn->ban_uploads;
-    if (st == DS_OK && fused) e->counters.spec_fused_steps++;
+    if (st == DS_OK && (fused || drafted)) e->counters.spec_fused_steps++;
     int32_t toks[DS_SPEC_MAX_K + 1];
     ds_sample_result res[DS_SPEC_MAX_K + 1];
     for (int i = 0; i < plan->n_items; i++) {
@@ -333,7 +347,7 @@ static void run_step_spec(ds_engine *e) {
         }
         const int row = rn->row0[i], n_rows = 1 + it->n_draft;
         /* a fused step took only items whose ids suffice (rows below min_tokens banned) */
-        const bool fast = fused || ds_spec_argmax_suffices(&r->sampler, r->n_generated);
+        const bool fast = fused || drafted || ds_spec_argmax_suffices(&r->sampler, r->n_generated);
         float *logits = fast ? NULL : ds_runner_logits(rn, row, n_rows, &err);
         ds_spec_result vr;
         if ((!fast && !logits) ||
@@ -343,18 +357,26 @@ static void run_step_spec(ds_engine *e) {
             end_request(e, r, DS_FINISH_NONE, -1);
             continue;
         }
+        if (drafted && vr.reason == DS_FINISH_NONE && vr.n_emitted != rn->dev_m[i]) {
+            /* the device's acceptance placed its drafts for another count: never expected */
+            fprintf(stderr, "deltaserve: speculative step: the device accepted %d tokens where "
+                    "the host accepted %d; request ended\n", rn->dev_m[i], vr.n_emitted);
+            end_request(e, r, DS_FINISH_NONE, -1);
+            continue;
+        }
         ds_spec_stats_add(&e->counters.spec, it->n_draft, vr.n_accepted);
         ds_runner_commit(rn, plan, i, vr.n_emitted);
         ds_sched_seq_advance_spec(&r->seq, it->n_tokens, vr.n_emitted);
         emit_tokens(e, r, toks, res, &vr);
         if (r->seq.state == DS_SCHED_RUNNING && r->seq.spec) {
             int left = r->seq.max_tokens - r->seq.n_tokens; /* tokens it may still emit − 1 */
-            e->k_next[i] = left < e->k ? left : e->k;
+            e->k_next[i] = drafted ? e->k_ahead[i] : left < e->k ? left : e->k;
         }
     }
     if (st != DS_OK) return;
+    if (drafted) e->counters.spec_device_accepts++;
     /* drafts for the next step; also fills the MTP's KV over every row this step fed */
-    if (ds_runner_draft(rn, plan, &e->kv, e->k_next, &err) != DS_OK) {
+    if (!drafted && ds_runner_draft(rn, plan, &e->kv, e->k_next, &err) != DS_OK) {
         for (int i = 0; i < plan->n_items; i++) {
             ds_request *r = plan->items[i].seq->owner;
             if (r->seq.state != DS_SCHED_NONE) end_request(e, r, DS_FINISH_NONE, -1);
@@ -497,6 +519,7 @@ static void engine_free_parts(ds_engine *e) {
     ds_kv_blocks_free(&e->kv);
     ds_state_slots_free(&e->slots);
     free(e->k_next);
+    free(e->k_ahead);
     free(e->ban_keys);
     free(e->ban_item);
     pthread_mutex_destroy(&e->mu);
@@ -536,6 +559,7 @@ ds_status ds_engine_create(ds_model *model, const ds_engine_opts *opts, ds_engin
     ds_scheduler_set_spec(&e->sched, e->k);
     e->counters.num_speculative_tokens = e->k;
     e->k_next = ds_xcalloc((size_t)o->max_num_seqs, sizeof(int32_t));
+    e->k_ahead = ds_xcalloc((size_t)o->max_num_seqs, sizeof(int32_t));
     const size_t rows = (size_t)o->max_num_seqs * (size_t)(e->k + 1); /* a step's output rows */
     e->ban_keys = ds_xcalloc(rows, sizeof(uint64_t));
     e->ban_item = ds_xcalloc(rows, sizeof(int32_t));

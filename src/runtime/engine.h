@@ -103,6 +103,9 @@ typedef struct ds_engine_stats {
     uint64_t spec_fused_steps;    /* verification steps whose argmax ran fused with the lm_head
                                      (ids only, rows below min_tokens banned on the device; runner.h
                                      ds_runner_step_graphed_bans) */
+    uint64_t spec_device_accepts; /* verification steps accepted on the device and followed by
+                                     their draft passes without a host round trip (runner.h
+                                     ds_runner_step_ahead) */
     ds_spec_stats spec;           /* drafts, draft tokens, accepted tokens (per position) */
     int graph_shapes_captured;    /* step shapes with a recorded graph (warmup or first use) */
     int graph_shapes_eager;       /* step shapes whose recording failed: they run eagerly */

@@ -60,6 +60,31 @@ static bool greedy_init(ds_runner *r) {
     return bans_init(r, fused) && r->gids && r->graph_state;
 }
 
+/* Acceptance on the device (runner.h ds_runner_step_ahead): on with device drafts when the
+ * backend has spec_accept, the lm_head + argmax run fused (DS_OPT_FUSED_ARGMAX: the ids can
+ * stay on the device), the token buffer has room after the drafts' k·S entries for S·(k+1)
+ * ids, S·(k+1) next tokens and S counts, and DS_OPT_SPEC_DEVICE_ACCEPT allows: by default only
+ * where verifications run from step graphs (a device backend, whose host work can overlap the
+ * device's: the CPU backend finishes every op before the host goes on, so there is nothing to
+ * overlap), with =1 on any backend (the tests), with =0 nowhere. A verification whose shape has no graph then runs fused eagerly. Returns
+ * false only when out of memory. */
+static bool dev_accept_init(ds_runner *r) {
+    const ds_backend_ops *op = r->model->be->ops;
+    const int S = r->max_seqs, K1 = r->k + 1;
+    r->ids_at = r->k * S; /* after the drafts */
+    r->next_at = r->ids_at + S * K1;
+    r->m_at = r->next_at + S * K1;
+    const bool wanted = ds_env_switch("DS_OPT_SPEC_DEVICE_ACCEPT", graph_off_reason(r) == NULL);
+    r->dev_accept = wanted && op->spec_accept != NULL && op->argmax_logits != NULL &&
+                    ds_env_switch("DS_OPT_FUSED_ARGMAX", true) &&
+                    (int64_t)r->m_at + S <= DS_TOKEN_BUF && S <= DS_SHIFT_TABLE;
+    if (!r->dev_accept) return true;
+    r->dev_m = calloc((size_t)S, sizeof(int32_t));
+    r->pshift = malloc((size_t)S * sizeof(int32_t));
+    r->oshift = malloc((size_t)S * sizeof(int32_t));
+    return r->dev_m && r->pshift && r->oshift;
+}
+
 ds_status ds_runner_init(ds_runner *r, ds_model *m, int max_seqs, int max_tokens, int n_blocks,
                          int block_size, int max_blocks, ds_error *err) {
     return ds_runner_init_spec(r, m, max_seqs, max_tokens, n_blocks, block_size, max_blocks, 0,
@@ -115,6 +140,7 @@ ds_status ds_runner_init_spec(ds_runner *r, ds_model *m, int max_seqs, int max_t
             r->slot_place = calloc(S, sizeof(int32_t));
             ok = r->dh && r->token_src && r->dslot && r->dkp && r->slot_dgen && r->slot_place;
         }
+        if (ok && r->dev_drafts) ok = dev_accept_init(r);
         for (int i = 0; ok && i < max_seqs; i++) r->gdn_cur[i] = i * (k + 2);
     }
     if (ok && k == 0) ok = greedy_init(r);
@@ -152,10 +178,13 @@ void ds_runner_free(ds_runner *r) {
                     r->d_k,      r->d_tokens,  r->d_pos,     r->d_start,  r->d_slot,
                     r->d_past,   r->d_table,   r->gids,      r->graph_state, r->ban_keys,
                     r->ban_table, r->ban_count, r->dh,   r->token_src, r->dslot, r->dkp,
-                    r->slot_dgen, r->slot_place};
+                    r->slot_dgen, r->slot_place, r->dev_m, r->pshift, r->oshift};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     *r = (ds_runner){0};
 }
+
+/* Token-buffer entry (and dh index) of draft j of place p (runner.h). */
+static int draft_entry(const ds_runner *r, int j, int p) { return j * r->max_seqs + p; }
 
 /* Spare GDN slots of sequence slot `slot` (all of its group but the current one). */
 static int spare_slots(const ds_runner *r, int slot, int32_t *out) {
@@ -197,7 +226,7 @@ static ds_batch build_batch(ds_runner *r, const ds_sched_plan *plan, const ds_kv
             const bool on_dev = it->n_draft > 0 && r->dgen != 0 && r->slot_dgen[q->slot] == r->dgen;
             for (int j = 0; j < n; j++) {
                 const int jd = j - it->n_tokens; /* draft index */
-                r->token_src[T + j] = on_dev && jd >= 0 ? jd * r->max_seqs + r->slot_place[q->slot] : -1;
+                r->token_src[T + j] = on_dev && jd >= 0 ? draft_entry(r, jd, r->slot_place[q->slot]) : -1;
             }
             any_dev = any_dev || on_dev;
         }
@@ -248,13 +277,19 @@ static ds_batch build_batch(ds_runner *r, const ds_sched_plan *plan, const ds_kv
     };
 }
 
+/* Every synchronize of a speculative runner: the last draft call's host copies are in dh. */
+static ds_status runner_sync(ds_runner *r, ds_error *err) {
+    ds_status st = r->model->be->ops->synchronize(r->model->be, err);
+    if (st == DS_OK) r->d_pending = false;
+    return st;
+}
+
 /* After a synchronize that followed a device-chained draft call: its drafts' host copies (dh)
  * into drafts, where acceptance reads them. */
 static void drafts_land(ds_runner *r) {
     for (int p = 0; p < r->d_unlanded; p++)
         for (int j = 0; j < r->dkp[p]; j++)
-            r->drafts[(size_t)r->dslot[p] * (size_t)r->k + (size_t)j] =
-                r->dh[(size_t)j * (size_t)r->max_seqs + (size_t)p];
+            r->drafts[(size_t)r->dslot[p] * (size_t)r->k + (size_t)j] = r->dh[draft_entry(r, j, p)];
     r->d_unlanded = 0;
 }
 
@@ -284,6 +319,7 @@ typedef struct greedy_step {
     ds_runner *r;
     const ds_batch *b;
     int32_t *ids; /* [b->n_tokens] */
+    int keep;     /* argmax_logits keep_at: the ids also stay on the device there (≥ 0) */
 } greedy_step;
 
 static ds_status greedy_fused_step(void *ctx, ds_error *err) {
@@ -292,7 +328,7 @@ static ds_status greedy_fused_step(void *ctx, ds_error *err) {
     ds_status st = ds_model_forward(m, g->r->cache, g->b, err);
     if (st != DS_OK) return st;
     ds_tensor xn = ds_view2d(m->s.normed.data, m->s.normed.dtype, g->b->n_tokens, m->cfg.hidden);
-    m->be->ops->argmax_logits(m->be, &xn, &m->w.lm_head, g->ids, -1);
+    m->be->ops->argmax_logits(m->be, &xn, &m->w.lm_head, g->ids, g->keep);
     return DS_OK;
 }
 
@@ -307,7 +343,7 @@ static ds_status greedy_forward(ds_runner *r, ds_batch *b, ds_error *err) {
     const bool fused = op->argmax_logits != NULL && r->greedy_mode != GREEDY_UNFUSED;
     if (fused) {
         b->n_out = 0;
-        greedy_step g = {r, b, r->gids};
+        greedy_step g = {r, b, r->gids, -1};
         return ds_step_graph_run(be, r->graph_tag | (uint64_t)n, &r->graph_state[n], b,
                                  greedy_fused_step, &g, NULL, err);
     }
@@ -407,7 +443,7 @@ ds_status ds_runner_verify(ds_runner *r, const ds_sched_plan *plan, const ds_kv_
         ds_tensor lg = ds_view2d(m->s.logits.data, DS_DTYPE_F32, r->n_out, r->vocab);
         op->argmax(m->be, &lg, r->ids);
     }
-    if ((st = op->synchronize(m->be, err)) != DS_OK) return st;
+    if ((st = runner_sync(r, err)) != DS_OK) return st;
     drafts_land(r);
     return DS_OK;
 }
@@ -419,7 +455,7 @@ float *ds_runner_logits(ds_runner *r, int row, int n, ds_error *err) {
     m->be->ops->download(m->be, r->logits + (size_t)row * V,
                          (const float *)m->s.logits.data + (size_t)row * V,
                          (size_t)n * V * sizeof(float));
-    if (m->be->ops->synchronize(m->be, err) != DS_OK) return NULL;
+    if (runner_sync(r, err) != DS_OK) return NULL;
     return r->logits + (size_t)row * V;
 }
 
@@ -444,25 +480,31 @@ static ds_status draft_pass(ds_runner *r, const ds_batch *b, const ds_tensor *hi
                              &r->graph_state[state_idx], b, ds_spec_draft_pass_run, &p, NULL, err);
 }
 
-ds_status ds_runner_draft(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
-                          const int32_t *k_next, ds_error *err) {
-    DS_ASSERT(r->k > 0);
+/* ds_runner_draft's passes (ahead = false: after the host accepted and every item was
+ * advanced), or ds_runner_step_ahead's (ahead = true: right after spec_accept, items not yet
+ * advanced, each verified row's next token at token-buffer entry next_at + row, positions as if
+ * every draft was accepted and lowered on the device). With dev_accept every pass carries
+ * pos_shift / out_shift (−1 entries unless ahead), so both kinds replay the same graphs. */
+static ds_status draft_passes(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
+                              const int32_t *k_next, bool ahead, ds_error *err) {
+    DS_ASSERT(r->k > 0 && (!ahead || r->dev_accept));
     ds_model *m = r->model;
-    const ds_backend_ops *op = m->be->ops;
     const int H = m->cfg.hidden, S = r->max_seqs;
-    const bool dev = r->dev_drafts;
+    const bool dev = r->dev_drafts, shifts = r->dev_accept;
     ds_batch mb = r->batch;
-    /* row t's token t+1, from the sequence's tokens as they are now (prompt, sampled and accepted
-     * tokens); rows past the last accepted one get the last token: their MTP KV is rewritten
-     * before any query reads it */
+    /* row t's token t+1: ahead, spec_accept's; else from the sequence's tokens as they are now
+     * (prompt, sampled and accepted tokens); rows past the last accepted one get the last token:
+     * their MTP KV is rewritten before any query reads it */
     int n_d = 0, max_k = 0;
     for (int i = 0; i < plan->n_items; i++) {
         const ds_sched_seq *q = plan->items[i].seq;
         const int c0 = r->seq_n_past[i];
         for (int t = r->seq_start[i]; t < r->seq_start[i + 1]; t++) {
             int idx = c0 + (t - r->seq_start[i]) + 1;
-            r->next[t] = q->tokens[idx < q->n_tokens ? idx : q->n_tokens - 1];
+            r->next[t] = ahead ? 0 : q->tokens[idx < q->n_tokens ? idx : q->n_tokens - 1];
+            if (ahead) r->token_src[t] = r->next_at + t;
         }
+        if (shifts) r->pshift[i] = -1; /* pass 0 feeds the verified rows where they are */
         DS_ASSERT(k_next[i] >= 0 && k_next[i] <= r->k);
         r->d_k[i] = k_next[i];
         if (k_next[i] > 0) {
@@ -480,9 +522,12 @@ ds_status ds_runner_draft(ds_runner *r, const ds_sched_plan *plan, const ds_kv_b
     for (int p = 0; p < n_d; p++) {
         int i = r->d_order[p];
         const ds_sched_seq *q = plan->items[i].seq;
-        int row = r->seq_start[i] + (q->n_computed - 1 - r->seq_n_past[i]);
+        /* the last accepted row; ahead, the last row lowered by the rejected drafts */
+        int row = ahead ? r->seq_start[i + 1] - 1
+                        : r->seq_start[i] + (q->n_computed - 1 - r->seq_n_past[i]);
         DS_ASSERT(row >= r->seq_start[i] && row < r->seq_start[i + 1]);
         out_rows[p] = row;
+        if (shifts) r->oshift[p] = ahead ? i : -1;
     }
     /* graphs of the passes: the serving graphs' conditions; for pass 0 also every item drafting
      * after a verification of one known token + d drafts (the verification graph's shape) */
@@ -501,15 +546,19 @@ ds_status ds_runner_draft(ds_runner *r, const ds_sched_plan *plan, const ds_kv_b
     DS_ASSERT(r->d_unlanded == 0);
 
     mb.tokens = r->next;
-    mb.token_src = NULL;
+    mb.token_src = ahead ? r->token_src : NULL;
     mb.state_out_slots = NULL;
     mb.n_out = n_d;
     mb.out_rows = out_rows;
+    mb.pos_shift = shifts ? r->pshift : NULL;
+    mb.out_shift = shifts ? r->oshift : NULL;
     if (n_d == 0) {
         ds_status st = ds_mtp_forward(m, r->cache, &mb, &m->s.normed, false, err);
-        return st != DS_OK ? st : op->synchronize(m->be, err);
+        return st != DS_OK || ahead ? st : runner_sync(r, err);
     }
-    ds_status st = draft_pass(r, &mb, &m->s.normed, dev ? r->dh : r->d_tokens, dev ? 0 : -1, idx0, err);
+    const int e0 = draft_entry(r, 0, 0);
+    ds_status st = draft_pass(r, &mb, &m->s.normed, dev ? r->dh + e0 : r->d_tokens, dev ? e0 : -1,
+                              idx0, err);
     if (st != DS_OK) return st;
     if (!dev)
         for (int p = 0; p < n_d; p++)
@@ -523,13 +572,17 @@ ds_status ds_runner_draft(ds_runner *r, const ds_sched_plan *plan, const ds_kv_b
         while (nj < n_d && r->d_k[r->d_order[nj]] > j) nj++;
         DS_ASSERT(nj > 0);
         for (int p = 0; p < nj; p++) {
-            const ds_sched_seq *q = plan->items[r->d_order[p]].seq;
-            const int32_t pos = q->n_computed + j - 1;
+            const ds_sched_item *it = &plan->items[r->d_order[p]];
+            const ds_sched_seq *q = it->seq;
+            /* ahead: not yet advanced, so as if all its drafts were accepted (lowered by the
+             * device) */
+            const int32_t pos = q->n_computed + (ahead ? it->n_draft + 1 : 0) + j - 1;
+            if (shifts) r->pshift[p] = ahead ? r->d_order[p] : -1;
             int held = ds_kv_blocks_held(kv, q->slot);
             DS_ASSERT((int64_t)held * r->block_size > pos && held <= r->max_blocks);
             /* device chain: draft j − 1 of place p is token-buffer entry (j − 1)·S + p */
             r->d_tokens[p] = dev ? 0 : ds_runner_drafts(r, q->slot)[j - 1];
-            if (dev) r->token_src[p] = (j - 1) * S + p;
+            if (dev) r->token_src[p] = draft_entry(r, j - 1, p);
             r->d_pos[p] = pos;
             r->d_past[p] = pos;
             r->d_start[p] = p;
@@ -542,18 +595,22 @@ ds_status ds_runner_draft(ds_runner *r, const ds_sched_plan *plan, const ds_kv_b
         ds_batch db = {.n_tokens = nj, .n_seqs = nj, .tokens = r->d_tokens, .positions = r->d_pos,
                        .seq_start = r->d_start, .seq_slot = r->d_slot, .seq_n_past = r->d_past,
                        .block_table = r->d_table, .max_blocks = r->max_blocks, .n_out = nj,
-                       .out_rows = out_rows, .token_src = dev ? r->token_src : NULL};
+                       .out_rows = out_rows, .token_src = dev ? r->token_src : NULL,
+                       .pos_shift = shifts ? r->pshift : NULL,
+                       .out_shift = shifts ? r->oshift : NULL};
+        if (shifts)
+            for (int p = 0; p < nj; p++) r->oshift[p] = -1;
         ds_tensor hid = ds_view2d(m->mtp.out_h.data, m->mtp.out_h.dtype, nj, H);
         const long idxj = graphs ? (long)(2 * region + (size_t)nj * (size_t)K1 + (size_t)j) : -1;
-        st = draft_pass(r, &db, &hid, dev ? r->dh + (size_t)j * (size_t)S : r->d_tokens,
-                        dev ? j * S : -1, idxj, err);
+        const int ej = draft_entry(r, j, 0);
+        st = draft_pass(r, &db, &hid, dev ? r->dh + ej : r->d_tokens, dev ? ej : -1, idxj, err);
         if (st != DS_OK) return st;
         if (!dev)
             for (int p = 0; p < nj; p++)
                 r->drafts[(size_t)plan->items[r->d_order[p]].seq->slot * (size_t)r->k + (size_t)j] =
                     r->d_tokens[p];
     }
-    if (!dev) return op->synchronize(m->be, err);
+    if (!dev) return runner_sync(r, err);
     /* device chain: nothing waits here; the next verification feeds the drafts from the token
      * buffer and its synchronize brings their host copies (drafts_land) */
     r->dgen++;
@@ -566,7 +623,13 @@ ds_status ds_runner_draft(ds_runner *r, const ds_sched_plan *plan, const ds_kv_b
         r->slot_place[slot] = p;
     }
     r->d_unlanded = n_d;
+    r->d_pending = true;
     return DS_OK;
+}
+
+ds_status ds_runner_draft(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
+                          const int32_t *k_next, ds_error *err) {
+    return draft_passes(r, plan, kv, k_next, false, err);
 }
 
 /* ---- serving steps through step graphs, saying why when not (runtime/graph_warmup.h) -------- */
@@ -612,11 +675,14 @@ ds_status ds_runner_step_graphed(ds_runner *r, const ds_sched_plan *plan, const 
     return ds_runner_step_graphed_bans(r, plan, kv, NULL, NULL, NULL, graphed, why, err);
 }
 
-ds_status ds_runner_step_graphed_bans(ds_runner *r, const ds_sched_plan *plan,
-                                      const ds_kv_blocks *kv, const uint64_t *keys,
-                                      ds_runner_ban_fn fill, void *ctx, int *graphed,
-                                      ds_error *why, ds_error *err) {
+/* ds_runner_step_graphed_bans, and with k_ahead ds_runner_step_ahead (*drafted: whether it
+ * accepted on the device and drafted). */
+static ds_status graphed_step(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
+                              const uint64_t *keys, ds_runner_ban_fn fill, void *ctx,
+                              const int32_t *k_ahead, bool *drafted, int *graphed, ds_error *why,
+                              ds_error *err) {
     ds_backend *be = r->model->be;
+    *drafted = false;
     DS_ASSERT(!keys || r->k > 0); /* decode steps ban through ds_runner_step_greedy_bans */
     int unused;
     if (!graphed) graphed = &unused;
@@ -628,9 +694,10 @@ ds_status ds_runner_step_graphed_bans(ds_runner *r, const ds_sched_plan *plan,
     }
     const int n = plan->n_items;
     DS_ASSERT(n > 0 && n <= r->max_seqs);
-    greedy_step g = {r, NULL, r->gids};
+    greedy_step g = {r, NULL, r->gids, -1};
     ds_batch b;
     size_t idx; /* of the shape in r->graph_state and r's graph keys */
+    bool eager = false;
     if (r->k == 0) {
         DS_ASSERT(r->greedy_mode);
         if (off) {
@@ -649,15 +716,18 @@ ds_status ds_runner_step_graphed_bans(ds_runner *r, const ds_sched_plan *plan,
             uniform = uniform && it->n_tokens == 1 && it->wants_logits && it->n_draft == d;
         }
         if (!off && !uniform) off = "a verification whose items feed different token counts";
-        if (off) {
+        /* accepted on the device, a verification with no graph runs fused eagerly (the engine
+         * gave only items that each feed one known token and decide from the ids) */
+        eager = off && k_ahead && r->dev_accept;
+        if (off && !eager) {
             if (why) ds_error_set(why, DS_ERR_UNSUPPORTED, "%s", off);
             return ds_runner_verify(r, plan, kv, err);
         }
-        if (!spec_graphs_ready(r))
+        if (!eager && !spec_graphs_ready(r))
             return ds_error_set(err, DS_ERR_NOMEM, "runner: out of memory for graph states");
         /* the fused argmax reads the table from a fixed device address at every run, so a
          * recorded graph replays with whatever table is current: no recording per table */
-        if (keys && !bans_sync(r, n * (1 + d), keys, fill, ctx)) {
+        if (keys && !bans_sync(r, plan->n_tokens, keys, fill, ctx)) {
             r->device_bans = false; /* refused: too large for it (as k = 0: off from now on) */
             if (why) ds_error_set(why, DS_ERR_UNSUPPORTED, "the backend refused the ban table");
             return ds_runner_verify(r, plan, kv, err);
@@ -667,13 +737,55 @@ ds_status ds_runner_step_graphed_bans(ds_runner *r, const ds_sched_plan *plan,
         b = r->batch;
         idx = (size_t)n * (size_t)(r->k + 1) + (size_t)d;
         g.ids = r->ids;
+        /* with dev_accept every verification keeps its ids on the device too (one graph per
+         * shape serves both kinds of step) */
+        g.keep = r->dev_accept ? r->ids_at : -1;
     }
     b.n_out = 0;
     g.b = &b;
-    ds_status st = ds_step_graph_run(be, r->graph_tag | (uint64_t)idx, &r->graph_state[idx], &b,
-                                     greedy_fused_step, &g, why, err);
-    if (st == DS_OK) st = be->ops->synchronize(be, err);
+    /* accepting on the device, this step's draft call rewrites dh and the drafts' token-buffer
+     * entries; the previous call's host copies must be in first (they are the drafts verified
+     * now): normally done by the time the host got here, so this wait is short */
+    ds_status st = DS_OK;
+    if (r->k > 0 && k_ahead && r->dev_accept && r->d_pending && (st = runner_sync(r, err)) == DS_OK)
+        drafts_land(r);
+    if (st != DS_OK) return st;
+    st = eager ? greedy_fused_step(&g, err)
+                         : ds_step_graph_run(be, r->graph_tag | (uint64_t)idx,
+                                             &r->graph_state[idx], &b, greedy_fused_step, &g, why,
+                                             err);
+    *graphed = eager ? 0 : r->graph_state[idx];
+    if (st == DS_OK && r->k > 0 && k_ahead && r->dev_accept) {
+        /* the backend's batch is still the verification's: accept on the device, mark, queue
+         * the draft passes (into the other region), and wait only for the mark: the ids, the
+         * counts and the previous call's drafts (the ones just verified, which the caller's
+         * acceptance reads from r->drafts) arrive while the device still drafts. */
+        const ds_backend_ops *op = be->ops;
+        op->spec_accept(be, r->ids_at, r->next_at, r->m_at, r->dev_m);
+        if (op->mark) op->mark(be);
+        drafts_land(r); /* (landed above or at an earlier synchronize) */
+        st = draft_passes(r, plan, kv, k_ahead, true, err);
+        if (st == DS_OK) st = op->wait_mark ? op->wait_mark(be, err) : runner_sync(r, err);
+        *drafted = st == DS_OK;
+        return st; /* this call's host copies come with a later wait: the next step lands them */
+    }
+    if (st == DS_OK) st = runner_sync(r, err);
     if (st == DS_OK && r->k > 0) drafts_land(r);
-    *graphed = r->graph_state[idx];
     return st;
+}
+
+ds_status ds_runner_step_graphed_bans(ds_runner *r, const ds_sched_plan *plan,
+                                      const ds_kv_blocks *kv, const uint64_t *keys,
+                                      ds_runner_ban_fn fill, void *ctx, int *graphed,
+                                      ds_error *why, ds_error *err) {
+    bool drafted;
+    return graphed_step(r, plan, kv, keys, fill, ctx, NULL, &drafted, graphed, why, err);
+}
+
+ds_status ds_runner_step_ahead(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
+                               const uint64_t *keys, ds_runner_ban_fn fill, void *ctx,
+                               const int32_t *k_ahead, bool *drafted, int *graphed,
+                               ds_error *err) {
+    DS_ASSERT(r->k > 0 && plan && k_ahead);
+    return graphed_step(r, plan, kv, keys, fill, ctx, k_ahead, drafted, graphed, NULL, err);
 }

@@ -86,15 +86,24 @@ typedef struct ds_runner {
     /* drafts chained on the device (spec.h "draft passes"; dev_drafts): pass j of the drafting
      * item at place p (d_order) keeps its id at token-buffer entry j·max_seqs + p; its host
      * copy lands in dh[j·max_seqs + p] at the next synchronize, and ds_runner_verify /
-     * ds_runner_step_graphed move it to drafts after theirs (drafts_land) */
+     * ds_runner_step_graphed / ds_runner_step_ahead move it to drafts (drafts_land) */
     bool dev_drafts;
     int32_t *dh;          /* [k, max_seqs] */
     int32_t *token_src;   /* [max_tokens] the verification's ds_batch.token_src */
     int32_t *dslot, *dkp; /* [max_seqs] slot and draft count per place of the last draft call */
     int d_unlanded;       /* places of the last draft call whose host copies are not in drafts */
+    bool d_pending;       /* a draft call was queued since the last synchronize */
     uint32_t dgen;        /* draft calls so far (0: none) */
     uint32_t *slot_dgen;  /* [max_seqs] the call that drafted each slot's current drafts */
     int32_t *slot_place;  /* [max_seqs] the slot's place p in that call */
+    /* acceptance on the device (dev_accept; see ds_runner_step_ahead): token-buffer regions
+     * after the drafts' k·max_seqs entries — the verification's argmax ids (ids_at), each
+     * verified row's next token (next_at), each item's emitted count (m_at) */
+    bool dev_accept;
+    int ids_at, next_at, m_at;
+    int32_t *dev_m;       /* [max_seqs] emitted count per item as the device decided it */
+    int32_t *pshift;      /* [max_tokens] a draft pass's ds_batch.pos_shift */
+    int32_t *oshift;      /* [max_seqs] a draft pass's ds_batch.out_shift */
 
     /* greedy decode steps (greedy_mode 0: none of these is allocated) */
     int greedy_mode;          /* 0 off, 1 fused argmax (+ graphs when the backend has them),
@@ -184,6 +193,25 @@ static inline const int32_t *ds_runner_drafts(const ds_runner *r, int slot) {
  * its last accepted one). Drafts land in ds_runner_drafts(r, slot). */
 ds_status ds_runner_draft(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
                           const int32_t *k_next, ds_error *err);
+
+/* ---- acceptance on the device (issue 5: no host round-trip between verify and draft) --------
+ * ds_runner_step_ahead runs a verification as ds_runner_step_graphed_bans does and, when it ran
+ * fused (greedy ids, step graph) on a runner with dev_accept (backend spec_accept, device
+ * drafts, DS_OPT_SPEC_DEVICE_ACCEPT on), goes on without waiting: spec_accept decides each
+ * item's emitted count m on the device and each verified row's next token, and the draft
+ * passes follow at once (k_ahead[i] drafts for item i, as many as it may take if every draft
+ * is accepted now), their positions written for m = 1 + n_draft and lowered on the device by
+ * the drafts rejected (ds_batch.pos_shift / out_shift). One synchronize at the end brings the
+ * ids (r->ids), the device's counts (r->dev_m) and, a step later, the drafts. The caller then
+ * accepts each item on the host from the same ids (ds_spec_verify: finishes, stop ids, the
+ * sampler's record), checks its count against r->dev_m[i] where the request goes on, and
+ * commits; it must not call ds_runner_draft for this step. *drafted says whether the drafts
+ * were issued (false: the verification took another path, or the runner has no dev_accept;
+ * then the caller accepts and drafts as after ds_runner_step_graphed_bans). */
+ds_status ds_runner_step_ahead(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
+                               const uint64_t *keys, ds_runner_ban_fn fill, void *ctx,
+                               const int32_t *k_ahead, bool *drafted, int *graphed,
+                               ds_error *err);
 
 /* ---- step graphs of serving steps (runtime/graph_warmup.h) -------------------------------
  * Runs a plan of greedy steps the way serving runs it, from the step graph of its shape when r

@@ -202,6 +202,10 @@ void ds_metrics_render(ds_metrics *m, const ds_engine_stats *st, const char *mod
                 "Verification steps decided on the device by the fused lm_head + argmax (no "
                 "logits; rows below min_tokens with their ids banned).",
                 st->spec_fused_steps);
+        counter(out, L, "spec_device_accepts_total",
+                "Verification steps accepted on the device, their draft passes issued before "
+                "the host saw the result (no host round trip between verify and draft).",
+                st->spec_device_accepts);
     }
 
     pthread_mutex_lock(&m->mu);

@@ -185,7 +185,7 @@ if want ncu_prefill && command -v ncu > /dev/null && [ "$t" -ge 60 ]; then
 fi
 
 # ---- 5. serving and speculative decoding on the GPU (scripts of their own, if present) ------------
-for part in serve_bench spec_checks serve_spec_check; do
+for part in serve_bench spec_checks serve_spec_check spec_accept_bench; do
     t=$(left)
     if want "$part" && [ -f "tools/gpu/$part.sh" ] && [ "$t" -ge 60 ]; then
         log "$part.sh ($t s left)"

@@ -13,7 +13,8 @@
 # Overrides (for a CPU check of the plumbing): DS_SB_MODEL, DS_SB_TOKENIZER, DS_SB_DEVICE,
 # DS_SB_IN, DS_SB_OUT_LEN, DS_SB_LEVELS ("1 4 8"), DS_SB_MAX_LEN, DS_SB_MAX_SEQS, DS_SB_SPEC
 # (--num-speculative-tokens, default 0), DS_SB_THREADS, DS_SB_OFFLINE=0 (skip step 1),
-# DS_SB_BENCH_ARGS (extra bench serve flags, e.g. "--min-tokens 128").
+# DS_SB_BENCH_ARGS (extra bench serve flags, e.g. "--min-tokens 128"), DS_SB_DUMMY=0 (serve the
+# model's own weights: a checkpoint directory such as models/qwen35-demo).
 serve_bench_main() {
     local bin=${BIN:?BIN must name the directory holding deltaserve}
     local out=${OUT:?OUT must be set}
@@ -59,9 +60,10 @@ serve_bench_main() {
     fi
 
     # ---- 2. the server --------------------------------------------------------------------------
-    local -a serve=("$ds" serve -m "$model" --dummy-weights --tokenizer "$tokdir" --device "$device"
+    local -a serve=("$ds" serve -m "$model" --tokenizer "$tokdir" --device "$device"
                     --threads "$threads" --max-num-seqs "$max_seqs" --max-model-len "$max_len"
                     --port 0 --served-model-name dummy)
+    [ "${DS_SB_DUMMY:-1}" = 0 ] || serve+=(--dummy-weights)
     [ "$spec" -gt 0 ] && serve+=(--num-speculative-tokens "$spec")
     echo "### ${serve[*]}" >> "$log"
     t=$(sb_cap 400)
@@ -106,7 +108,7 @@ serve_bench_main() {
             [ -s "$work/result.json" ] && { tr -d '\n' < "$work/result.json"; echo; } >> "$jsonl"
         done
         sb_get "http://127.0.0.1:$port/metrics" 2>/dev/null |
-            grep -E '^(vllm:spec_decode|deltaserve:(engine_steps_total|generation_tokens_total|num_preemptions_total))' >> "$log"
+            grep -E '^(vllm:spec_decode|deltaserve:(engine_steps_total|generation_tokens_total|num_preemptions_total|spec_))' >> "$log"
     fi
 
     # ---- 4. stop the server -----------------------------------------------------------------------

@@ -1,10 +1,12 @@
 #!/bin/bash
 # The server's greedy speculative verification on CUDA (runner.c ds_runner_step_graphed, the
 # start-up graph warmup): serves the trained demo model (it has an MTP head) with
-# --num-speculative-tokens 0 and then 2, sends the same greedy completions to both, and checks
+# --num-speculative-tokens 0, then 2 (acceptance on the device, runner.h ds_runner_step_ahead),
+# then 2 with DS_OPT_SPEC_DEVICE_ACCEPT=0 (the host accepts), sends the same greedy completions
+# to each, and checks
 # that the texts are identical; prints each server's start-up graph report, the acceptance and
 # graph gauges from /metrics. One request has min_tokens 8 on a prompt after which the demo
-# model wants EOS at once: both servers must emit at least 8 tokens, the same ones, and with
+# model wants EOS at once: every server must emit at least 8 tokens, the same ones, and with
 # k = 2 its verifications must run fused with the EOS banned on the device
 # (deltaserve:spec_fused_verifications_total and ban_uploads_total above 0; checked on CUDA, whose
 # step graphs make verifications fused — DS_SSC_DEVICE=cpu runs the rest on the CPU backend). Needs BIN (the directory holding deltaserve and lib/) and OUT.
@@ -16,12 +18,15 @@ log="$OUT/serve_spec_check.log"
 work=$(mktemp -d)
 trap 'kill $pid 2>/dev/null; rm -rf "$work"' EXIT
 rc=0
-for k in 0 2; do
-    port=$((18000 + k))
-    timeout 120 "$BIN/deltaserve" serve -m models/qwen35-demo --device "${DS_SSC_DEVICE:-cuda}" --port "$port" \
-        --max-num-seqs 4 --max-model-len 1024 --num-speculative-tokens "$k" >"$work/server$k.log" 2>&1 &
+# k = 2 twice: acceptance on the device (the default on CUDA), then DS_OPT_SPEC_DEVICE_ACCEPT=0
+for run in 0 2 2h; do
+    k=${run:0:1}
+    port=$((18000 + ${#run} * 10 + k))
+    sw=1; [ "$run" = 2h ] && sw=0
+    DS_OPT_SPEC_DEVICE_ACCEPT=$sw timeout 120 "$BIN/deltaserve" serve -m models/qwen35-demo --device "${DS_SSC_DEVICE:-cuda}" --port "$port" \
+        --max-num-seqs 4 --max-model-len 1024 --num-speculative-tokens "$k" >"$work/server$run.log" 2>&1 &
     pid=$!
-    python3 - "$port" "$work/out$k.json" "${DS_SSC_DEVICE:-cuda}" <<'EOF' >>"$log" 2>&1 || rc=1
+    python3 - "$port" "$work/out$run.json" "${DS_SSC_DEVICE:-cuda}" "$run" <<'EOF' >>"$log" 2>&1 || rc=1
 import json, sys, time, urllib.request
 port, path = sys.argv[1], sys.argv[2]
 base = f"http://127.0.0.1:{port}"
@@ -43,9 +48,10 @@ for p in prompts:
 # min_tokens: the demo model ends this verse with EOS right away
 r = complete("The grace of our Lord Jesus Christ be with you all. Amen.", max_tokens=24, min_tokens=8)
 n = r["usage"]["completion_tokens"]
-print(f"  k={port[-1]} min_tokens 8: {n} tokens, finish_reason {r['choices'][0]['finish_reason']}")
+tag = sys.argv[4]
+print(f"  k={tag} min_tokens 8: {n} tokens, finish_reason {r['choices'][0]['finish_reason']}")
 if n < 8:
-    print(f"  k={port[-1]} min_tokens FAILED: only {n} tokens")
+    print(f"  k={tag} min_tokens FAILED: only {n} tokens")
     sys.exit(1)
 outs.append(r["choices"][0]["text"])
 metrics = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
@@ -53,22 +59,28 @@ vals = {}
 for line in metrics.splitlines():
     if line.startswith("#"):
         continue
-    if any(w in line for w in ("graph_shapes", "spec_decode", "acceptance", "ban_uploads", "greedy_steps", "fused_verif")):
-        print(f"  k={port[-1]} {line}")
+    if any(w in line for w in ("graph_shapes", "spec_decode", "acceptance", "ban_uploads", "greedy_steps", "fused_verif", "device_accepts")):
+        print(f"  k={tag} {line}")
     name = line.split("{")[0].split(" ")[0]
     vals[name] = float(line.rsplit(" ", 1)[1])
-if port.endswith("2") and sys.argv[3] == "cuda" and not (vals.get("deltaserve:spec_fused_verifications_total", 0) > 0
+if tag != "0" and sys.argv[3] == "cuda" and not (vals.get("deltaserve:spec_fused_verifications_total", 0) > 0
                                and vals.get("deltaserve:ban_uploads_total", 0) > 0):
-    print("  k=2 FAILED: no fused verification with bans")
+    print(f"  k={tag} FAILED: no fused verification with bans")
+    sys.exit(1)
+if tag == "2" and sys.argv[3] == "cuda" and not vals.get("deltaserve:spec_device_accepts_total", 0) > 0:
+    print("  k=2 FAILED: no verification accepted on the device")
     sys.exit(1)
 json.dump(outs, open(path, "w"))
+open(path + ".acc", "w").write(str(int(vals.get("vllm:spec_decode_num_accepted_tokens_total", 0))))
 EOF
     kill "$pid" 2>/dev/null
     wait "$pid" 2>/dev/null
-    grep -E "step graphs|warmup" "$work/server$k.log" | sed "s/^/  k=$k server: /" >>"$log"
+    grep -E "step graphs|warmup" "$work/server$run.log" | sed "s/^/  k=$run server: /" >>"$log"
 done
-if [ -s "$work/out0.json" ] && cmp -s "$work/out0.json" "$work/out2.json"; then
-    echo "serve spec check: greedy texts with k = 2 identical to k = 0 (3 prompts x 64 tokens, 1 with min_tokens 8)" >>"$log"
+acc2=$(cat "$work/out2.json.acc" 2>/dev/null) acc2h=$(cat "$work/out2h.json.acc" 2>/dev/null)
+echo "serve spec check: accepted drafts with k = 2: $acc2 accepted on the device, $acc2h on the host" >>"$log"
+if [ -s "$work/out0.json" ] && cmp -s "$work/out0.json" "$work/out2.json" && cmp -s "$work/out0.json" "$work/out2h.json"; then
+    echo "serve spec check: greedy texts with k = 2 (accepted on the device, and on the host: k=2h) identical to k = 0 (3 prompts x 64 tokens, 1 with min_tokens 8)" >>"$log"
 else
     echo "serve spec check: FAILED (texts differ or a server did not answer)" >>"$log"
     tail -20 "$work/server2.log" >>"$log"

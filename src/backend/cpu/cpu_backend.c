@@ -119,6 +119,7 @@ static void cpu_set_batch(ds_backend *be, const ds_batch *b) {
     DS_ASSERT(b->n_tokens >= 0 && b->n_seqs >= 0);
     cpu->batch = *b;
     cpu->has_batch = true;
+    if (b->pos_shift || b->out_shift) ds_cpu_shift_batch(cpu);
 }
 
 /* ---- lifetime ------------------------------------------------------------------------------- */
@@ -135,6 +136,7 @@ static void cpu_destroy(ds_backend *be) {
         for (int i = 0; i < DS_CPU_WORK_COUNT; i++) ds_cpu_aligned_free(cpu->work[i].p);
         free(cpu->inv_freq);
         free(cpu->bans);
+        free(cpu->shifted);
         free(cpu);
     }
     free(be);
@@ -171,6 +173,7 @@ static const ds_backend_ops cpu_ops = {
     .concat = ds_cpu_op_concat,
     .argmax_logits = ds_cpu_op_argmax_logits,
     .set_argmax_bans = ds_cpu_set_argmax_bans,
+    .spec_accept = ds_cpu_op_spec_accept,
 };
 
 ds_status ds_backend_cpu_create(int n_threads, ds_backend **out, ds_error *err) {

@@ -41,6 +41,12 @@ typedef struct ds_cpu {
     int ban_rows, ban_n;
     /* the token buffer (backend.h DS_TOKEN_BUF): argmax_logits' kept ids, ds_batch.token_src */
     int32_t tokbuf[DS_TOKEN_BUF];
+    /* the shift table (backend.h DS_SHIFT_TABLE): spec_accept's rejected drafts per sequence */
+    int32_t shift[DS_SHIFT_TABLE];
+    /* a batch with pos_shift / out_shift points its positions [T], seq_n_past [S] and out_rows
+     * [n_out] here, lowered (cpu_spec.c ds_cpu_shift_batch) */
+    int32_t *shifted;
+    size_t shifted_cap;
 } ds_cpu;
 
 static inline ds_cpu *ds_cpu_of(ds_backend *be) { return (ds_cpu *)be->impl; }
@@ -96,6 +102,10 @@ void ds_cpu_op_argmax(ds_backend *be, const ds_tensor *logits, int32_t *ids); /*
 void ds_cpu_op_argmax_logits(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head,
                              int32_t *ids, int keep_at);
 bool ds_cpu_set_argmax_bans(ds_backend *be, const int32_t *ids, int B, int n_ban);
+/* cpu_spec.c: backend.h spec_accept, and set_batch's lowering of a batch with pos_shift /
+ * out_shift (cpu->batch then points at cpu->shifted for the lowered arrays). */
+void ds_cpu_op_spec_accept(ds_backend *be, int ids_at, int next_at, int m_at, int32_t *n_emitted);
+void ds_cpu_shift_batch(ds_cpu *cpu);
 void ds_cpu_op_concat(ds_backend *be, const ds_tensor *a, const ds_tensor *b, ds_tensor *out);
 
 ds_status ds_cpu_cache_create(ds_backend *be, const ds_config *cfg, const ds_cache_desc *desc,

@@ -198,6 +198,7 @@ static void cu_destroy(ds_backend *be) {
         cudaFree(c->d_meta);
         cudaFree(c->d_ids);
         cudaFree(c->d_tokbuf);
+        cudaFree(c->d_shift);
         cudaFree(c->d_moe_scratch);
         cudaFree(c->d_gdn_scratch);
         for (int i = 0; i < 2; i++) {
@@ -206,6 +207,7 @@ static void cu_destroy(ds_backend *be) {
         }
         if (c->h_ids) cudaFreeHost(c->h_ids);
         if (c->h_tokbuf) cudaFreeHost(c->h_tokbuf);
+        if (c->mark_event) cudaEventDestroy(c->mark_event);
         if (c->stream) cudaStreamDestroy(c->stream);
         free(c);
     }
@@ -259,6 +261,30 @@ static ds_status cu_synchronize(ds_backend *be, ds_error *err) {
     for (int i = 0; i < c->pending.n && !c->failed; i++)
         memcpy(c->pending.o[i].host, c->pending.o[i].pinned, sizeof(int32_t) * (size_t)c->pending.o[i].n);
     c->pending.n = 0;
+    c->mark_outs = 0;
+    if (c->failed) return ds_error_set(err, DS_ERR_DEVICE, "CUDA backend: %s", c->errmsg);
+    return DS_OK;
+}
+
+/* backend.h mark / wait_mark: an event after the queued work; the host outputs pending then
+ * are the ones wait_mark hands over (the pending list is in queue order). */
+static void cu_mark(ds_backend *be) {
+    ds_cuda_ctx *c = ds_cuda_ctx_of(be);
+    DS_ASSERT(!c->capturing);
+    DS_CU(c, cudaEventRecord(c->mark_event, c->stream));
+    c->mark_outs = c->pending.n;
+}
+
+static ds_status cu_wait_mark(ds_backend *be, ds_error *err) {
+    ds_cuda_ctx *c = ds_cuda_ctx_of(be);
+    DS_ASSERT(!c->capturing && c->mark_outs <= c->pending.n);
+    DS_CU(c, cudaEventSynchronize(c->mark_event));
+    const int n = c->mark_outs;
+    for (int i = 0; i < n && !c->failed; i++)
+        memcpy(c->pending.o[i].host, c->pending.o[i].pinned, sizeof(int32_t) * (size_t)c->pending.o[i].n);
+    memmove(c->pending.o, c->pending.o + n, sizeof c->pending.o[0] * (size_t)(c->pending.n - n));
+    c->pending.n -= n;
+    c->mark_outs = 0;
     if (c->failed) return ds_error_set(err, DS_ERR_DEVICE, "CUDA backend: %s", c->errmsg);
     return DS_OK;
 }
@@ -319,8 +345,10 @@ static double cu_copy_bandwidth_gbps(ds_backend *be) {
 
 /* Packs the host arrays into pinned staging and uploads them with one async copy. Two staging
  * buffers alternate; before refilling one we wait for its previous upload (issued a step ago,
- * normally long finished), so the host never overwrites bytes a pending copy still reads. */
-void ds_cuda_set_batch(ds_backend *be, const ds_batch *b) {
+ * normally long finished), so the host never overwrites bytes a pending copy still reads.
+ * A batch with pos_shift / out_shift is lowered on the device by batch_shift_kernel, launched
+ * here (so a capture records it) unless `shift` is 0: a graph replay, whose graph has it. */
+void ds_cuda_upload_batch(ds_backend *be, const ds_batch *b, int shift) {
     ds_cuda_ctx *c = ds_cuda_ctx_of(be);
     const int T = b->n_tokens, S = b->n_seqs, mb = b->max_blocks, no = b->n_out;
     DS_ASSERT(T >= 0 && T <= DS_CUDA_MAX_TOKENS);
@@ -328,8 +356,9 @@ void ds_cuda_set_batch(ds_backend *be, const ds_batch *b) {
     DS_ASSERT(no >= 0 && no <= DS_CUDA_MAX_TOKENS);
     DS_ASSERT(mb >= 0);
     const int has_so = b->state_out_slots != NULL;
+    const int has_shift = b->pos_shift != NULL || b->out_shift != NULL;
     const int64_t total = 4 * (int64_t)T + (S + 1) + 2 * (int64_t)S + no + (int64_t)S * mb +
-                          (has_so ? T : 0);
+                          (has_so ? T : 0) + (has_shift ? (int64_t)S + no : 0);
     DS_ASSERT(total <= DS_CUDA_META_INTS);
 
     const int f = c->meta_flip;
@@ -346,6 +375,8 @@ void ds_cuda_set_batch(ds_backend *be, const ds_batch *b) {
     const int64_t o_bt = o; o += (int64_t)S * mb;
     const int64_t o_so = o; o += has_so ? T : 0;
     const int64_t o_tsrc = o; o += T;
+    const int64_t o_pshift = o; o += has_shift ? S : 0;
+    const int64_t o_oshift = o; o += has_shift ? no : 0;
 
     if (T) {
         memcpy(h + o_tokens, b->tokens, sizeof(int32_t) * (size_t)T);
@@ -363,6 +394,16 @@ void ds_cuda_set_batch(ds_backend *be, const ds_batch *b) {
         const int32_t src = b->token_src ? b->token_src[t] : -1;
         DS_ASSERT(src < DS_TOKEN_BUF);
         h[o_tsrc + t] = src;
+    }
+    if (has_shift) {
+        for (int s = 0; s < S; s++) {
+            h[o_pshift + s] = b->pos_shift ? b->pos_shift[s] : -1;
+            DS_ASSERT(h[o_pshift + s] < DS_SHIFT_TABLE);
+        }
+        for (int r = 0; r < no; r++) {
+            h[o_oshift + r] = b->out_shift ? b->out_shift[r] : -1;
+            DS_ASSERT(h[o_oshift + r] < DS_SHIFT_TABLE);
+        }
     }
     int max_tok = 0, max_ctx = 0;
     DS_ASSERT(b->seq_start[0] == 0 && b->seq_start[S] == T);
@@ -407,6 +448,8 @@ void ds_cuda_set_batch(ds_backend *be, const ds_batch *b) {
     d->block_table = c->d_meta + o_bt;
     d->state_out = has_so ? c->d_meta + o_so : NULL;
     d->token_src = c->d_meta + o_tsrc;
+    d->pos_shift = has_shift ? c->d_meta + o_pshift : NULL;
+    d->out_shift = has_shift ? c->d_meta + o_oshift : NULL;
     c->info.max_seq_tokens = max_tok;
     c->info.max_ctx = max_ctx;
     c->h_cur = h;
@@ -432,7 +475,10 @@ void ds_cuda_set_batch(ds_backend *be, const ds_batch *b) {
             c->profiler_running = 1;
         }
     }
+    if (has_shift && shift) ds_cuda_batch_shift(c); /* the step's first kernel */
 }
+
+void ds_cuda_set_batch(ds_backend *be, const ds_batch *b) { ds_cuda_upload_batch(be, b, 1); }
 
 /* ---- op table ----------------------------------------------------------------------------- */
 
@@ -470,6 +516,9 @@ static const ds_backend_ops cuda_ops = {
     .concat = ds_cuda_op_concat,
     .argmax_logits = ds_cuda_op_argmax_logits,
     .set_argmax_bans = ds_cuda_set_argmax_bans,
+    .spec_accept = ds_cuda_op_spec_accept,
+    .mark = cu_mark,
+    .wait_mark = cu_wait_mark,
     .graph_begin = ds_cuda_graph_begin,
     .graph_end = ds_cuda_graph_end,
     .graph_launch = ds_cuda_graph_launch,
@@ -568,6 +617,9 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
     CREATE_CHECK(cudaMemset(c->d_tokbuf, 0, sizeof(int32_t) * DS_TOKEN_BUF));
     CREATE_CHECK(cudaHostAlloc((void **)&c->h_tokbuf, sizeof(int32_t) * DS_TOKEN_BUF,
                                cudaHostAllocDefault));
+    CREATE_CHECK(cudaMalloc((void **)&c->d_shift, sizeof(int32_t) * DS_SHIFT_TABLE));
+    CREATE_CHECK(cudaMemset(c->d_shift, 0, sizeof(int32_t) * DS_SHIFT_TABLE));
+    CREATE_CHECK(cudaEventCreateWithFlags(&c->mark_event, cudaEventDisableTiming));
     CREATE_CHECK(cudaMalloc((void **)&c->d_amax_v, sizeof(float) * DS_CUDA_AMAX_BLOCKS * 8 * 2));
     CREATE_CHECK(cudaMalloc((void **)&c->d_amax_i, sizeof(int32_t) * DS_CUDA_AMAX_BLOCKS * 8 * 2));
     CREATE_CHECK(cudaMalloc((void **)&c->d_amax_cnt, sizeof(int)));

@@ -32,6 +32,9 @@ struct ds_cache {
 static inline int ds_cuda_mtp_layer(const ds_config *cfg, int i) { return cfg->n_layers + i; }
 
 void ds_cuda_set_batch(ds_backend *be, const ds_batch *b);
+/* set_batch's upload; shift = 0 leaves out the batch_shift_kernel launch (a replay: the graph
+ * has it). */
+void ds_cuda_upload_batch(ds_backend *be, const ds_batch *b, int shift);
 
 /* cuda_graph.c: step graphs (backend.h graph_begin / graph_end / graph_launch). */
 ds_status ds_cuda_graph_begin(ds_backend *be, uint64_t key, ds_error *err);
@@ -86,6 +89,7 @@ void ds_cuda_op_logits(ds_backend *be, const ds_tensor *x, const ds_linear *lm_h
                        ds_tensor *out);
 void ds_cuda_op_argmax(ds_backend *be, const ds_tensor *logits, int32_t *ids);
 void ds_cuda_op_concat(ds_backend *be, const ds_tensor *a, const ds_tensor *b, ds_tensor *out);
+void ds_cuda_op_spec_accept(ds_backend *be, int ids_at, int next_at, int m_at, int32_t *n_emitted);
 void ds_cuda_op_argmax_logits(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head,
                               int32_t *ids, int keep_at);
 bool ds_cuda_set_argmax_bans(ds_backend *be, const int32_t *ids, int B, int n_ban);

@@ -57,6 +57,10 @@ typedef struct ds_cuda_batch {
     const int32_t *tok_seq;   /* [T] sequence index of each token (derived on the host) */
     const int32_t *state_out; /* [T] GDN snapshot slot per token or -1, or NULL (ds_batch) */
     const int32_t *token_src; /* [T] token-buffer entry per token or -1 (ds_batch; -1s if NULL) */
+    /* ds_batch.pos_shift [S] / out_shift [n_out] (-1s where one is NULL), or both NULL when
+     * the batch has neither: set_batch then launches no batch_shift_kernel */
+    const int32_t *pos_shift;
+    const int32_t *out_shift;
 } ds_cuda_batch;
 
 /* Host outputs on their way: the stream copies device ids into pinned memory, synchronize
@@ -94,6 +98,7 @@ typedef struct ds_cuda_graph {
     int used;
     uint64_t key;
     int T, S, n_out, max_blocks, max_seq_tokens, has_state_out; /* batch shape at capture */
+    int has_shift;         /* recorded with batch_shift_kernel (ds_batch pos_shift / out_shift) */
     cudaGraphExec_t exec;
     uint64_t n_kernels;    /* kernels recorded (added to the launch count per replay) */
     ds_cuda_outs outs;     /* host outputs of argmax_logits recorded in the graph */
@@ -237,6 +242,9 @@ typedef struct ds_cuda_ctx {
     int32_t *h_ids;               /* pinned [DS_CUDA_MAX_TOKENS] */
     int32_t *d_tokbuf;            /* [DS_TOKEN_BUF] the token buffer (backend.h token_src) */
     int32_t *h_tokbuf;            /* pinned [DS_TOKEN_BUF] its ids on their way to the host */
+    int32_t *d_shift;             /* [DS_SHIFT_TABLE] the shift table (backend.h spec_accept) */
+    cudaEvent_t mark_event;       /* backend.h mark / wait_mark: the last mark */
+    int mark_outs;                /* host outputs pending when it was recorded */
     float *d_amax_v;              /* fused lm_head argmax partials [2][DS_CUDA_AMAX_BLOCKS · 8]:
                                      plain, then without the banned ids */
     int32_t *d_amax_i;            /* [2][DS_CUDA_AMAX_BLOCKS · 8] */
@@ -299,6 +307,11 @@ void ds_cuda_add_rmsnorm(ds_cuda_ctx *ctx, void *residual, const void *delta, co
 void ds_cuda_silu_mul(ds_cuda_ctx *ctx, const void *gu, int64_t R, int64_t I, void *out);
 void ds_cuda_gather_rows(ds_cuda_ctx *ctx, const void *x, int64_t H, int elem_size, void *out);
 void ds_cuda_argmax(ds_cuda_ctx *ctx, const float *logits, int R, int64_t V, int32_t *d_ids);
+/* cuda_spec.cu: backend.h spec_accept over the current batch (device side), and the lowering
+ * of the current batch by its pos_shift / out_shift (launched by set_batch, recorded with it
+ * into a graph being captured). */
+void ds_cuda_spec_accept(ds_cuda_ctx *ctx, int ids_at, int next_at, int m_at);
+void ds_cuda_batch_shift(ds_cuda_ctx *ctx);
 /* a one-thread kernel that keeps the stream busy for us microseconds (profiling head start) */
 void ds_cuda_spin(ds_cuda_ctx *ctx, double us);
 /* d_ids[r] = argmax_n Σ_k x[r, k]·W[n, k] for r < R (any R; chunks of 8), without writing

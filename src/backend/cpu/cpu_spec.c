@@ -1,0 +1,65 @@
+/* cpu_spec.c — speculative acceptance on the "device" (backend.h spec_accept) and the lowering
+ * of the draft passes' positions by it (ds_batch.pos_shift / out_shift). The CPU runs every op
+ * when called, so these are plain loops over the current batch; they are the reference the
+ * CUDA kernels (cuda_spec.cu) are tested against. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_internal.h"
+
+/* Row t's token as the embedding reads it: tokens[t], or its token-buffer entry. */
+static int32_t row_token(const ds_cpu *cpu, const ds_batch *b, int t) {
+    const int32_t src = b->token_src ? b->token_src[t] : -1;
+    return src >= 0 ? cpu->tokbuf[src] : b->tokens[t];
+}
+
+void ds_cpu_op_spec_accept(ds_backend *be, int ids_at, int next_at, int m_at, int32_t *n_emitted) {
+    ds_cpu *cpu = ds_cpu_of(be);
+    const ds_batch *b = ds_cpu_batch(cpu);
+    const int S = b->n_seqs, T = b->n_tokens;
+    DS_ASSERT(S <= DS_SHIFT_TABLE && ids_at >= 0 && ids_at + T <= DS_TOKEN_BUF &&
+              next_at >= 0 && next_at + T <= DS_TOKEN_BUF && m_at >= 0 &&
+              m_at + S <= DS_TOKEN_BUF);
+    for (int s = 0; s < S; s++) {
+        const int r0 = b->seq_start[s], r1 = b->seq_start[s + 1];
+        DS_ASSERT(r1 > r0);
+        const int32_t *ids = cpu->tokbuf + ids_at;
+        int m = 1; /* row r0 + m − 1 decides the first token not taken from the drafts */
+        while (r0 + m < r1 && ids[r0 + m - 1] == row_token(cpu, b, r0 + m)) m++;
+        for (int t = r0; t < r1; t++) {
+            const int last = r0 + m - 1;
+            cpu->tokbuf[next_at + t] = ids[t < last ? t : last];
+        }
+        cpu->shift[s] = (r1 - r0) - m;
+        cpu->tokbuf[m_at + s] = m;
+        n_emitted[s] = m;
+    }
+}
+
+void ds_cpu_shift_batch(ds_cpu *cpu) {
+    ds_batch *b = &cpu->batch;
+    const int T = b->n_tokens, S = b->n_seqs, no = b->n_out;
+    const size_t need = (size_t)T + (size_t)S + (size_t)no;
+    if (need > cpu->shifted_cap) {
+        free(cpu->shifted);
+        cpu->shifted = malloc(need * sizeof(int32_t));
+        DS_ASSERT(cpu->shifted); /* bounded by the batch, as the scratch buffers (abort on OOM) */
+        cpu->shifted_cap = need;
+    }
+    int32_t *pos = cpu->shifted, *past = pos + T, *rows = past + S;
+    for (int s = 0; s < S; s++) {
+        const int e = b->pos_shift ? b->pos_shift[s] : -1;
+        DS_ASSERT(e < DS_SHIFT_TABLE);
+        const int32_t d = e >= 0 ? cpu->shift[e] : 0;
+        past[s] = b->seq_n_past[s] - d;
+        for (int t = b->seq_start[s]; t < b->seq_start[s + 1]; t++) pos[t] = b->positions[t] - d;
+    }
+    for (int r = 0; r < no; r++) {
+        const int e = b->out_shift ? b->out_shift[r] : -1;
+        DS_ASSERT(e < DS_SHIFT_TABLE);
+        rows[r] = b->out_rows[r] - (e >= 0 ? cpu->shift[e] : 0);
+    }
+    b->positions = pos;
+    b->seq_n_past = past;
+    b->out_rows = rows;
+}

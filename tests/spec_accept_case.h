@@ -1,0 +1,217 @@
+/* spec_accept_case.h — one scenario of backend.h spec_accept and the pos_shift / out_shift
+ * lowering it feeds, runnable on any backend: test_spec_ops.c checks the CPU reference against
+ * the expected values written here, test_cuda_ops.c the CUDA backend against both.
+ *
+ * Five sequences verify 0, 1, 2, 3 and 3 drafts whose ids sit in the token buffer (the rows'
+ * tokens entries hold other ids, so a kernel that ignored token_src would compare the wrong
+ * drafts), the target ids come from argmax_logits over one-hot rows with an identity lm_head
+ * (so the test chooses them), and the drafts match as: (none), all, the first only, none, all:
+ * m = 1, 2, 2, 1, 4. Then
+ *  - each row's next token (token-buffer entry next_at + row) is read back through token_src and
+ *    an identity embedding;
+ *  - a batch laid out like the verification with pos_shift / out_shift = its sequence has its
+ *    out rows (the last row of each sequence) gathered from one-hot rows: row r lands where
+ *    out_rows[s] − (rows − m) points; its positions and n_past, read back by the caller's
+ *    read_meta, are lowered by the same amounts. */
+#ifndef DS_TEST_SPEC_ACCEPT_CASE_H
+#define DS_TEST_SPEC_ACCEPT_CASE_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "core/tensor.h"
+
+enum { SA_V = 64, SA_S = 5, SA_DRAFTS = 9, SA_T = SA_S + SA_DRAFTS };
+enum { SA_IDS_AT = 16, SA_NEXT_AT = 32, SA_M_AT = 48 };
+
+static const int sa_n_draft[SA_S] = {0, 1, 2, 3, 3};
+static const int sa_want_m[SA_S] = {1, 2, 2, 1, 4};
+
+typedef struct sa_result {
+    int32_t n_emitted[SA_S];
+    int32_t next[SA_T];       /* each row's next token, read back through the embedding */
+    int32_t gathered[SA_S];   /* the row each lowered out row picked */
+    int32_t positions[SA_T];  /* the lowered batch's positions (read_meta) */
+    int32_t n_past[SA_S];
+} sa_result;
+
+/* Reads the current batch's positions [T] and n_past [S] as the backend's ops see them. */
+typedef void (*sa_read_meta)(ds_backend *be, int T, int S, int32_t *positions, int32_t *n_past);
+
+/* n act-dtype values of be (F32 or BF16) from vals. */
+static void *sa_upload(ds_backend *be, const float *vals, size_t n) {
+    const ds_dtype dt = be->ops->act_dtype;
+    void *d = be->ops->alloc(be, n * ds_dtype_size(dt) + 16);
+    if (dt == DS_DTYPE_F32) {
+        be->ops->upload(be, d, vals, n * sizeof(float));
+    } else {
+        uint16_t *h = malloc(n * sizeof(uint16_t));
+        for (size_t i = 0; i < n; i++) h[i] = ds_f32_to_bf16(vals[i]);
+        be->ops->upload(be, d, h, n * sizeof(uint16_t));
+        free(h);
+    }
+    return d;
+}
+
+/* Index of the largest of each row of an act-dtype [R, SA_V] buffer (rows are one-hot). */
+static void sa_row_argmax(ds_backend *be, const void *d, int R, int32_t *out) {
+    const ds_dtype dt = be->ops->act_dtype;
+    const size_t n = (size_t)R * SA_V;
+    float *v = malloc(n * sizeof(float));
+    if (dt == DS_DTYPE_F32) {
+        be->ops->download(be, v, d, n * sizeof(float));
+    } else {
+        uint16_t *h = malloc(n * sizeof(uint16_t));
+        be->ops->download(be, h, d, n * sizeof(uint16_t));
+        for (size_t i = 0; i < n; i++) v[i] = ds_bf16_to_f32(h[i]);
+        free(h);
+    }
+    for (int r = 0; r < R; r++) {
+        int best = 0;
+        for (int j = 1; j < SA_V; j++)
+            if (v[(size_t)r * SA_V + j] > v[(size_t)r * SA_V + best]) best = j;
+        out[r] = best;
+    }
+    free(v);
+}
+
+/* [R, SA_V] one-hot rows: row r has a 1 at ids[r]. */
+static void *sa_one_hot(ds_backend *be, const int32_t *ids, int R) {
+    float *v = calloc((size_t)R * SA_V, sizeof(float));
+    for (int r = 0; r < R; r++) v[(size_t)r * SA_V + ids[r]] = 1.0f;
+    void *d = sa_upload(be, v, (size_t)R * SA_V);
+    free(v);
+    return d;
+}
+
+static ds_tensor sa_view(ds_backend *be, void *d, int64_t rows, int64_t cols) {
+    return (ds_tensor){.data = d, .dtype = be->ops->act_dtype, .ndim = 2, .ne = {rows, cols}};
+}
+
+/* The verification's layout: seq_start, and per row its drafts' token-buffer entry (−1 for a
+ * sequence's first row), its draft id, its target id. */
+typedef struct sa_layout {
+    int32_t start[SA_S + 1];
+    int32_t src[SA_T], draft[SA_T], target[SA_T];
+} sa_layout;
+
+static void sa_layout_make(sa_layout *L) {
+    int t = 0, e = 0;
+    for (int s = 0; s < SA_S; s++) {
+        L->start[s] = t;
+        const int r0 = t;
+        L->src[t] = -1;
+        L->draft[t] = -1;
+        t++;
+        for (int j = 0; j < sa_n_draft[s]; j++, t++, e++) {
+            L->src[t] = e; /* drafts at token-buffer entries 0..SA_DRAFTS-1 */
+            L->draft[t] = 3 + 5 * e % 50;
+        }
+        /* target of row r0 + j: the next row's draft while it is to match, else another id */
+        for (int j = 0; j <= sa_n_draft[s]; j++) {
+            const int r = r0 + j;
+            const bool match = j < sa_want_m[s] - 1;
+            L->target[r] = match ? L->draft[r + 1] : 60 - (r % 7);
+        }
+    }
+    L->start[SA_S] = t;
+}
+
+static void sa_run(ds_backend *be, sa_read_meta read_meta, sa_result *res) {
+    const ds_backend_ops *op = be->ops;
+    sa_layout L;
+    sa_layout_make(&L);
+    memset(res, 0, sizeof *res);
+    /* identity lm_head and embedding table */
+    float *eye = calloc((size_t)SA_V * SA_V, sizeof(float));
+    for (int i = 0; i < SA_V; i++) eye[(size_t)i * SA_V + i] = 1.0f;
+    void *d_eye = sa_upload(be, eye, (size_t)SA_V * SA_V);
+    free(eye);
+    ds_linear head = {.n_parts = 1, .n_out = SA_V, .n_in = SA_V};
+    head.parts[0] = sa_view(be, d_eye, SA_V, SA_V);
+    const ds_tensor table = head.parts[0];
+
+    /* the drafts into the token buffer, entries 0.. */
+    int32_t drafts[SA_DRAFTS], got[SA_T];
+    for (int t = 0, e = 0; t < SA_T; t++)
+        if (L.src[t] >= 0) drafts[e++] = L.draft[t];
+    void *d_dr = sa_one_hot(be, drafts, SA_DRAFTS);
+    ds_tensor x_dr = sa_view(be, d_dr, SA_DRAFTS, SA_V);
+    op->argmax_logits(be, &x_dr, &head, got, 0);
+
+    /* the verification batch; its tokens entries of draft rows are decoys */
+    int32_t tokens[SA_T], pos[SA_T], past[SA_S], slot[SA_S], bt[SA_S], rows_out[SA_S];
+    for (int t = 0; t < SA_T; t++) tokens[t] = L.src[t] >= 0 ? (L.draft[t] + 1) % SA_V : 7 + t;
+    for (int s = 0; s < SA_S; s++) {
+        past[s] = 10 * (s + 1);
+        slot[s] = s;
+        bt[s] = 0;
+        for (int t = L.start[s]; t < L.start[s + 1]; t++) pos[t] = past[s] + (t - L.start[s]);
+        rows_out[s] = L.start[s + 1] - 1;
+    }
+    ds_batch vb = {.n_tokens = SA_T, .n_seqs = SA_S, .tokens = tokens, .positions = pos,
+                   .seq_start = L.start, .seq_slot = slot, .seq_n_past = past,
+                   .block_table = bt, .max_blocks = 1, .n_out = 0, .out_rows = rows_out,
+                   .token_src = L.src};
+    op->set_batch(be, &vb);
+    void *d_tg = sa_one_hot(be, L.target, SA_T);
+    ds_tensor x_tg = sa_view(be, d_tg, SA_T, SA_V);
+    op->argmax_logits(be, &x_tg, &head, got, SA_IDS_AT);
+    op->spec_accept(be, SA_IDS_AT, SA_NEXT_AT, SA_M_AT, res->n_emitted);
+    ds_error err = {0};
+    (void)op->synchronize(be, &err);
+
+    /* next tokens through token_src and the identity embedding */
+    int32_t nsrc[SA_T];
+    for (int t = 0; t < SA_T; t++) nsrc[t] = SA_NEXT_AT + t;
+    ds_batch nb = vb;
+    nb.token_src = nsrc;
+    op->set_batch(be, &nb);
+    void *d_emb = be->ops->alloc(be, (size_t)SA_T * SA_V * ds_dtype_size(op->act_dtype) + 16);
+    ds_tensor emb = sa_view(be, d_emb, SA_T, SA_V);
+    op->embed(be, &table, &emb);
+    (void)op->synchronize(be, &err);
+    sa_row_argmax(be, d_emb, SA_T, res->next);
+
+    /* the verification's layout lowered: out rows (each sequence's last row) and positions */
+    int32_t pshift[SA_S], oshift[SA_S], rowid[SA_T];
+    for (int s = 0; s < SA_S; s++) pshift[s] = oshift[s] = s;
+    for (int t = 0; t < SA_T; t++) rowid[t] = t;
+    ds_batch sb = vb;
+    sb.token_src = NULL;
+    sb.n_out = SA_S;
+    sb.pos_shift = pshift;
+    sb.out_shift = oshift;
+    op->set_batch(be, &sb);
+    void *d_rows = sa_one_hot(be, rowid, SA_T);
+    void *d_g = be->ops->alloc(be, (size_t)SA_S * SA_V * ds_dtype_size(op->act_dtype) + 16);
+    ds_tensor xr = sa_view(be, d_rows, SA_T, SA_V), gr = sa_view(be, d_g, SA_S, SA_V);
+    op->gather_rows(be, &xr, &gr);
+    (void)op->synchronize(be, &err);
+    sa_row_argmax(be, d_g, SA_S, res->gathered);
+    read_meta(be, SA_T, SA_S, res->positions, res->n_past);
+    void *bufs[] = {d_eye, d_dr, d_tg, d_emb, d_rows, d_g};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) op->free(be, bufs[i]);
+}
+
+/* Number of entries of res that differ from what spec_accept must give (0: all as specified). */
+static int sa_mismatches(const sa_result *res) {
+    sa_layout L;
+    sa_layout_make(&L);
+    int bad = 0;
+    for (int s = 0; s < SA_S; s++) {
+        const int m = sa_want_m[s], rows = L.start[s + 1] - L.start[s], last = L.start[s] + m - 1;
+        bad += res->n_emitted[s] != m;
+        bad += res->gathered[s] != last;
+        bad += res->n_past[s] != 10 * (s + 1) - (rows - m);
+        for (int t = L.start[s]; t < L.start[s + 1]; t++) {
+            bad += res->next[t] != L.target[t < last ? t : last];
+            bad += res->positions[t] != 10 * (s + 1) + (t - L.start[s]) - (rows - m);
+        }
+    }
+    return bad;
+}
+
+#endif
