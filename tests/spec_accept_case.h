@@ -22,6 +22,7 @@
 
 #include "backend/backend.h"
 #include "core/tensor.h"
+#include "testlib.h"
 
 enum { SA_V = 64, SA_S = 5, SA_DRAFTS = 9, SA_T = SA_S + SA_DRAFTS };
 enum { SA_IDS_AT = 16, SA_NEXT_AT = 32, SA_M_AT = 48 };
@@ -40,34 +41,11 @@ typedef struct sa_result {
 /* Reads the current batch's positions [T] and n_past [S] as the backend's ops see them. */
 typedef void (*sa_read_meta)(ds_backend *be, int T, int S, int32_t *positions, int32_t *n_past);
 
-/* n act-dtype values of be (F32 or BF16) from vals. */
-static void *sa_upload(ds_backend *be, const float *vals, size_t n) {
-    const ds_dtype dt = be->ops->act_dtype;
-    void *d = be->ops->alloc(be, n * ds_dtype_size(dt) + 16);
-    if (dt == DS_DTYPE_F32) {
-        be->ops->upload(be, d, vals, n * sizeof(float));
-    } else {
-        uint16_t *h = malloc(n * sizeof(uint16_t));
-        for (size_t i = 0; i < n; i++) h[i] = ds_f32_to_bf16(vals[i]);
-        be->ops->upload(be, d, h, n * sizeof(uint16_t));
-        free(h);
-    }
-    return d;
-}
-
 /* Index of the largest of each row of an act-dtype [R, SA_V] buffer (rows are one-hot). */
 static void sa_row_argmax(ds_backend *be, const void *d, int R, int32_t *out) {
-    const ds_dtype dt = be->ops->act_dtype;
     const size_t n = (size_t)R * SA_V;
     float *v = malloc(n * sizeof(float));
-    if (dt == DS_DTYPE_F32) {
-        be->ops->download(be, v, d, n * sizeof(float));
-    } else {
-        uint16_t *h = malloc(n * sizeof(uint16_t));
-        be->ops->download(be, h, d, n * sizeof(uint16_t));
-        for (size_t i = 0; i < n; i++) v[i] = ds_bf16_to_f32(h[i]);
-        free(h);
-    }
+    test_backend_to_host(be, d, be->ops->act_dtype, n, v);
     for (int r = 0; r < R; r++) {
         int best = 0;
         for (int j = 1; j < SA_V; j++)
@@ -81,7 +59,7 @@ static void sa_row_argmax(ds_backend *be, const void *d, int R, int32_t *out) {
 static void *sa_one_hot(ds_backend *be, const int32_t *ids, int R) {
     float *v = calloc((size_t)R * SA_V, sizeof(float));
     for (int r = 0; r < R; r++) v[(size_t)r * SA_V + ids[r]] = 1.0f;
-    void *d = sa_upload(be, v, (size_t)R * SA_V);
+    void *d = test_backend_from_host(be, v, (size_t)R * SA_V);
     free(v);
     return d;
 }
@@ -127,7 +105,7 @@ static void sa_run(ds_backend *be, sa_read_meta read_meta, sa_result *res) {
     /* identity lm_head and embedding table */
     float *eye = calloc((size_t)SA_V * SA_V, sizeof(float));
     for (int i = 0; i < SA_V; i++) eye[(size_t)i * SA_V + i] = 1.0f;
-    void *d_eye = sa_upload(be, eye, (size_t)SA_V * SA_V);
+    void *d_eye = test_backend_from_host(be, eye, (size_t)SA_V * SA_V);
     free(eye);
     ds_linear head = {.n_parts = 1, .n_out = SA_V, .n_in = SA_V};
     head.parts[0] = sa_view(be, d_eye, SA_V, SA_V);

@@ -117,38 +117,6 @@ static cJSON *demo_reference(void) {
 
 /* ---- activations in backend memory ------------------------------------------------------------ */
 
-/* n values of a backend buffer in act dtype dt (F32 or BF16) as host floats */
-static void act_to_host(ds_backend *be, const void *d, ds_dtype dt, size_t n, float *out) {
-    ds_error err = {0};
-    if (be->ops->synchronize(be, &err) != DS_OK) fail_msg("%s: %s", be->ops->name, err.msg);
-    if (dt == DS_DTYPE_F32) {
-        be->ops->download(be, out, d, n * sizeof(float));
-        return;
-    }
-    assert_int_equal(dt, DS_DTYPE_BF16);
-    uint16_t *h = malloc(n * sizeof(uint16_t));
-    be->ops->download(be, h, d, n * sizeof(uint16_t));
-    for (size_t i = 0; i < n; i++) out[i] = ds_bf16_to_f32(h[i]);
-    free(h);
-}
-
-/* A new backend buffer in the backend's act dtype holding vals [n] (bf16-exact values). */
-static void *act_from_host(ds_backend *be, const float *vals, size_t n) {
-    const ds_dtype dt = be->ops->act_dtype;
-    void *d = be->ops->alloc(be, n * ds_dtype_size(dt));
-    assert_non_null(d);
-    if (dt == DS_DTYPE_F32) {
-        be->ops->upload(be, d, vals, n * sizeof(float));
-    } else {
-        uint16_t *h = malloc(n * sizeof(uint16_t));
-        for (size_t i = 0; i < n; i++) h[i] = ds_f32_to_bf16(vals[i]);
-        be->ops->upload(be, d, h, n * sizeof(uint16_t));
-        free(h);
-        ds_error err = {0};
-        if (be->ops->synchronize(be, &err) != DS_OK) fail_msg("%s", err.msg);
-    }
-    return d;
-}
 
 /* ---- 1. the MTP head against the CPU backend --------------------------------------------------- */
 
@@ -173,7 +141,7 @@ static void mtp_teacher_forced(fx *f, ds_session *s, const int32_t *tokens, int 
                   .block_table = s->block_table, .max_blocks = s->blocks_per_seq};
     if (ds_model_forward(m, s->cache, &b, &err) != DS_OK) fail_msg("forward: %s", err.msg);
     if (target_hidden)
-        act_to_host(be, m->s.normed.data, m->s.normed.dtype, (size_t)Tm * (size_t)H, target_hidden);
+        test_backend_to_host(be, m->s.normed.data, m->s.normed.dtype, (size_t)Tm * (size_t)H, target_hidden);
     for (int i = 0; i < Tm; i++) {
         next[i] = tokens[i + 1];
         rows[i] = i;
@@ -187,11 +155,11 @@ static void mtp_teacher_forced(fx *f, ds_session *s, const int32_t *tokens, int 
     void *hbuf = NULL;
     ds_tensor hid = m->s.normed;
     if (hidden_in) {
-        hbuf = act_from_host(be, hidden_in, (size_t)Tm * (size_t)H);
+        hbuf = test_backend_from_host(be, hidden_in, (size_t)Tm * (size_t)H);
         hid = ds_view2d(hbuf, be->ops->act_dtype, Tm, H);
     }
     if (ds_mtp_forward(m, s->cache, &mb, &hid, true, &err) != DS_OK) fail_msg("mtp: %s", err.msg);
-    act_to_host(be, m->s.logits.data, DS_DTYPE_F32, (size_t)Tm * (size_t)V, mtp_logits);
+    test_backend_to_host(be, m->s.logits.data, DS_DTYPE_F32, (size_t)Tm * (size_t)V, mtp_logits);
     if (hbuf) be->ops->free(be, hbuf);
 }
 

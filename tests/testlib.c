@@ -97,6 +97,38 @@ double test_rel_l2(const float *a, const float *ref, size_t n) {
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
+void *test_backend_from_host(ds_backend *be, const float *vals, size_t n) {
+    const ds_dtype dt = be->ops->act_dtype;
+    void *d = be->ops->alloc(be, n * ds_dtype_size(dt) + 16);
+    assert_non_null(d);
+    if (dt == DS_DTYPE_F32) {
+        be->ops->upload(be, d, vals, n * sizeof(float));
+        return d;
+    }
+    assert_int_equal(dt, DS_DTYPE_BF16);
+    uint16_t *h = malloc(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) h[i] = ds_f32_to_bf16(vals[i]);
+    be->ops->upload(be, d, h, n * sizeof(uint16_t));
+    ds_error err = {0}; /* the upload may read h until the device has it */
+    if (be->ops->synchronize(be, &err) != DS_OK) fail_msg("%s: %s", be->ops->name, err.msg);
+    free(h);
+    return d;
+}
+
+void test_backend_to_host(ds_backend *be, const void *d, ds_dtype dt, size_t n, float *out) {
+    ds_error err = {0};
+    if (be->ops->synchronize(be, &err) != DS_OK) fail_msg("%s: %s", be->ops->name, err.msg);
+    if (dt == DS_DTYPE_F32) {
+        be->ops->download(be, out, d, n * sizeof(float));
+        return;
+    }
+    assert_int_equal(dt, DS_DTYPE_BF16);
+    uint16_t *h = malloc(n * sizeof(uint16_t));
+    be->ops->download(be, h, d, n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) out[i] = ds_bf16_to_f32(h[i]);
+    free(h);
+}
+
 void test_model_load(test_model *f, const char *dir) {
     ds_error err = {0};
     if (ds_model_load(dir, &f->cfg, &f->host, &err) != DS_OK) fail_msg("load %s: %s", dir, err.msg);

@@ -48,4 +48,10 @@ typedef struct test_rng { uint64_t s; } test_rng;
 float test_rng_uniform(test_rng *r); /* [-1, 1) */
 double test_rel_l2(const float *a, const float *ref, size_t n);
 
+/* A new buffer of backend be in its activation dtype (F32 or BF16) holding vals [n]. */
+void *test_backend_from_host(ds_backend *be, const float *vals, size_t n);
+/* The n values of a buffer of be in dtype dt (F32 or BF16) as host floats, after a synchronize
+ * (fails the test if the device reports an error). */
+void test_backend_to_host(ds_backend *be, const void *d, ds_dtype dt, size_t n, float *out);
+
 #endif
