@@ -19,15 +19,15 @@
 #include "testlib.h"
 
 #include "backend/backend.h"
-#include "backend/cpu/cpu_internal.h"
 #include "model/loader.h"
 #include "model/model.h"
-#include "spec_accept_case.h"
 
 #ifdef DS_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "backend/cpu/cpu_internal.h"
 #include "backend/cuda/cuda_internal.h"
+#include "spec_accept_case.h"
 #endif
 
 /* tolerances (relative L2) for bf16 activations against the fp32 CPU backend */
@@ -795,13 +795,13 @@ static void test_concat(void **state) {
 /* spec_accept and the pos_shift / out_shift lowering (spec_accept_case.h) on both backends: each
  * as specified (so CUDA equals the CPU reference exactly: these are integers). The CUDA
  * positions and n_past are read from the device metadata batch_shift_kernel lowered. */
+#ifdef DS_HAVE_CUDA
 static void cpu_read_meta(ds_backend *be, int T, int S, int32_t *positions, int32_t *n_past) {
     const ds_batch *b = &ds_cpu_of(be)->batch;
     memcpy(positions, b->positions, (size_t)T * sizeof(int32_t));
     memcpy(n_past, b->seq_n_past, (size_t)S * sizeof(int32_t));
 }
 
-#ifdef DS_HAVE_CUDA
 static void cuda_read_meta(ds_backend *be, int T, int S, int32_t *positions, int32_t *n_past) {
     const ds_cuda_ctx *c = be->impl;
     assert_int_equal(cudaMemcpy(positions, c->batch.positions, (size_t)T * sizeof(int32_t),
