@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_internal.h"
 #include "core/tensor.h"
 #include "testlib.h"
 
@@ -40,6 +41,14 @@ typedef struct sa_result {
 
 /* Reads the current batch's positions [T] and n_past [S] as the backend's ops see them. */
 typedef void (*sa_read_meta)(ds_backend *be, int T, int S, int32_t *positions, int32_t *n_past);
+
+/* sa_read_meta of the CPU backend: the lowered batch as its ops read it (cpu_spec.c points the
+ * batch at its copies). */
+static void sa_cpu_read_meta(ds_backend *be, int T, int S, int32_t *positions, int32_t *n_past) {
+    const ds_batch *b = &ds_cpu_of(be)->batch;
+    memcpy(positions, b->positions, (size_t)T * sizeof(int32_t));
+    memcpy(n_past, b->seq_n_past, (size_t)S * sizeof(int32_t));
+}
 
 /* Index of the largest of each row of an act-dtype [R, SA_V] buffer (rows are one-hot). */
 static void sa_row_argmax(ds_backend *be, const void *d, int R, int32_t *out) {

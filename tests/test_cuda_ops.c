@@ -25,7 +25,6 @@
 #ifdef DS_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "backend/cpu/cpu_internal.h"
 #include "backend/cuda/cuda_internal.h"
 #include "spec_accept_case.h"
 #endif
@@ -796,12 +795,6 @@ static void test_concat(void **state) {
  * as specified (so CUDA equals the CPU reference exactly: these are integers). The CUDA
  * positions and n_past are read from the device metadata batch_shift_kernel lowered. */
 #ifdef DS_HAVE_CUDA
-static void cpu_read_meta(ds_backend *be, int T, int S, int32_t *positions, int32_t *n_past) {
-    const ds_batch *b = &ds_cpu_of(be)->batch;
-    memcpy(positions, b->positions, (size_t)T * sizeof(int32_t));
-    memcpy(n_past, b->seq_n_past, (size_t)S * sizeof(int32_t));
-}
-
 static void cuda_read_meta(ds_backend *be, int T, int S, int32_t *positions, int32_t *n_past) {
     const ds_cuda_ctx *c = be->impl;
     assert_int_equal(cudaMemcpy(positions, c->batch.positions, (size_t)T * sizeof(int32_t),
@@ -816,7 +809,7 @@ static void test_spec_accept(void **state) {
 #ifdef DS_HAVE_CUDA
     assert_non_null(g_cuda->ops->spec_accept);
     sa_result rc, rg;
-    sa_run(g_cpu, cpu_read_meta, &rc);
+    sa_run(g_cpu, sa_cpu_read_meta, &rc);
     sa_run(g_cuda, cuda_read_meta, &rg);
     const int bad_c = sa_mismatches(&rc), bad_g = sa_mismatches(&rg);
     printf("  spec_accept + shift: CPU %d, CUDA %d entries off the specification; CUDA m =", bad_c,

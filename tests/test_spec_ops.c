@@ -11,7 +11,6 @@
  *    next tokens, lowered out rows, positions and n_past as specified). */
 #include "test_cpu_common.h"
 
-#include "backend/cpu/cpu_internal.h"
 #include "spec_accept_case.h"
 
 typedef struct gdn_fx {
@@ -238,19 +237,12 @@ static void test_token_buffer(void **state) {
     be->ops->destroy(be);
 }
 
-/* The lowered batch as the CPU ops read it (cpu_spec.c points the batch at its copies). */
-static void cpu_read_meta(ds_backend *be, int T, int S, int32_t *positions, int32_t *n_past) {
-    const ds_batch *b = &ds_cpu_of(be)->batch;
-    memcpy(positions, b->positions, (size_t)T * sizeof(int32_t));
-    memcpy(n_past, b->seq_n_past, (size_t)S * sizeof(int32_t));
-}
-
 static void test_spec_accept(void **state) {
     (void)state;
     ds_backend *be = tc_backend(1);
     assert_non_null(be->ops->spec_accept);
     sa_result res;
-    sa_run(be, cpu_read_meta, &res);
+    sa_run(be, sa_cpu_read_meta, &res);
     for (int s = 0; s < SA_S; s++)
         printf("  spec_accept seq %d: %d drafts, m = %d, out row -> %d, n_past -> %d\n", s,
                sa_n_draft[s], res.n_emitted[s], res.gathered[s], res.n_past[s]);

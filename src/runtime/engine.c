@@ -300,6 +300,11 @@ static int fill_spec_bans(void *ctx, int row, int32_t *ids, int cap) {
     return ds_spec_min_tokens_bans(&r->sampler, ids, cap);
 }
 
+/* Drafts for a sequence that may emit left + 1 more tokens: at most k, none when left ≤ 0. */
+static int drafts_allowed(const ds_engine *e, int left) {
+    return left <= 0 ? 0 : left < e->k ? left : e->k;
+}
+
 /* One speculative step (see the top of this file). */
 static void run_step_spec(ds_engine *e) {
     const ds_sched_plan *plan = ds_scheduler_schedule(&e->sched);
@@ -321,7 +326,7 @@ static void run_step_spec(ds_engine *e) {
         for (int i = 0; i < plan->n_items; i++) {
             const ds_sched_seq *q = plan->items[i].seq;
             const int left = q->max_tokens - (q->n_tokens + plan->items[i].n_draft + 1);
-            e->k_ahead[i] = !q->spec || left <= 0 ? 0 : left < e->k ? left : e->k;
+            e->k_ahead[i] = q->spec ? drafts_allowed(e, left) : 0;
         }
         st = ds_runner_step_ahead(rn, plan, &e->kv, e->ban_keys, fill_spec_bans, &bctx,
                                   e->k_ahead, &drafted, &fused, &err);
@@ -370,7 +375,7 @@ static void run_step_spec(ds_engine *e) {
         emit_tokens(e, r, toks, res, &vr);
         if (r->seq.state == DS_SCHED_RUNNING && r->seq.spec) {
             int left = r->seq.max_tokens - r->seq.n_tokens; /* tokens it may still emit − 1 */
-            e->k_next[i] = drafted ? e->k_ahead[i] : left < e->k ? left : e->k;
+            e->k_next[i] = drafted ? e->k_ahead[i] : drafts_allowed(e, left);
         }
     }
     if (st != DS_OK) return;

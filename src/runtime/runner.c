@@ -66,8 +66,8 @@ static bool greedy_init(ds_runner *r) {
  * ids, S·(k+1) next tokens and S counts, and DS_OPT_SPEC_DEVICE_ACCEPT allows: by default only
  * where verifications run from step graphs (a device backend, whose host work can overlap the
  * device's: the CPU backend finishes every op before the host goes on, so there is nothing to
- * overlap), with =1 on any backend (the tests), with =0 nowhere. A verification whose shape has no graph then runs fused eagerly. Returns
- * false only when out of memory. */
+ * overlap), with =1 on any backend (the tests), with =0 nowhere. A verification whose shape has
+ * no graph then runs fused eagerly. Returns false only when out of memory. */
 static bool dev_accept_init(ds_runner *r) {
     const ds_backend_ops *op = r->model->be->ops;
     const int S = r->max_seqs, K1 = r->k + 1;
@@ -683,6 +683,8 @@ static ds_status graphed_step(ds_runner *r, const ds_sched_plan *plan, const ds_
                               ds_error *err) {
     ds_backend *be = r->model->be;
     *drafted = false;
+    /* accept on the device and draft right behind (ds_runner_step_ahead) */
+    const bool ahead = r->k > 0 && k_ahead && r->dev_accept;
     DS_ASSERT(!keys || r->k > 0); /* decode steps ban through ds_runner_step_greedy_bans */
     int unused;
     if (!graphed) graphed = &unused;
@@ -718,7 +720,7 @@ static ds_status graphed_step(ds_runner *r, const ds_sched_plan *plan, const ds_
         if (!off && !uniform) off = "a verification whose items feed different token counts";
         /* accepted on the device, a verification with no graph runs fused eagerly (the engine
          * gave only items that each feed one known token and decide from the ids) */
-        eager = off && k_ahead && r->dev_accept;
+        eager = off && ahead;
         if (off && !eager) {
             if (why) ds_error_set(why, DS_ERR_UNSUPPORTED, "%s", off);
             return ds_runner_verify(r, plan, kv, err);
@@ -746,24 +748,21 @@ static ds_status graphed_step(ds_runner *r, const ds_sched_plan *plan, const ds_
     /* accepting on the device, this step's draft call rewrites dh and the drafts' token-buffer
      * entries; the previous call's host copies must be in first (they are the drafts verified
      * now): normally done by the time the host got here, so this wait is short */
-    ds_status st = DS_OK;
-    if (r->k > 0 && k_ahead && r->dev_accept && r->d_pending && (st = runner_sync(r, err)) == DS_OK)
-        drafts_land(r);
+    ds_status st = ahead && r->d_pending ? runner_sync(r, err) : DS_OK;
     if (st != DS_OK) return st;
     st = eager ? greedy_fused_step(&g, err)
-                         : ds_step_graph_run(be, r->graph_tag | (uint64_t)idx,
-                                             &r->graph_state[idx], &b, greedy_fused_step, &g, why,
-                                             err);
+               : ds_step_graph_run(be, r->graph_tag | (uint64_t)idx, &r->graph_state[idx], &b,
+                                   greedy_fused_step, &g, why, err);
     *graphed = eager ? 0 : r->graph_state[idx];
-    if (st == DS_OK && r->k > 0 && k_ahead && r->dev_accept) {
+    if (st == DS_OK && ahead) {
         /* the backend's batch is still the verification's: accept on the device, mark, queue
-         * the draft passes (into the other region), and wait only for the mark: the ids, the
-         * counts and the previous call's drafts (the ones just verified, which the caller's
-         * acceptance reads from r->drafts) arrive while the device still drafts. */
+         * the draft passes, and wait only for the mark: the ids and the counts arrive while the
+         * device still drafts. The drafts just verified, which the caller's acceptance reads
+         * from r->drafts, are landed before the new call rewrites dh. */
         const ds_backend_ops *op = be->ops;
         op->spec_accept(be, r->ids_at, r->next_at, r->m_at, r->dev_m);
         if (op->mark) op->mark(be);
-        drafts_land(r); /* (landed above or at an earlier synchronize) */
+        drafts_land(r);
         st = draft_passes(r, plan, kv, k_ahead, true, err);
         if (st == DS_OK) st = op->wait_mark ? op->wait_mark(be, err) : runner_sync(r, err);
         *drafted = st == DS_OK;

@@ -36,9 +36,7 @@ static void embed_task(void *ctx, int64_t b, int64_t e, int tid) {
     embed_job *j = ctx;
     int64_t V = j->table->ne[0];
     for (int64_t t = b; t < e; t++) {
-        const int32_t src = j->token_src ? j->token_src[t] : -1;
-        DS_ASSERT(src < DS_TOKEN_BUF);
-        int64_t id = src >= 0 ? j->tokbuf[src] : j->tokens[t];
+        const int64_t id = ds_cpu_row_token(j->tokens, j->token_src, j->tokbuf, t);
         DS_ASSERT(id >= 0 && id < V);
         float *o = j->out + t * j->H;
         const char *row = (const char *)j->table->data +

@@ -61,6 +61,15 @@ void ds_cpu_aligned_free(void *p);
 /* The whole batch must be set before ops that read it. */
 const ds_batch *ds_cpu_batch(ds_cpu *cpu);
 
+/* Row t's token (backend.h ds_batch.token_src): entry token_src[t] ≥ 0 of the token buffer,
+ * else tokens[t]; token_src may be NULL. */
+static inline int32_t ds_cpu_row_token(const int32_t *tokens, const int32_t *token_src,
+                                       const int32_t *tokbuf, int64_t t) {
+    const int32_t src = token_src ? token_src[t] : -1;
+    DS_ASSERT(src < DS_TOKEN_BUF);
+    return src >= 0 ? tokbuf[src] : tokens[t];
+}
+
 /* ---- kernels (cpu_matmul.c) ---------------------------------------------------------------- */
 
 /* out[r, o] = Σ_k x[r, k] · W[row0 + o, k] for r < R, o < n_rows; W any float dtype [N, K].

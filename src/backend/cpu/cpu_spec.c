@@ -7,12 +7,6 @@
 
 #include "backend/cpu/cpu_internal.h"
 
-/* Row t's token as the embedding reads it: tokens[t], or its token-buffer entry. */
-static int32_t row_token(const ds_cpu *cpu, const ds_batch *b, int t) {
-    const int32_t src = b->token_src ? b->token_src[t] : -1;
-    return src >= 0 ? cpu->tokbuf[src] : b->tokens[t];
-}
-
 void ds_cpu_op_spec_accept(ds_backend *be, int ids_at, int next_at, int m_at, int32_t *n_emitted) {
     ds_cpu *cpu = ds_cpu_of(be);
     const ds_batch *b = ds_cpu_batch(cpu);
@@ -25,7 +19,7 @@ void ds_cpu_op_spec_accept(ds_backend *be, int ids_at, int next_at, int m_at, in
         DS_ASSERT(r1 > r0);
         const int32_t *ids = cpu->tokbuf + ids_at;
         int m = 1; /* row r0 + m − 1 decides the first token not taken from the drafts */
-        while (r0 + m < r1 && ids[r0 + m - 1] == row_token(cpu, b, r0 + m)) m++;
+        while (r0 + m < r1 && ids[r0 + m - 1] == ds_cpu_row_token(b->tokens, b->token_src, cpu->tokbuf, r0 + m)) m++;
         for (int t = r0; t < r1; t++) {
             const int last = r0 + m - 1;
             cpu->tokbuf[next_at + t] = ids[t < last ? t : last];

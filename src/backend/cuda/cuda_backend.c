@@ -252,18 +252,25 @@ static void cu_download(ds_backend *be, void *dst, const void *src, size_t bytes
     DS_CU(c, cudaStreamSynchronize(c->stream));
 }
 
+/* After a wait that covered them: the first n pending host outputs (argmax_logits ids,
+ * spec_accept counts, copied to pinned memory by the stream) handed to the callers' buffers and
+ * dropped from the list (it is in queue order); the device's sticky error, if any. */
+static ds_status deliver_outputs(ds_cuda_ctx *c, int n, ds_error *err) {
+    for (int i = 0; i < n && !c->failed; i++)
+        memcpy(c->pending.o[i].host, c->pending.o[i].pinned, sizeof(int32_t) * (size_t)c->pending.o[i].n);
+    memmove(c->pending.o, c->pending.o + n, sizeof c->pending.o[0] * (size_t)(c->pending.n - n));
+    c->pending.n -= n;
+    c->mark_outs = 0;
+    if (c->failed) return ds_error_set(err, DS_ERR_DEVICE, "CUDA backend: %s", c->errmsg);
+    return DS_OK;
+}
+
 static ds_status cu_synchronize(ds_backend *be, ds_error *err) {
     ds_cuda_ctx *c = ds_cuda_ctx_of(be);
     if (ds_cuda_refuse_in_capture(c, "synchronize"))
         return ds_error_set(err, DS_ERR_INTERNAL, "CUDA backend: synchronize inside a graph capture");
     DS_CU(c, cudaStreamSynchronize(c->stream));
-    /* argmax_logits' ids, copied to pinned memory by the stream */
-    for (int i = 0; i < c->pending.n && !c->failed; i++)
-        memcpy(c->pending.o[i].host, c->pending.o[i].pinned, sizeof(int32_t) * (size_t)c->pending.o[i].n);
-    c->pending.n = 0;
-    c->mark_outs = 0;
-    if (c->failed) return ds_error_set(err, DS_ERR_DEVICE, "CUDA backend: %s", c->errmsg);
-    return DS_OK;
+    return deliver_outputs(c, c->pending.n, err);
 }
 
 /* backend.h mark / wait_mark: an event after the queued work; the host outputs pending then
@@ -279,14 +286,7 @@ static ds_status cu_wait_mark(ds_backend *be, ds_error *err) {
     ds_cuda_ctx *c = ds_cuda_ctx_of(be);
     DS_ASSERT(!c->capturing && c->mark_outs <= c->pending.n);
     DS_CU(c, cudaEventSynchronize(c->mark_event));
-    const int n = c->mark_outs;
-    for (int i = 0; i < n && !c->failed; i++)
-        memcpy(c->pending.o[i].host, c->pending.o[i].pinned, sizeof(int32_t) * (size_t)c->pending.o[i].n);
-    memmove(c->pending.o, c->pending.o + n, sizeof c->pending.o[0] * (size_t)(c->pending.n - n));
-    c->pending.n -= n;
-    c->mark_outs = 0;
-    if (c->failed) return ds_error_set(err, DS_ERR_DEVICE, "CUDA backend: %s", c->errmsg);
-    return DS_OK;
+    return deliver_outputs(c, c->mark_outs, err);
 }
 
 /* ---- device facts ----------------------------------------------------------------------------- */

@@ -15,8 +15,7 @@ __global__ void embed_kernel(const void *__restrict__ table, int dtype, int64_t 
                              const int32_t *__restrict__ tokbuf, bf16 *__restrict__ out) {
     pdl_enter(); /* cuda_launch.cuh: first, before any access */
     const int t = blockIdx.x;
-    const int32_t src = token_src[t];
-    const int64_t id = src >= 0 ? tokbuf[src] : tokens[t];
+    const int64_t id = batch_row_token(tokens, token_src, tokbuf, t);
     bf16 *o = out + (int64_t)t * H;
     if (id < 0 || id >= V) {
         for (int64_t i = threadIdx.x; i < H; i += blockDim.x) o[i] = __float2bfloat16_rn(0.f);

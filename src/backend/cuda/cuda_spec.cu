@@ -6,14 +6,6 @@
 
 #define SPEC_THREADS 256
 
-/* Row t's token as the embedding reads it: tokens[t], or its token-buffer entry. */
-static __device__ __forceinline__ int32_t row_token(const int32_t *tokens,
-                                                    const int32_t *token_src,
-                                                    const int32_t *tokbuf, int t) {
-    const int32_t src = token_src[t];
-    return src >= 0 ? tokbuf[src] : tokens[t];
-}
-
 /* One thread per sequence s of the verification: m = 1 + the leading drafts equal to the
  * target id of the row before them; each row's next token; the shift; m itself. */
 __global__ void __launch_bounds__(SPEC_THREADS)
@@ -26,7 +18,7 @@ __global__ void __launch_bounds__(SPEC_THREADS)
         const int r0 = seq_start[s], r1 = seq_start[s + 1];
         const int32_t *ids = tokbuf + ids_at;
         int m = 1;
-        while (r0 + m < r1 && ids[r0 + m - 1] == row_token(tokens, token_src, tokbuf, r0 + m)) m++;
+        while (r0 + m < r1 && ids[r0 + m - 1] == batch_row_token(tokens, token_src, tokbuf, r0 + m)) m++;
         const int last = r0 + m - 1;
         for (int t = r0; t < r1; t++) tokbuf[next_at + t] = ids[t < last ? t : last];
         shift[s] = (r1 - r0) - m;
