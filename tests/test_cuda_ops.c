@@ -1498,7 +1498,9 @@ static void test_bench(void **state) {
         in.cols = Wg;
         out.cols = 4096;
         a.which = 0;
-        printf("  gdn prefill 2048 tokens (recurrent): %.3f ms\n", time_ms(op_call, &a, quick ? 1 : 3));
+        const char *chunked = getenv("DS_CUDA_GDN_CHUNKED");
+        printf("  gdn prefill 2048 tokens (%s): %.3f ms\n",
+               chunked && atoi(chunked) == 0 ? "token-serial scan" : "chunked", time_ms(op_call, &a, quick ? 1 : 3));
         for (int ctx = 2048; ctx <= 2048; ctx *= 2) {
             past[0] = ctx;
             news[0] = 1;

@@ -581,6 +581,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->moe_down_staged = staged ? atoi(staged) != 0 : 1;
         const char *cols = getenv("DS_CUDA_GDN_SCAN_COLS");
         c->gdn_scan_cols = cols && atoi(cols) == 4 ? 4 : 2;
+        const char *chunked = getenv("DS_CUDA_GDN_CHUNKED");
+        c->gdn_chunked = chunked ? atoi(chunked) != 0 : 1;
         c->opt.moe_fast_route = ds_env_switch("DS_OPT_MOE_FAST_ROUTE", true);
         c->opt.moe_route_fused = ds_env_switch("DS_OPT_MOE_ROUTE_FUSED", true);
         c->opt.tc_gemv = ds_env_switch("DS_OPT_TC_GEMV", true);
@@ -657,6 +659,7 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         }
     }
     ds_cuda_attention_init(c);
+    ds_cuda_gdn_chunked_init(c);
     ds_cuda_moe_init(c);
     if (c->failed) {
         st = ds_error_set(err, DS_ERR_DEVICE, "CUDA backend: %s", c->errmsg);

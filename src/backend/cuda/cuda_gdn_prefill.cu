@@ -1,5 +1,5 @@
 /* cuda_gdn_prefill.cu — Gated DeltaNet for steps with long runs of tokens per sequence
- * (prefill), in four launches instead of cuda_gdn.cu's one (DS_OPT_GDN_PREFILL).
+ * (prefill), in several launches instead of cuda_gdn.cu's one (DS_OPT_GDN_PREFILL).
  *
  * Why: the fused kernel walks a sequence's tokens in one block per value head (32 blocks at
  * Qwen3.5-35B-A3B), and per token it convolves, reduces the q/k norms, runs the recurrence and
@@ -7,56 +7,35 @@
  * token, 26 of the 78 ms of a 512-token prefill chunk. Only the recurrence is sequential in
  * time; everything else is parallel over tokens. So:
  *   1. prep   (token, key head) blocks: conv + SiLU of the key head's q, k and its value heads'
- *             v channels, q/k L2 norms (q also scaled by dk^-1/2), gates α = exp(g), β
- *             → scratch q̂, k̂ [T, hk, dk], v [T, hv, dv], (α, β) [T, hv] (fp32);
- *   2. scan   one warp per (sequence, value head, C = 4 or 2 state columns): lane l holds rows
- *             [4l, 4l + 4) of its columns in registers; per token S ← αS, kv = Sᵀk̂ (a warp sum),
- *             δ = β(v − kv), S ← S + k̂δ, o = Sᵀq̂ (a warp sum): no barriers, inputs loaded
- *             GP_SCAN_AHEAD tokens ahead; 2048 warps at 35B-A3B (C = 2) instead of 32 blocks → o [T, hv, dv] fp32;
+ *             v channels, q/k L2 norms (q also scaled by dk^-1/2), log-decay g and β
+ *             → scratch q̂, k̂ [T, hk, dk], v [T, hv, dv], (g, β) [T, hv] (fp32);
+ *   2. the recurrence → o [T, hv, dv] fp32 and the final states, either
+ *      chunked   (default; cuda_gdn_chunked.cu) chunks of 64 tokens as matrix products, or
+ *      scan      (DS_CUDA_GDN_CHUNKED=0) token by token: one warp per (sequence, value head,
+ *                C = 4 or 2 state columns), lane l holds rows [4l, 4l + 4) of its columns in
+ *                registers; per token S ← αS, kv = Sᵀk̂ (a warp sum), δ = β(v − kv),
+ *                S ← S + k̂δ, o = Sᵀq̂ (a warp sum): no barriers, inputs loaded GP_SCAN_AHEAD
+ *                tokens ahead; 2048 warps at 35B-A3B (C = 2);
  *   3. out    (token, value head) blocks: gated RMSNorm o·rsqrt(mean o² + eps)·w·SiLU(z) → bf16;
  *   4. hist   (sequence, value head) blocks: the conv history after the step's last token
  *             (after prep has read the old one).
- * The arithmetic is the fused kernel's, in the same order per value except the reductions
- * (warp shuffles here): results agree to fp32 rounding. Built for dk = dv = 128 and conv
- * kernel 4 (every Qwen3.5 config); speculative snapshot steps (state_out) and other shapes keep
- * the fused kernel. Layouts as cuda_gdn.cu (conv history per value head, q/k duplicated). */
-#include <math.h>
+ * The scan's arithmetic is the fused kernel's, in the same order per value except the
+ * reductions (warp shuffles here): results agree to fp32 rounding; the chunked form is the CPU
+ * backend's (cpu_gdn.c delta_rule_chunked). Built for dk = dv = 128 and conv kernel 4 (every
+ * Qwen3.5 config); speculative snapshot steps (state_out) and other shapes keep the fused
+ * kernel. Layouts as cuda_gdn.cu (conv history per value head, q/k duplicated). */
+#include "cuda_gdn_prefill.cuh"
 
-#include "cuda_launch.cuh"
-
-#define GP_KC 4          /* conv kernel */
-#define GP_DK 128        /* key dim = value dim */
-#define GP_MAX_G 8       /* value heads per key head */
 #define GP_PREP_THREADS 512
 #define GP_SCAN_WARPS 4  /* warps per scan block */
 /* state columns per scan warp: a template parameter C of 2 or 4 (ctx->gdn_scan_cols, default
  * 2: 2048 warps at 35B-A3B, 96 registers, still one wave) */
 #define GP_SCAN_AHEAD 4  /* tokens whose inputs a scan warp has in flight */
 
-/* Pieces of ctx->d_gdn_scratch for T tokens (fp32). */
-struct gdn_scratch {
-    float *q;  /* [T, hk, dk] normalised, scaled by dk^-1/2 */
-    float *k;  /* [T, hk, dk] normalised */
-    float *v;  /* [T, hv, dv] */
-    float *ab; /* [T, hv, 2] α, β */
-    float *o;  /* [T, hv, dv] recurrence output before the gated norm */
-};
-
-static gdn_scratch gdn_scratch_of(float *base, int64_t T, int hk, int hv) {
-    gdn_scratch s;
-    s.q = base;
-    s.k = s.q + T * hk * GP_DK;
-    s.v = s.k + T * hk * GP_DK;
-    s.ab = s.v + T * hv * GP_DK;
-    s.o = s.ab + T * hv * 2;
-    return s;
-}
-
 extern "C" size_t ds_cuda_gdn_prefill_scratch_bytes(int hk, int hv, int dk, int dv, int kernel) {
     if (dk != GP_DK || dv != GP_DK || kernel != GP_KC || hk <= 0 || hv % hk || hv / hk > GP_MAX_G)
         return 0;
-    const int64_t T = DS_CUDA_MAX_TOKENS;
-    return sizeof(float) * (size_t)(T * hk * GP_DK * 2 + T * hv * GP_DK * 2 + T * hv * 2);
+    return sizeof(float) * (size_t)gdn_scratch_floats(DS_CUDA_MAX_TOKENS, hk, hv);
 }
 
 /* 1. prep: block (key head kh, token t), channels c of [q (dk) | k (dk) | v of the G value
@@ -110,8 +89,8 @@ __global__ void __launch_bounds__(GP_PREP_THREADS)
         const float aa = to_f32(proj[(int64_t)t * ldp + conv_dim + (int64_t)hv * DK + hv + h]) + a.dt_bias[h];
         const float sp = aa > 20.f ? aa : log1pf(expf(aa)); /* softplus, torch threshold 20 */
         float *ab = sc.ab + ((int64_t)t * hv + h) * 2;
-        ab[0] = expf(a.neg_exp_A[h] * sp); /* α = exp(g) */
-        ab[1] = sigmoid_f(bb);             /* β */
+        ab[0] = a.neg_exp_A[h] * sp; /* g = log α */
+        ab[1] = sigmoid_f(bb);       /* β */
     }
     sq = warp_sum(sq);
     sk = warp_sum(sk);
@@ -206,7 +185,7 @@ __global__ void __launch_bounds__(GP_SCAN_WARPS * 32)
                 const float kk[RPL] = {rk[i].x, rk[i].y, rk[i].z, rk[i].w};
                 const float qq[RPL] = {rq[i].x, rq[i].y, rq[i].z, rq[i].w};
                 const fcols<C> vv = rv[i];
-                const float alpha = rab[i].x, beta = rab[i].y;
+                const float alpha = expf(rab[i].x), beta = rab[i].y;
                 if (t + D < te) load(t + D, rk[i], rq[i], rv[i], rab[i]); /* slot i is free now */
                 float part[C], part2[C];
 #pragma unroll
@@ -309,13 +288,15 @@ extern "C" bool ds_cuda_gdn_prefill(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a)
     const gdn_scratch sc = gdn_scratch_of((float *)ctx->d_gdn_scratch, T, a->hk, a->hv);
     ds_launch(ctx, gdn_prep_kernel, dim3(a->hk, T), GP_PREP_THREADS, 0, *b, *a, sc);
     DS_CU_LAUNCHED2(ctx, "gdn_prep_kernel", T, a->hk);
-    if (ctx->gdn_scan_cols == 2)
+    if (ctx->gdn_chunked)
+        ds_cuda_gdn_chunked(ctx, *b, *a, sc);
+    else if (ctx->gdn_scan_cols == 2)
         ds_launch(ctx, gdn_scan_kernel<2>, dim3(GP_DK / (GP_SCAN_WARPS * 2), a->hv, S),
                   GP_SCAN_WARPS * 32, 0, *b, *a, sc);
     else
         ds_launch(ctx, gdn_scan_kernel<4>, dim3(GP_DK / (GP_SCAN_WARPS * 4), a->hv, S),
                   GP_SCAN_WARPS * 32, 0, *b, *a, sc);
-    DS_CU_LAUNCHED2(ctx, "gdn_scan_kernel", S, a->hv);
+    if (!ctx->gdn_chunked) DS_CU_LAUNCHED2(ctx, "gdn_scan_kernel", S, a->hv);
     ds_launch(ctx, gdn_out_kernel, dim3(a->hv, T), GP_DK, 0, *b, *a, sc);
     DS_CU_LAUNCHED2(ctx, "gdn_out_kernel", T, a->hv);
     ds_launch(ctx, gdn_hist_kernel, dim3(a->hv, S), 3 * GP_DK, 0, *b, *a);

@@ -177,6 +177,9 @@ typedef struct ds_cuda_ctx {
      * columns per warp of the GDN prefill recurrence (DS_CUDA_GDN_SCAN_COLS, 2 or 4, default
      * 2: cuda_gdn_prefill.cu) */
     int moe_gemm_wn, gdn_scan_cols;
+    /* the GDN prefill recurrence in chunks of 64 tokens (1, default; cuda_gdn_chunked.cu) or
+     * token by token (DS_CUDA_GDN_CHUNKED=0: the session-4 scan, for before/after runs) */
+    int gdn_chunked;
     /* measurement knobs of the decode expert GEMVs (env at create): output rows per warp of the
      * gate_up launch (DS_CUDA_MOE_GU_ROWS, 2 or 4, default 2) and of the down launch
      * (DS_CUDA_MOE_DOWN_ROWS, 4, 8 or 16; default 0: 4 at T = 1, else 16) */
@@ -344,6 +347,7 @@ typedef struct ds_cuda_attn_args {
 void ds_cuda_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a);
 /* Kernel attributes (dynamic shared-memory limits), set once at backend creation. */
 void ds_cuda_attention_init(ds_cuda_ctx *ctx);
+void ds_cuda_gdn_chunked_init(ds_cuda_ctx *ctx);
 void ds_cuda_moe_init(ds_cuda_ctx *ctx);
 
 /* Gated DeltaNet (cuda_gdn.cu). */
