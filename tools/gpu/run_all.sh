@@ -156,19 +156,26 @@ else
     log "ncu skipped"
 fi
 
-# ncu_detail: ncu's memory, warp-stall and occupancy sections for the kernels whose names match
-# DS_GPU_NCU_KERNEL (regex, default the expert GEMVs) in one eager decode step at batch
-# DS_GPU_NCU_BATCH (default 8), with the environment DS_GPU_NCU_ENV (e.g. a knob) → ncu_detail.txt
+# ncu_detail: ncu's memory, warp-stall and occupancy sections for the first DS_GPU_NCU_COUNT
+# (default 4) kernels whose names match DS_GPU_NCU_KERNEL (regex, default the expert GEMVs) in
+# one eager decode step at batch DS_GPU_NCU_BATCH (default 8) — or, with DS_GPU_NCU_PREFILL=1,
+# in one 1024-token prefill — with the environment DS_GPU_NCU_ENV (e.g. a knob) → ncu_detail.txt
 t=$(left); [ "$t" -gt 150 ] && t=150
 if want ncu_detail && command -v ncu > /dev/null && [ "$t" -ge 60 ]; then
-    log "ncu detail (${DS_GPU_NCU_KERNEL:-moe_expert_kernel}, batch ${DS_GPU_NCU_BATCH:-8}, ${DS_GPU_NCU_ENV:-}, timeout $t s)"
+    if [ "${DS_GPU_NCU_PREFILL:-0}" = 1 ]; then
+        NCU_WHICH=(DS_CUDA_PROFILER_PREFILL=2); NCU_RUN=(--prompt-len 1024 --steps 2 --warmup 0 --batch 1)
+    else
+        NCU_WHICH=(DS_CUDA_PROFILER_STEP=4); NCU_RUN=(--prompt-len 16 --steps 8 --warmup 2 --batch "${DS_GPU_NCU_BATCH:-8}")
+    fi
+    log "ncu detail (${DS_GPU_NCU_KERNEL:-moe_expert_kernel}, ${NCU_RUN[*]}, ${DS_GPU_NCU_ENV:-}, timeout $t s)"
     # shellcheck disable=SC2086
-    DS_CUDA_PROFILER_STEP=4 timeout "$t" env ${DS_GPU_NCU_ENV:-} ncu --clock-control none --cache-control none \
-        --profile-from-start off -k "regex:${DS_GPU_NCU_KERNEL:-moe_expert_kernel}" --launch-count 4 \
+    timeout "$t" env "${NCU_WHICH[@]}" ${DS_GPU_NCU_ENV:-} ncu --clock-control none --cache-control none \
+        --profile-from-start off -k "regex:${DS_GPU_NCU_KERNEL:-moe_expert_kernel}" \
+        --launch-count "${DS_GPU_NCU_COUNT:-4}" \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
         --section Occupancy --section LaunchStats --section SchedulerStats \
         "${DSENV[@]}" "$BIN/deltaserve" bench -m configs/qwen3.5-35b-a3b --dummy-weights --device cuda \
-        --prompt-len 16 --steps 8 --warmup 2 --batch "${DS_GPU_NCU_BATCH:-8}" --graphs 0 > "$OUT/ncu_detail.txt" 2>&1
+        "${NCU_RUN[@]}" --graphs 0 > "$OUT/ncu_detail.txt" 2>&1
     log "ncu detail rc=$?"
 fi
 

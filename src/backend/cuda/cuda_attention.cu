@@ -101,17 +101,6 @@ __global__ void __launch_bounds__(256)
  * tokens share key tiles better in the prefill kernel */
 #define DEC_MAX_Q 8
 
-/* 16-byte asynchronous global → shared copy (cp.async, sm_80+): every thread issues all its
- * copies of a tile before waiting, so a tile costs about one memory latency, and the next
- * tile's copies are in flight while this one is computed. */
-static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem));
-}
-static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-static __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
-
 /* dynamic shared memory: K and V tiles, double-buffered, then the G queries in fp32 */
 template <int HD>
 struct DecSmem {

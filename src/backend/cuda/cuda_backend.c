@@ -581,6 +581,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->moe_down_staged = staged ? atoi(staged) != 0 : 1;
         const char *cols = getenv("DS_CUDA_GDN_SCAN_COLS");
         c->gdn_scan_cols = cols && atoi(cols) == 4 ? 4 : 2;
+        const char *stages = getenv("DS_CUDA_MOE_GEMM_STAGES");
+        c->moe_gemm_stages = stages && (atoi(stages) == 3 || atoi(stages) == 4) ? atoi(stages) : 2;
         const char *chunked = getenv("DS_CUDA_GDN_CHUNKED");
         c->gdn_chunked = chunked ? atoi(chunked) != 0 : 1;
         c->opt.moe_fast_route = ds_env_switch("DS_OPT_MOE_FAST_ROUTE", true);

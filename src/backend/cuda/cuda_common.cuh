@@ -22,6 +22,20 @@ static __device__ __forceinline__ uint4 ld_stream16(const void *p) {
     return v;
 }
 
+/* 16-byte asynchronous global → shared copy (cp.async, sm_80+): a thread issues all its copies
+ * of a tile before waiting, so a tile costs about one memory latency and the next tile's copies
+ * can be in flight while this one is used. src_bytes 0 reads nothing and fills the 16 bytes with
+ * zeros (padding rows; gmem must still be a valid address). */
+static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes = 16) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes));
+}
+/* closes this thread's group of copies issued since the last commit */
+static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+/* waits until at most N of this thread's committed groups are still in flight */
+template <int N>
+static __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
 /* 16-byte read-only load through L1 (activations reused by every warp of a block). */
 static __device__ __forceinline__ uint4 ld_cached16(const void *p) {
     return __ldg(reinterpret_cast<const uint4 *>(p));

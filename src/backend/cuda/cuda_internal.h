@@ -177,6 +177,9 @@ typedef struct ds_cuda_ctx {
      * columns per warp of the GDN prefill recurrence (DS_CUDA_GDN_SCAN_COLS, 2 or 4, default
      * 2: cuda_gdn_prefill.cu) */
     int moe_gemm_wn, gdn_scan_cols;
+    /* pipeline stages of the grouped expert GEMM (DS_CUDA_MOE_GEMM_STAGES, 2, 3 or 4; default
+     * 2; 3 and 4 only at WN = 2) */
+    int moe_gemm_stages;
     /* the GDN prefill recurrence in chunks of 64 tokens (1, default; cuda_gdn_chunked.cu) or
      * token by token (DS_CUDA_GDN_CHUNKED=0: the session-4 scan, for before/after runs) */
     int gdn_chunked;

@@ -37,28 +37,19 @@ using namespace nvcuda;
  * creation (DS_CUDA_MOE_GEMM_WN, default 2: prefill of 1024 tokens 82.06 ms with 4, 78.27 ms
  * with 2, run s4-run6). */
 #define GG_THREADS(WN) (64 * (WN))
-/* Pipeline depth: GG_STAGES − 1 stages of weight tiles in flight per block. 4 stages measured
- * no faster than 2 (gate_up 20.5 vs 19.4 ms per 1024-token prefill, runs s4-run3 / s4-run2):
- * the kernel is not bound by the bytes in flight (see docs/cuda_notes.md, session 4). */
-#define GG_STAGES 2
-
-struct gg_smem_pipe {
-    bf16 a[GG_STAGES][GG_BM][GG_LDS]; /* [stage][row][k] */
-    bf16 b[GG_STAGES][GG_BN][GG_LDS]; /* [stage][weight row][k] */
+/* Pipeline depth ST: ST − 1 stages of weight tiles in flight per block. 2 by default; 3 or 4
+ * with DS_CUDA_MOE_GEMM_STAGES (at WN = 2). 4 stages measured no faster than 2 in session 4
+ * (gate_up 20.5 vs 19.4 ms per 1024-token prefill, runs s4-run3 / s4-run2), before the kernel's
+ * other changes; ncu in s9-run2 still finds its warps waiting on memory most of the time (126
+ * registers: 4 blocks of 4 warps an SM). */
+template <int ST> struct gg_smem_pipe {
+    bf16 a[ST][GG_BM][GG_LDS]; /* [stage][row][k] */
+    bf16 b[ST][GG_BN][GG_LDS]; /* [stage][weight row][k] */
 };
-union gg_smem {
-    gg_smem_pipe pipe;
+template <int ST> union gg_smem {
+    gg_smem_pipe<ST> pipe;
     float c[GG_BM][GG_LDC]; /* the accumulators, after the main loop */
 };
-
-/* 16-byte global → shared copy; src_bytes 0 fills the 16 bytes with zeros (padding rows). */
-static __device__ __forceinline__ void gg_cp16(void *smem, const void *gmem, int src_bytes) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes));
-}
-static __device__ __forceinline__ void gg_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-static __device__ __forceinline__ void gg_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
 /* Block x → (active expert index, first assignment row within it); *expert_i = -1 past the end.
  * Warp 0: lane l owns the contiguous experts [l·per, (l+1)·per), loads all their offsets at
@@ -98,12 +89,12 @@ static __device__ void gg_find_tile(int bx, const ds_moe_groups &g, int *expert_
     }
 }
 
-template <bool GATE_UP, int WN>
+template <bool GATE_UP, int WN, int ST>
 __global__ void __launch_bounds__(GG_THREADS(WN))
     moe_group_gemm_kernel(const bf16 *__restrict__ W, int N, int K, const bf16 *__restrict__ x,
                           int k_top, ds_moe_groups g, void *__restrict__ out) {
     extern __shared__ __align__(128) unsigned char gg_dyn[];
-    gg_smem &sm = *(gg_smem *)gg_dyn; /* dynamic: over the 48 KiB static limit */
+    gg_smem<ST> &sm = *(gg_smem<ST> *)gg_dyn; /* dynamic: over the 48 KiB static limit */
     __shared__ const bf16 *arow[GG_BM]; /* source row of each tile row, NULL for padding */
     __shared__ int asg[GG_BM];          /* assignment index of each tile row */
     __shared__ int tile_i, tile_m0;
@@ -156,10 +147,10 @@ __global__ void __launch_bounds__(GG_THREADS(WN))
     auto load_stage = [&](int s, int k0) { /* one commit group */
 #pragma unroll
         for (int j = 0; j < CA; j++)
-            gg_cp16(&sm.pipe.a[s][ar + RS * j][ch], asrc[j] ? asrc[j] + k0 + ch : We, asrc[j] ? 16 : 0);
+            cp_async16(&sm.pipe.a[s][ar + RS * j][ch], asrc[j] ? asrc[j] + k0 + ch : We, asrc[j] ? 16 : 0);
 #pragma unroll
-        for (int j = 0; j < CB; j++) gg_cp16(&sm.pipe.b[s][ar + RS * j][ch], bsrc[j] + k0, bval[j] ? 16 : 0);
-        gg_commit();
+        for (int j = 0; j < CB; j++) cp_async16(&sm.pipe.b[s][ar + RS * j][ch], bsrc[j] + k0, bval[j] ? 16 : 0);
+        cp_async_commit();
     };
 
     constexpr int WTN = GG_BN / WN, FN = WTN / 16; /* warp tile columns, fragments */
@@ -171,20 +162,20 @@ __global__ void __launch_bounds__(GG_THREADS(WN))
         for (int j = 0; j < FN; j++) wmma::fill_fragment(acc[i][j], 0.f);
 
     const int KT = K / GG_BK;
-    /* stages 0 .. GG_STAGES − 2 in flight; every iteration commits one group (possibly empty)
-     * so that wait_group<GG_STAGES − 2> always means "stage kt has landed" */
+    /* stages 0 .. ST − 2 in flight; every iteration commits one group (possibly empty) so that
+     * wait_group<ST − 2> always means "stage kt has landed" */
 #pragma unroll
-    for (int st = 0; st < GG_STAGES - 1; st++) {
+    for (int st = 0; st < ST - 1; st++) {
         if (st < KT) load_stage(st, st * GG_BK);
-        else gg_commit();
+        else cp_async_commit();
     }
     for (int kt = 0; kt < KT; kt++) {
-        const int s = kt % GG_STAGES;
-        gg_wait<GG_STAGES - 2>();
-        __syncthreads(); /* stage s visible to all; stage (kt − 1) % GG_STAGES consumed by all */
-        const int kn = kt + GG_STAGES - 1;
-        if (kn < KT) load_stage(kn % GG_STAGES, kn * GG_BK);
-        else gg_commit();
+        const int s = kt % ST;
+        cp_async_wait<ST - 2>();
+        __syncthreads(); /* stage s visible to all; stage (kt − 1) % ST consumed by all */
+        const int kn = kt + ST - 1;
+        if (kn < KT) load_stage(kn % ST, kn * GG_BK);
+        else cp_async_commit();
 #pragma unroll
         for (int kk = 0; kk < GG_BK; kk += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[2];
@@ -200,7 +191,7 @@ __global__ void __launch_bounds__(GG_THREADS(WN))
                 for (int j = 0; j < FN; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
         }
     }
-    gg_wait<0>();
+    cp_async_wait<0>();
     __syncthreads(); /* the accumulator tile reuses the pipeline's memory */
 #pragma unroll
     for (int i = 0; i < 2; i++)
@@ -235,31 +226,37 @@ extern "C" bool ds_cuda_moe_gemm_fits(int H, int I) {
 }
 
 /* Dynamic shared memory limit of every instantiation, set once at creation. */
+template <int WN, int ST> static void gemm_init(ds_cuda_ctx *ctx) {
+    DS_CU(ctx, cudaFuncSetAttribute(moe_group_gemm_kernel<true, WN, ST>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sizeof(gg_smem<ST>)));
+    DS_CU(ctx, cudaFuncSetAttribute(moe_group_gemm_kernel<false, WN, ST>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sizeof(gg_smem<ST>)));
+}
 extern "C" void ds_cuda_moe_gemm_init(ds_cuda_ctx *ctx) {
-    void (*kernels[])(const bf16 *, int, int, const bf16 *, int, ds_moe_groups, void *) = {
-        moe_group_gemm_kernel<true, 4>, moe_group_gemm_kernel<false, 4>,
-        moe_group_gemm_kernel<true, 2>, moe_group_gemm_kernel<false, 2>};
-    for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++)
-        DS_CU(ctx, cudaFuncSetAttribute(kernels[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)sizeof(gg_smem)));
+    gemm_init<4, 2>(ctx);
+    gemm_init<2, 2>(ctx);
+    gemm_init<2, 3>(ctx);
+    gemm_init<2, 4>(ctx);
 }
 
-template <int WN>
+template <int WN, int ST>
 static void launch_gemms(ds_cuda_ctx *ctx, const ds_moe_gemm_args *a) {
     const int tiles = DS_DIV_UP(a->A, GG_BM) + (a->A < a->E ? a->A : a->E);
     /* gate_up: act [A, I] from x [T, H] and W_gu [E, 2I, H] */
     dim3 gu(tiles, DS_DIV_UP(a->I, GG_BN / 2));
-    ds_launch(ctx, moe_group_gemm_kernel<true, WN>, gu, GG_THREADS(WN), sizeof(gg_smem),
+    ds_launch(ctx, moe_group_gemm_kernel<true, WN, ST>, gu, GG_THREADS(WN), sizeof(gg_smem<ST>),
               (const bf16 *)a->w_gu, a->I, a->H, (const bf16 *)a->x, a->top_k, a->groups, (void *)a->act);
     DS_CU_LAUNCHED2(ctx, "moe_group_gemm_kernel<gate_up>", a->A, a->I);
     /* down: y [A, H] fp32 from act [A, I] and W_down [E, H, I] */
     dim3 dn(tiles, DS_DIV_UP(a->H, GG_BN));
-    ds_launch(ctx, moe_group_gemm_kernel<false, WN>, dn, GG_THREADS(WN), sizeof(gg_smem),
+    ds_launch(ctx, moe_group_gemm_kernel<false, WN, ST>, dn, GG_THREADS(WN), sizeof(gg_smem<ST>),
               (const bf16 *)a->w_down, a->H, a->I, (const bf16 *)a->act, a->top_k, a->groups, (void *)a->y);
     DS_CU_LAUNCHED2(ctx, "moe_group_gemm_kernel<down>", a->A, a->H);
 }
 
 extern "C" void ds_cuda_moe_gemm(ds_cuda_ctx *ctx, const ds_moe_gemm_args *a) {
-    if (ctx->moe_gemm_wn == 2) launch_gemms<2>(ctx, a);
-    else launch_gemms<4>(ctx, a);
+    if (ctx->moe_gemm_wn == 4) launch_gemms<4, 2>(ctx, a);
+    else if (ctx->moe_gemm_stages == 4) launch_gemms<2, 4>(ctx, a);
+    else if (ctx->moe_gemm_stages == 3) launch_gemms<2, 3>(ctx, a);
+    else launch_gemms<2, 2>(ctx, a);
 }
