@@ -19,10 +19,12 @@
  *   chunk_scan  (GC_NC state columns, value head, sequence) blocks walk their sequence's chunks
  *               in order with S[:, cols] in shared memory and registers: δ and e^{c}q̂S from S,
  *               then o and the new S from δ; each half's inputs are copied in while the other
- *               half computes (s9-run2: 286 µs a layer at 1024 tokens when every chunk's inputs
- *               were loaded after the previous chunk, its warps waiting on L2 latency).
- * fp32 throughout on CUDA cores; every δ / o / S column depends only on its own S column, so
- * blocks split the columns without talking to each other. */
+ *               half computes. ncu, a layer at 1024 tokens: 286 µs with every chunk's inputs
+ *               loaded after the previous chunk (s9-run2, warps waiting on L2 latency), 203 µs
+ *               with the copies overlapped (s9-run3, then bound by shared-memory loads of the
+ *               fp32 CUDA-core products), 149 µs with the products on tensor cores (s9-run4).
+ * fp32 throughout (chunk_scan's products on tensor cores as 3xTF32); every δ / o / S column
+ * depends only on its own S column, so blocks split the columns without talking to each other. */
 #include <math.h>
 
 #include "cuda_gdn_prefill.cuh"
@@ -31,11 +33,14 @@
 #define GC_LD (GP_DK + 4) /* shared row pitch of [64][128] tiles: rows 4 banks apart */
 #define GC_PLD (GC_L + 4) /* shared row pitch of P */
 #define GC_NC 32          /* state columns per chunk_scan block: 4 blocks a value head */
+#define GC_KLD (GP_DK + 8) /* pitch of k̂ in chunk_scan (read down its columns) */
+#define GC_SLD (GC_NC + 8) /* pitch of the [·][NC] tiles read as B fragments */
 
 /* chunk_prep's dynamic shared memory (floats): k̂, q̂ [L][LD], A [L][L], c, β [L] */
 #define GC_PREP_FLOATS (2 * GC_L * GC_LD + GC_L * GC_L + 2 * GC_L)
-/* chunk_scan's: W, q̂ [L][LD], U [L][NC], k̂ [L][DK], P [L][PLD], δ twice [L][NC], S [DK][NC] */
-#define GC_SCAN_FLOATS (2 * GC_L * GC_LD + GC_L * GP_DK + GC_L * GC_PLD + 3 * GC_L * GC_NC + GP_DK * GC_NC)
+/* chunk_scan's: W, q̂ [L][LD], U [L][NC], k̂ [L][KLD], P [L][PLD], δ, δ' [L][SLD], S [DK][SLD] */
+#define GC_SCAN_FLOATS \
+    (2 * GC_L * GC_LD + GC_L * GC_NC + GC_L * GC_KLD + GC_L * GC_PLD + 2 * GC_L * GC_SLD + GP_DK * GC_SLD)
 
 /* The idx-th chunk of the step (sequences in order, each cut from its first token): first token
  * t0 and length n; false past the last chunk. */
@@ -172,32 +177,66 @@ __global__ void __launch_bounds__(GC_THREADS)
     if (tid < n) sc.cg[(int64_t)(t0 + tid) * hv + h] = cs[tid];
 }
 
-/* 2. block (columns j0 = GC_NC·blockIdx.x …, value head blockIdx.y, sequence blockIdx.z).
- * Thread (row = tid / 4, g = tid % 4): chunk row `row` (δ, o) and state rows 2·row, 2·row + 1
- * (the update), both at columns j0 + 8g … j0 + 8g + 7.
+/* fp32 products on tensor cores, "3xTF32": x = hi + lo with hi = tf32(x), lo = tf32(x − hi);
+ * a·b ≈ hi_a·hi_b + hi_a·lo_b + lo_a·hi_b in fp32 accumulators keeps fp32-level accuracy
+ * (one tf32 pass would round every input to 11 bits). */
+struct tf32_split {
+    uint32_t hi, lo;
+};
+static __device__ __forceinline__ uint32_t to_tf32(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+static __device__ __forceinline__ tf32_split split_tf32(float x) {
+    const uint32_t hi = to_tf32(x);
+    return {hi, to_tf32(x - __uint_as_float(hi))};
+}
+static __device__ __forceinline__ void mma_tf32(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                                uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                 "{%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+/* c += A·B for one m16n8k8 tile: a[0..3] the A fragment (rows g, g + 8 × columns t, t + 4 of
+ * lane (g = lane / 4, t = lane % 4)), b[0..1] the B fragment (rows t, t + 4 × column g) */
+static __device__ __forceinline__ void mma3(float (&c)[4], const tf32_split (&a)[4], const tf32_split (&b)[2]) {
+    mma_tf32(c, a[0].hi, a[1].hi, a[2].hi, a[3].hi, b[0].lo, b[1].lo);
+    mma_tf32(c, a[0].lo, a[1].lo, a[2].lo, a[3].lo, b[0].hi, b[1].hi);
+    mma_tf32(c, a[0].hi, a[1].hi, a[2].hi, a[3].hi, b[0].hi, b[1].hi);
+}
+
+/* 2. block (columns j0 = GC_NC·blockIdx.x …, value head blockIdx.y, sequence blockIdx.z), eight
+ * warps, every product an m16n8k8 tensor-core tile (3xTF32) over the block's 32 columns (four
+ * n-tiles):
+ *   δ, q̂S    warp w < 4: rows 16w … of W·S → δ = U − W·S;  warp w ≥ 4: rows 16(w − 4) … of q̂·S
+ *   o        warps ≥ 4 continue their q̂S rows: e^{c}q̂S + P·δ
+ *   S        warp w: state rows 16w …, held in registers across chunks: e^{c_{n−1}}S + k̂ᵀ·δ'
  * The chunk's inputs are raw copies (cp.async) in two groups, each loaded while the other is in
- * use: {W, q̂, U} for the first half of a chunk (δ, q̂S), {k̂, P} for the second (o, S). The
- * decays are applied to the per-row results instead of the inputs: e^{c_i} to q̂_iS, and
- * e^{c_{n−1}−c_i} to a second copy of δ_i for the state update. */
+ * use: {W, q̂, U} for the first half of a chunk, {k̂, P} for the second. The decays are applied
+ * to per-row results instead of the inputs: e^{c_i} to q̂_iS, and e^{c_{n−1}−c_i} to a second
+ * copy δ' of δ_i for the state update. Pitches put every fragment's 32 reads in 32 banks. */
 __global__ void __launch_bounds__(GC_THREADS)
     gdn_chunk_scan_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
     constexpr int DK = GP_DK, DV = GP_DK, L = GC_L, LD = GC_LD, PLD = GC_PLD, NC = GC_NC;
-    static_assert(GC_THREADS == 4 * L && DK == 2 * L && NC == 4 * 8, "thread ↔ row / column map");
+    constexpr int KLD = GC_KLD, SLD = GC_SLD;
+    static_assert(GC_THREADS == 256 && DK == 8 * 16 && L == 4 * 16 && NC == 4 * 8, "warp ↔ tile map");
     extern __shared__ float4 gc_smem4[];
     float *Ws = (float *)gc_smem4; /* [L][LD] W                   group A */
     float *Qs = Ws + L * LD;       /* [L][LD] q̂                   group A */
     float *Us = Qs + L * LD;       /* [L][NC] U of the columns    group A */
-    float *Ks = Us + L * NC;       /* [L][DK] k̂                   group B */
-    float *Ps = Ks + L * DK;       /* [L][PLD] P                  group B */
-    float *Ds = Ps + L * PLD;      /* [L][NC] δ */
-    float *Dk = Ds + L * NC;       /* [L][NC] e^{c_{n−1}−c_i} δ_i */
-    float *Ss = Dk + L * NC;       /* [DK][NC] S of the block's columns */
+    float *Ks = Us + L * NC;       /* [L][KLD] k̂                  group B */
+    float *Ps = Ks + L * KLD;      /* [L][PLD] P                  group B */
+    float *Ds = Ps + L * PLD;      /* [L][SLD] δ */
+    float *Dk = Ds + L * SLD;      /* [L][SLD] δ' = e^{c_{n−1}−c_i} δ_i */
+    float *Ss = Dk + L * SLD;      /* [DK][SLD] S of the block's columns */
     pdl_enter(); /* cuda_launch.cuh: before any access */
     const int j0 = blockIdx.x * NC, h = blockIdx.y, s = blockIdx.z;
     const int hk = a.hk, hv = a.hv, kh = h / (hv / hk);
     const int ts = b.seq_start[s], te = b.seq_start[s + 1];
     if (ts >= te) return;
-    const int tid = threadIdx.x, row = tid >> 2, g = tid & 3, cj = 8 * g;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
 
     /* rows past the sequence's end are zeros (no bytes read) */
     auto load_a = [&](int c0) {
@@ -220,7 +259,7 @@ __global__ void __launch_bounds__(GC_THREADS)
         for (int e = tid; e < L * DK / 4; e += GC_THREADS) {
             const int i = e / (DK / 4), d = (e % (DK / 4)) * 4;
             const int64_t t = i < n ? c0 + i : c0;
-            cp_async16(Ks + i * DK + d, sc.k + (t * hk + kh) * DK + d, i < n ? 16 : 0);
+            cp_async16(Ks + i * KLD + d, sc.k + (t * hk + kh) * DK + d, i < n ? 16 : 0);
         }
         for (int e = tid; e < L * L / 4; e += GC_THREADS) {
             const int i = e / (L / 4), j = (e % (L / 4)) * 4;
@@ -232,53 +271,70 @@ __global__ void __launch_bounds__(GC_THREADS)
     load_a(ts);
     load_b(ts);
 
-    float *S = a.state + (int64_t)b.seq_slot[s] * a.state_slot_stride + (int64_t)h * DK * DV + j0 + cj;
-    float st[2][8]; /* S[2·row + r][j0 + cj + c] */
+    /* the state rows of warp w: sr = 16w + g and sr + 8, columns 8n + 2·t4 (+1) of n-tile n */
+    const int sr = 16 * warp + g;
+    float *S = a.state + (int64_t)b.seq_slot[s] * a.state_slot_stride + (int64_t)h * DK * DV + j0;
+    float sacc[4][4];
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const float4 lo = *(const float4 *)(S + (int64_t)(2 * row + r) * DV);
-        const float4 hi = *(const float4 *)(S + (int64_t)(2 * row + r) * DV + 4);
-        st[r][0] = lo.x, st[r][1] = lo.y, st[r][2] = lo.z, st[r][3] = lo.w;
-        st[r][4] = hi.x, st[r][5] = hi.y, st[r][6] = hi.z, st[r][7] = hi.w;
-        *(float4 *)(Ss + (2 * row + r) * NC + cj) = lo;
-        *(float4 *)(Ss + (2 * row + r) * NC + cj + 4) = hi;
+    for (int nt = 0; nt < 4; nt++) {
+        const int col = 8 * nt + 2 * t4;
+        const float2 lo = *(const float2 *)(S + (int64_t)sr * DV + col);
+        const float2 hi = *(const float2 *)(S + (int64_t)(sr + 8) * DV + col);
+        sacc[nt][0] = lo.x, sacc[nt][1] = lo.y, sacc[nt][2] = hi.x, sacc[nt][3] = hi.y;
+        *(float2 *)(Ss + sr * SLD + col) = lo;
+        *(float2 *)(Ss + (sr + 8) * SLD + col) = hi;
     }
 
+    const bool w_warp = warp < 4;          /* W·S → δ; else q̂·S → o */
+    const int m0 = 16 * (warp & 3);        /* the chunk rows of phases 1 and 2a */
+    const float *Xs = w_warp ? Ws : Qs;
     for (int c0 = ts; c0 < te; c0 += L) {
         const int n = min(L, te - c0);
         const float cl = sc.cg[((int64_t)c0 + n - 1) * hv + h];
-        const float ci = row < n ? sc.cg[((int64_t)c0 + row) * hv + h] : cl;
+        const float c_lo = m0 + g < n ? sc.cg[((int64_t)c0 + m0 + g) * hv + h] : cl;
+        const float c_hi = m0 + g + 8 < n ? sc.cg[((int64_t)c0 + m0 + g + 8) * hv + h] : cl;
         cp_async_wait<1>(); /* group A of this chunk (B may still be in flight) */
         __syncthreads();    /* A visible to all; the previous chunk's S is in Ss */
 
-        /* δ_row = U_row − W_row S and q̂_row S */
-        float ws[8], qs[8];
+        /* phase 1: rows m0 … m0 + 15 of W·S or q̂·S */
+        float acc[4][4];
 #pragma unroll
-        for (int c = 0; c < 8; c++) ws[c] = qs[c] = 0.f;
-#pragma unroll 2
-        for (int d = 0; d < DK; d += 4) {
-            const float4 w4 = *(const float4 *)(Ws + row * LD + d);
-            const float4 q4 = *(const float4 *)(Qs + row * LD + d);
-            const float wv[4] = {w4.x, w4.y, w4.z, w4.w}, qv[4] = {q4.x, q4.y, q4.z, q4.w};
+        for (int nt = 0; nt < 4; nt++)
 #pragma unroll
-            for (int dd = 0; dd < 4; dd++) {
-                const float4 lo = *(const float4 *)(Ss + (d + dd) * NC + cj);
-                const float4 hi = *(const float4 *)(Ss + (d + dd) * NC + cj + 4);
-                const float sv[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            for (int r = 0; r < 4; r++) acc[nt][r] = 0.f;
+#pragma unroll 4
+        for (int k0 = 0; k0 < DK; k0 += 8) {
+            const tf32_split fa[4] = {split_tf32(Xs[(m0 + g) * LD + k0 + t4]), split_tf32(Xs[(m0 + g + 8) * LD + k0 + t4]),
+                                      split_tf32(Xs[(m0 + g) * LD + k0 + t4 + 4]),
+                                      split_tf32(Xs[(m0 + g + 8) * LD + k0 + t4 + 4])};
 #pragma unroll
-                for (int c = 0; c < 8; c++) {
-                    ws[c] = fmaf(wv[dd], sv[c], ws[c]);
-                    qs[c] = fmaf(qv[dd], sv[c], qs[c]);
-                }
+            for (int nt = 0; nt < 4; nt++) {
+                const tf32_split fb[2] = {split_tf32(Ss[(k0 + t4) * SLD + 8 * nt + g]),
+                                          split_tf32(Ss[(k0 + t4 + 4) * SLD + 8 * nt + g])};
+                mma3(acc[nt], fa, fb);
             }
         }
-        const float eq = expf(ci), ek = expf(cl - ci); /* both ≤ 1: c decreases along the chunk */
+        if (w_warp) {
+            const float ek_lo = expf(cl - c_lo), ek_hi = expf(cl - c_hi); /* ≤ 1: c decreases */
 #pragma unroll
-        for (int c = 0; c < 8; c++) {
-            const float delta = Us[row * NC + cj + c] - ws[c];
-            Ds[row * NC + cj + c] = delta;
-            Dk[row * NC + cj + c] = delta * ek;
-            qs[c] *= eq;
+            for (int nt = 0; nt < 4; nt++) {
+                const int col = 8 * nt + 2 * t4;
+                const float2 u_lo = *(const float2 *)(Us + (m0 + g) * NC + col);
+                const float2 u_hi = *(const float2 *)(Us + (m0 + g + 8) * NC + col);
+                const float2 d_lo = make_float2(u_lo.x - acc[nt][0], u_lo.y - acc[nt][1]);
+                const float2 d_hi = make_float2(u_hi.x - acc[nt][2], u_hi.y - acc[nt][3]);
+                *(float2 *)(Ds + (m0 + g) * SLD + col) = d_lo;
+                *(float2 *)(Ds + (m0 + g + 8) * SLD + col) = d_hi;
+                *(float2 *)(Dk + (m0 + g) * SLD + col) = make_float2(d_lo.x * ek_lo, d_lo.y * ek_lo);
+                *(float2 *)(Dk + (m0 + g + 8) * SLD + col) = make_float2(d_hi.x * ek_hi, d_hi.y * ek_hi);
+            }
+        } else {
+            const float eq_lo = expf(c_lo), eq_hi = expf(c_hi);
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                acc[nt][0] *= eq_lo, acc[nt][1] *= eq_lo;
+                acc[nt][2] *= eq_hi, acc[nt][3] *= eq_hi;
+            }
         }
         __syncthreads(); /* δ visible; group A's buffers free */
         if (c0 + L < te) load_a(c0 + L);
@@ -286,55 +342,66 @@ __global__ void __launch_bounds__(GC_THREADS)
         cp_async_wait<1>();     /* group B of this chunk */
         __syncthreads();
 
-        /* o_row = e^{c}q̂_row S + Σ_j P_row,j δ_j (P is zero above the diagonal and past n) */
-#pragma unroll 4
-        for (int j = 0; j < L; j++) {
-            const float p = Ps[row * PLD + j];
-            const float4 lo = *(const float4 *)(Ds + j * NC + cj);
-            const float4 hi = *(const float4 *)(Ds + j * NC + cj + 4);
-            qs[0] = fmaf(p, lo.x, qs[0]), qs[1] = fmaf(p, lo.y, qs[1]);
-            qs[2] = fmaf(p, lo.z, qs[2]), qs[3] = fmaf(p, lo.w, qs[3]);
-            qs[4] = fmaf(p, hi.x, qs[4]), qs[5] = fmaf(p, hi.y, qs[5]);
-            qs[6] = fmaf(p, hi.z, qs[6]), qs[7] = fmaf(p, hi.w, qs[7]);
-        }
-        if (row < n) {
-            float *o = sc.o + ((int64_t)(c0 + row) * hv + h) * DV + j0 + cj;
-            *(float4 *)o = make_float4(qs[0], qs[1], qs[2], qs[3]);
-            *(float4 *)(o + 4) = make_float4(qs[4], qs[5], qs[6], qs[7]);
+        /* phase 2a (warps ≥ 4): o = e^{c}q̂S + P·δ for rows m0 … (P zero above the diagonal) */
+        if (!w_warp) {
+#pragma unroll 2
+            for (int k0 = 0; k0 < L; k0 += 8) {
+                const tf32_split fa[4] = {split_tf32(Ps[(m0 + g) * PLD + k0 + t4]),
+                                          split_tf32(Ps[(m0 + g + 8) * PLD + k0 + t4]),
+                                          split_tf32(Ps[(m0 + g) * PLD + k0 + t4 + 4]),
+                                          split_tf32(Ps[(m0 + g + 8) * PLD + k0 + t4 + 4])};
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++) {
+                    const tf32_split fb[2] = {split_tf32(Ds[(k0 + t4) * SLD + 8 * nt + g]),
+                                              split_tf32(Ds[(k0 + t4 + 4) * SLD + 8 * nt + g])};
+                    mma3(acc[nt], fa, fb);
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                const int col = j0 + 8 * nt + 2 * t4;
+                if (m0 + g < n)
+                    *(float2 *)(sc.o + ((int64_t)(c0 + m0 + g) * hv + h) * DV + col) = make_float2(acc[nt][0], acc[nt][1]);
+                if (m0 + g + 8 < n)
+                    *(float2 *)(sc.o + ((int64_t)(c0 + m0 + g + 8) * hv + h) * DV + col) =
+                        make_float2(acc[nt][2], acc[nt][3]);
+            }
         }
 
-        /* S ← e^{c_{n−1}} S + Σ_i k̂_iᵀ (e^{c_{n−1}−c_i} δ_i) for state rows 2·row, 2·row + 1 */
+        /* phase 2b: S ← e^{c_{n−1}} S + k̂ᵀ·δ' for state rows sr, sr + 8 (A[d][i] = k̂_i[d]) */
         const float el = expf(cl);
 #pragma unroll
-        for (int r = 0; r < 2; r++)
+        for (int nt = 0; nt < 4; nt++)
 #pragma unroll
-            for (int c = 0; c < 8; c++) st[r][c] *= el;
-#pragma unroll 4
-        for (int i = 0; i < L; i++) {
-            const float2 k2 = *(const float2 *)(Ks + i * DK + 2 * row);
-            const float4 lo = *(const float4 *)(Dk + i * NC + cj);
-            const float4 hi = *(const float4 *)(Dk + i * NC + cj + 4);
-            const float dv[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            for (int r = 0; r < 4; r++) sacc[nt][r] *= el;
+#pragma unroll 2
+        for (int k0 = 0; k0 < L; k0 += 8) {
+            const tf32_split fa[4] = {split_tf32(Ks[(k0 + t4) * KLD + sr]), split_tf32(Ks[(k0 + t4) * KLD + sr + 8]),
+                                      split_tf32(Ks[(k0 + t4 + 4) * KLD + sr]),
+                                      split_tf32(Ks[(k0 + t4 + 4) * KLD + sr + 8])};
 #pragma unroll
-            for (int c = 0; c < 8; c++) {
-                st[0][c] = fmaf(k2.x, dv[c], st[0][c]);
-                st[1][c] = fmaf(k2.y, dv[c], st[1][c]);
+            for (int nt = 0; nt < 4; nt++) {
+                const tf32_split fb[2] = {split_tf32(Dk[(k0 + t4) * SLD + 8 * nt + g]),
+                                          split_tf32(Dk[(k0 + t4 + 4) * SLD + 8 * nt + g])};
+                mma3(sacc[nt], fa, fb);
             }
         }
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            *(float4 *)(Ss + (2 * row + r) * NC + cj) = make_float4(st[r][0], st[r][1], st[r][2], st[r][3]);
-            *(float4 *)(Ss + (2 * row + r) * NC + cj + 4) = make_float4(st[r][4], st[r][5], st[r][6], st[r][7]);
+        for (int nt = 0; nt < 4; nt++) {
+            const int col = 8 * nt + 2 * t4;
+            *(float2 *)(Ss + sr * SLD + col) = make_float2(sacc[nt][0], sacc[nt][1]);
+            *(float2 *)(Ss + (sr + 8) * SLD + col) = make_float2(sacc[nt][2], sacc[nt][3]);
         }
-        __syncthreads(); /* group B's buffers free; δ read by all */
+        __syncthreads(); /* group B's buffers free; δ, δ' read by all */
         if (c0 + L < te) load_b(c0 + L);
         else cp_async_commit();
     }
     cp_async_wait<0>();
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        *(float4 *)(S + (int64_t)(2 * row + r) * DV) = make_float4(st[r][0], st[r][1], st[r][2], st[r][3]);
-        *(float4 *)(S + (int64_t)(2 * row + r) * DV + 4) = make_float4(st[r][4], st[r][5], st[r][6], st[r][7]);
+    for (int nt = 0; nt < 4; nt++) {
+        const int col = 8 * nt + 2 * t4;
+        *(float2 *)(S + (int64_t)sr * DV + col) = make_float2(sacc[nt][0], sacc[nt][1]);
+        *(float2 *)(S + (int64_t)(sr + 8) * DV + col) = make_float2(sacc[nt][2], sacc[nt][3]);
     }
 }
 
