@@ -58,12 +58,39 @@ static __device__ bool chunk_of(const ds_cuda_batch &b, int idx, int &t0, int &n
     return false;
 }
 
-static __device__ __forceinline__ float dot4(float4 a, float4 b) {
-    return fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, a.w * b.w)));
+
+/* fp32 products on tensor cores, "3xTF32": x = hi + lo with hi = tf32(x), lo = tf32(x − hi);
+ * a·b ≈ hi_a·hi_b + hi_a·lo_b + lo_a·hi_b in fp32 accumulators keeps fp32-level accuracy
+ * (one tf32 pass would round every input to 11 bits). */
+struct tf32_split {
+    uint32_t hi, lo;
+};
+static __device__ __forceinline__ uint32_t to_tf32(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+static __device__ __forceinline__ tf32_split split_tf32(float x) {
+    const uint32_t hi = to_tf32(x);
+    return {hi, to_tf32(x - __uint_as_float(hi))};
+}
+static __device__ __forceinline__ void mma_tf32(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                                uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                 "{%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+/* c += A·B for one m16n8k8 tile: a[0..3] the A fragment (rows g, g + 8 × columns t, t + 4 of
+ * lane (g = lane / 4, t = lane % 4)), b[0..1] the B fragment (rows t, t + 4 × column g) */
+static __device__ __forceinline__ void mma3(float (&c)[4], const tf32_split (&a)[4], const tf32_split (&b)[2]) {
+    mma_tf32(c, a[0].hi, a[1].hi, a[2].hi, a[3].hi, b[0].lo, b[1].lo);
+    mma_tf32(c, a[0].lo, a[1].lo, a[2].lo, a[3].lo, b[0].hi, b[1].hi);
+    mma_tf32(c, a[0].hi, a[1].hi, a[2].hi, a[3].hi, b[0].hi, b[1].hi);
 }
 
 /* 1. block (chunk blockIdx.x of the step, value head blockIdx.y) */
-__global__ void __launch_bounds__(GC_THREADS)
+__global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 registers */
     gdn_chunk_prep_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
     constexpr int DK = GP_DK, L = GC_L, LD = GC_LD;
     extern __shared__ float4 gc_smem4[];
@@ -106,40 +133,38 @@ __global__ void __launch_bounds__(GC_THREADS)
     cp_async_wait<0>();
     __syncthreads();
 
-    /* A and P: thread (ib, jb) has rows i = ib + 16r, columns j = jb + 16c (r, c < 4): within a
-     * warp 2 distinct i and 16 distinct j, whose float4 reads fall in distinct banks */
+    /* A and P on tensor cores (3xTF32): warp w, rows m0 = 16(w mod 4) … of k̂·k̂ᵀ (w < 4) or
+     * q̂·k̂ᵀ (w ≥ 4), all 64 columns (eight n-tiles; B(d, j) = k̂_j[d]) */
     {
-        const int ib = tid >> 4, jb = tid & 15;
-        float ak[4][4], aq[4][4];
+        const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+        const bool k_warp = warp < 4;
+        const int m0 = 16 * (warp & 3);
+        const float *Xs = k_warp ? Ks : Qs;
+        float acc[8][4];
 #pragma unroll
-        for (int r = 0; r < 4; r++)
+        for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-            for (int c = 0; c < 4; c++) ak[r][c] = aq[r][c] = 0.f;
+            for (int r = 0; r < 4; r++) acc[nt][r] = 0.f;
 #pragma unroll 2
-        for (int d = 0; d < DK; d += 4) {
-            float4 ki[4], qi[4], kj[4];
+        for (int k0 = 0; k0 < DK; k0 += 8) {
+            const tf32_split fa[4] = {split_tf32(Xs[(m0 + g) * LD + k0 + t4]), split_tf32(Xs[(m0 + g + 8) * LD + k0 + t4]),
+                                      split_tf32(Xs[(m0 + g) * LD + k0 + t4 + 4]),
+                                      split_tf32(Xs[(m0 + g + 8) * LD + k0 + t4 + 4])};
 #pragma unroll
-            for (int r = 0; r < 4; r++) {
-                ki[r] = *(const float4 *)(Ks + (ib + 16 * r) * LD + d);
-                qi[r] = *(const float4 *)(Qs + (ib + 16 * r) * LD + d);
-                kj[r] = *(const float4 *)(Ks + (jb + 16 * r) * LD + d);
+            for (int nt = 0; nt < 8; nt++) {
+                const tf32_split fb[2] = {split_tf32(Ks[(8 * nt + g) * LD + k0 + t4]),
+                                          split_tf32(Ks[(8 * nt + g) * LD + k0 + t4 + 4])};
+                mma3(acc[nt], fa, fb);
             }
-#pragma unroll
-            for (int r = 0; r < 4; r++)
-#pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    ak[r][c] += dot4(ki[r], kj[c]);
-                    aq[r][c] += dot4(qi[r], kj[c]);
-                }
         }
 #pragma unroll
-        for (int r = 0; r < 4; r++)
+        for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int i = ib + 16 * r, j = jb + 16 * c;
+            for (int r = 0; r < 4; r++) {
+                const int i = m0 + g + (r >> 1) * 8, j = 8 * nt + 2 * t4 + (r & 1);
                 const float decay = j <= i ? expf(cs[i] - cs[j]) : 0.f;
-                As[i * L + j] = j < i ? bs[i] * ak[r][c] * decay : 0.f;
-                if (i < n) sc.p[((int64_t)(t0 + i) * hv + h) * L + j] = aq[r][c] * decay;
+                if (k_warp) As[i * L + j] = j < i ? bs[i] * acc[nt][r] * decay : 0.f;
+                else if (i < n) sc.p[((int64_t)(t0 + i) * hv + h) * L + j] = acc[nt][r] * decay;
             }
     }
     __syncthreads();
@@ -175,36 +200,6 @@ __global__ void __launch_bounds__(GC_THREADS)
             if (i < n) dst[(int64_t)(t0 + i) * hv * DK] = x[i];
     }
     if (tid < n) sc.cg[(int64_t)(t0 + tid) * hv + h] = cs[tid];
-}
-
-/* fp32 products on tensor cores, "3xTF32": x = hi + lo with hi = tf32(x), lo = tf32(x − hi);
- * a·b ≈ hi_a·hi_b + hi_a·lo_b + lo_a·hi_b in fp32 accumulators keeps fp32-level accuracy
- * (one tf32 pass would round every input to 11 bits). */
-struct tf32_split {
-    uint32_t hi, lo;
-};
-static __device__ __forceinline__ uint32_t to_tf32(float x) {
-    uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-    return r;
-}
-static __device__ __forceinline__ tf32_split split_tf32(float x) {
-    const uint32_t hi = to_tf32(x);
-    return {hi, to_tf32(x - __uint_as_float(hi))};
-}
-static __device__ __forceinline__ void mma_tf32(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                                uint32_t a3, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                 "{%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-/* c += A·B for one m16n8k8 tile: a[0..3] the A fragment (rows g, g + 8 × columns t, t + 4 of
- * lane (g = lane / 4, t = lane % 4)), b[0..1] the B fragment (rows t, t + 4 × column g) */
-static __device__ __forceinline__ void mma3(float (&c)[4], const tf32_split (&a)[4], const tf32_split (&b)[2]) {
-    mma_tf32(c, a[0].hi, a[1].hi, a[2].hi, a[3].hi, b[0].lo, b[1].lo);
-    mma_tf32(c, a[0].lo, a[1].lo, a[2].lo, a[3].lo, b[0].hi, b[1].hi);
-    mma_tf32(c, a[0].hi, a[1].hi, a[2].hi, a[3].hi, b[0].hi, b[1].hi);
 }
 
 /* 2. block (columns j0 = GC_NC·blockIdx.x …, value head blockIdx.y, sequence blockIdx.z), eight

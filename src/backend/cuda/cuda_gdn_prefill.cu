@@ -6,7 +6,7 @@
  * the gated RMSNorm with four block-wide barriers and a global load in the chain: 1.7 µs a
  * token, 26 of the 78 ms of a 512-token prefill chunk. Only the recurrence is sequential in
  * time; everything else is parallel over tokens. So:
- *   1. prep   (token, key head) blocks: conv + SiLU of the key head's q, k and its value heads'
+ *   1. prep   (8 tokens, key head) blocks: conv + SiLU of the key head's q, k and its value heads'
  *             v channels, q/k L2 norms (q also scaled by dk^-1/2), log-decay g and β
  *             → scratch q̂, k̂ [T, hk, dk], v [T, hv, dv], (g, β) [T, hv] (fp32);
  *   2. the recurrence → o [T, hv, dv] fp32 and the final states, either
@@ -27,6 +27,8 @@
 #include "cuda_gdn_prefill.cuh"
 
 #define GP_PREP_THREADS 512
+#define GP_PREP_TOKENS 8 /* tokens a prep block */
+#define GP_PREP_CPT DS_DIV_UP((2 + GP_MAX_G) * GP_DK, GP_PREP_THREADS) /* channels a prep thread */
 #define GP_SCAN_WARPS 4  /* warps per scan block */
 /* state columns per scan warp: a template parameter C of 2 or 4 (ctx->gdn_scan_cols, default
  * 2: 2048 warps at 35B-A3B, 96 registers, still one wave) */
@@ -38,27 +40,33 @@ extern "C" size_t ds_cuda_gdn_prefill_scratch_bytes(int hk, int hv, int dk, int 
     return sizeof(float) * (size_t)gdn_scratch_floats(DS_CUDA_MAX_TOKENS, hk, hv);
 }
 
-/* 1. prep: block (key head kh, token t), channels c of [q (dk) | k (dk) | v of the G value
- * heads (G·dv)]. */
+/* 1. prep: block (key head kh, tokens t0 … t0 + GP_PREP_TOKENS − 1), channels c of
+ * [q (dk) | k (dk) | v of the G value heads (G·dv)], up to GP_PREP_CPT channels a thread. A
+ * thread walks the block's tokens with its channel's last KC − 1 conv inputs in registers (one
+ * new load a token while the tokens stay in one sequence) and keeps its outputs until one
+ * barrier has the q / k norms of every token (s9-run4: one token a block, 125 µs a layer at
+ * 1024 tokens, its time in per-token index math, four loads and a barrier). Same arithmetic
+ * in the same order as one token a block. */
 __global__ void __launch_bounds__(GP_PREP_THREADS)
     gdn_prep_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
     constexpr int DK = GP_DK, KC = GP_KC, NCH = 3 * GP_DK; /* history channels per value head */
-    __shared__ float ys[2 * DK + GP_MAX_G * DK];
-    __shared__ float red[2][GP_PREP_THREADS / 32];
+    constexpr int TT = GP_PREP_TOKENS, CPT = GP_PREP_CPT, NT = GP_PREP_THREADS;
+    static_assert(2 * DK <= NT, "q and k channels in a thread's first channel");
+    __shared__ float red[2][TT][DK / 32]; /* per token: q / k sums of squares of each warp */
     pdl_enter(); /* cuda_launch.cuh: before any access */
-    const int kh = blockIdx.x, t = blockIdx.y;
+    const int kh = blockIdx.x, t0 = blockIdx.y * TT;
+    const int tn = min(TT, b.n_tokens - t0);
     const int hk = a.hk, hv = a.hv, G = hv / hk;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int s = b.tok_seq[t];
-    const int ts = b.seq_start[s], slot = b.seq_slot[s];
-    const int p = t - ts; /* position in this step's run of the sequence */
     const int64_t conv_dim = 2 * (int64_t)hk * DK + (int64_t)hv * DK;
     const int64_t ldp = conv_dim + (int64_t)hv * DK + 2 * hv;
     const bf16 *proj = (const bf16 *)a.proj;
-    const float *CHs = a.conv_hist + (int64_t)slot * a.conv_slot_stride;
     const int nch = 2 * DK + G * DK;
-    float sq = 0.f, sk = 0.f;
-    for (int c = tid; c < nch; c += blockDim.x) {
+    float y[CPT][TT];
+#pragma unroll
+    for (int ci = 0; ci < CPT; ci++) {
+        const int c = tid + ci * NT;
+        if (c >= nch) continue;
         int64_t gc;
         int hh, ch; /* where the history keeps this channel: value head hh, channel ch */
         if (c < DK) {
@@ -69,48 +77,72 @@ __global__ void __launch_bounds__(GP_PREP_THREADS)
             const int vi = c - 2 * DK, h = kh * G + vi / DK, cv = vi % DK;
             gc = 2 * (int64_t)hk * DK + (int64_t)h * DK + cv, hh = h, ch = 2 * DK + cv;
         }
-        const float *hist = CHs + ((int64_t)hh * NCH + ch) * (KC - 1);
-        const float *cw = a.conv_w + gc * KC;
-        float acc = cw[KC - 1] * to_f32(proj[(int64_t)t * ldp + gc]);
+        float cw[KC];
 #pragma unroll
-        for (int i = 0; i < KC - 1; i++) {
-            const int pp = p - (KC - 1) + i; /* tap i reads x at run position pp */
-            const float x = pp >= 0 ? to_f32(proj[(int64_t)(ts + pp) * ldp + gc]) : hist[KC - 1 + pp];
-            acc = fmaf(cw[i], x, acc);
+        for (int i = 0; i < KC; i++) cw[i] = a.conv_w[gc * KC + i];
+        float win[KC - 1]; /* x at run positions p − 3, p − 2, p − 1 */
+        int prev_s = -1;
+#pragma unroll
+        for (int tt = 0; tt < TT; tt++) {
+            if (tt >= tn) continue;
+            const int t = t0 + tt, s = b.tok_seq[t];
+            const int ts = b.seq_start[s], p = t - ts;
+            if (s != prev_s) { /* first token of the block in this sequence: fill the window */
+                const float *hist = a.conv_hist + (int64_t)b.seq_slot[s] * a.conv_slot_stride +
+                                    ((int64_t)hh * NCH + ch) * (KC - 1);
+#pragma unroll
+                for (int i = 0; i < KC - 1; i++) {
+                    const int pp = p - (KC - 1) + i;
+                    win[i] = pp >= 0 ? to_f32(proj[(int64_t)(ts + pp) * ldp + gc]) : hist[KC - 1 + pp];
+                }
+                prev_s = s;
+            }
+            const float xt = to_f32(proj[(int64_t)t * ldp + gc]);
+            float acc = cw[KC - 1] * xt;
+#pragma unroll
+            for (int i = 0; i < KC - 1; i++) acc = fmaf(cw[i], win[i], acc);
+#pragma unroll
+            for (int i = 0; i < KC - 2; i++) win[i] = win[i + 1];
+            win[KC - 2] = xt;
+            y[ci][tt] = silu_f(acc);
+            if (ci == 0 && c < 2 * DK) { /* q (warps 0 … 3) or k (warps 4 … 7) */
+                const float ss = warp_sum(y[ci][tt] * y[ci][tt]);
+                if (lane == 0) red[c < DK ? 0 : 1][tt][warp & 3] = ss;
+            }
         }
-        const float y = silu_f(acc);
-        ys[c] = y;
-        if (c < DK) sq += y * y;
-        else if (c < 2 * DK) sk += y * y;
     }
-    if (tid < G) {
-        const int h = kh * G + tid;
-        const float bb = to_f32(proj[(int64_t)t * ldp + conv_dim + (int64_t)hv * DK + h]);
-        const float aa = to_f32(proj[(int64_t)t * ldp + conv_dim + (int64_t)hv * DK + hv + h]) + a.dt_bias[h];
-        const float sp = aa > 20.f ? aa : log1pf(expf(aa)); /* softplus, torch threshold 20 */
-        float *ab = sc.ab + ((int64_t)t * hv + h) * 2;
-        ab[0] = a.neg_exp_A[h] * sp; /* g = log α */
-        ab[1] = sigmoid_f(bb);       /* β */
-    }
-    sq = warp_sum(sq);
-    sk = warp_sum(sk);
-    if (lane == 0) {
-        red[0][warp] = sq;
-        red[1][warp] = sk;
+    if (tid < G * TT) { /* g = log α and β of value head kh·G + tid % G, token t0 + tid / G */
+        const int tt = tid / G, h = kh * G + tid % G, t = t0 + tt;
+        if (tt < tn) {
+            const float bb = to_f32(proj[(int64_t)t * ldp + conv_dim + (int64_t)hv * DK + h]);
+            const float aa = to_f32(proj[(int64_t)t * ldp + conv_dim + (int64_t)hv * DK + hv + h]) + a.dt_bias[h];
+            const float sp = aa > 20.f ? aa : log1pf(expf(aa)); /* softplus, torch threshold 20 */
+            float *ab = sc.ab + ((int64_t)t * hv + h) * 2;
+            ab[0] = a.neg_exp_A[h] * sp; /* g = log α */
+            ab[1] = sigmoid_f(bb);       /* β */
+        }
     }
     __syncthreads();
-    float qss = 0.f, kss = 0.f;
 #pragma unroll
-    for (int w = 0; w < GP_PREP_THREADS / 32; w++) {
-        qss += red[0][w];
-        kss += red[1][w];
-    }
-    const float qscale = rsqrtf(qss + 1e-6f) * rsqrtf((float)DK);
-    const float kscale = rsqrtf(kss + 1e-6f);
-    for (int c = tid; c < nch; c += blockDim.x) {
-        if (c < DK) sc.q[((int64_t)t * hk + kh) * DK + c] = ys[c] * qscale;
-        else if (c < 2 * DK) sc.k[((int64_t)t * hk + kh) * DK + c - DK] = ys[c] * kscale;
-        else sc.v[((int64_t)t * hv + kh * G) * DK + (c - 2 * DK)] = ys[c];
+    for (int ci = 0; ci < CPT; ci++) {
+        const int c = tid + ci * NT;
+        if (c >= nch) continue;
+#pragma unroll
+        for (int tt = 0; tt < TT; tt++) {
+            if (tt >= tn) continue;
+            const int t = t0 + tt;
+            if (c < 2 * DK) {
+                const int qk = c < DK ? 0 : 1;
+                float ss = 0.f;
+#pragma unroll
+                for (int w = 0; w < DK / 32; w++) ss += red[qk][tt][w];
+                const float scale = qk == 0 ? rsqrtf(ss + 1e-6f) * rsqrtf((float)DK) : rsqrtf(ss + 1e-6f);
+                float *dst = qk == 0 ? sc.q : sc.k;
+                dst[((int64_t)t * hk + kh) * DK + (c & (DK - 1))] = y[ci][tt] * scale;
+            } else {
+                sc.v[((int64_t)t * hv + kh * G) * DK + (c - 2 * DK)] = y[ci][tt];
+            }
+        }
     }
 }
 
@@ -286,7 +318,7 @@ extern "C" bool ds_cuda_gdn_prefill(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a)
     if (need == 0 || need > ctx->gdn_scratch_bytes) return false;
     const int T = b->n_tokens, S = b->n_seqs;
     const gdn_scratch sc = gdn_scratch_of((float *)ctx->d_gdn_scratch, T, a->hk, a->hv);
-    ds_launch(ctx, gdn_prep_kernel, dim3(a->hk, T), GP_PREP_THREADS, 0, *b, *a, sc);
+    ds_launch(ctx, gdn_prep_kernel, dim3(a->hk, DS_DIV_UP(T, GP_PREP_TOKENS)), GP_PREP_THREADS, 0, *b, *a, sc);
     DS_CU_LAUNCHED2(ctx, "gdn_prep_kernel", T, a->hk);
     if (ctx->gdn_chunked)
         ds_cuda_gdn_chunked(ctx, *b, *a, sc);

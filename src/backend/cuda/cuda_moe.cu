@@ -207,8 +207,11 @@ static __device__ moe_groups_out groups_of(const moe_scratch &sc) {
     return moe_groups_out{sc.n_act, sc.act, sc.off, sc.sorted};
 }
 
-static __device__ void group_from_shared(int A, int E, const int32_t *ids_s, int *cnt, int *wsum,
-                                         const moe_groups_out sc, moe_prefetch pf) {
+/* Counts the assignments of each expert and writes the active experts, their offsets and their
+ * number; returns with cnt[e] = expert e's first place in sc.sorted (not yet synchronized) and
+ * *count = its count (for the calling thread's expert e = threadIdx.x). */
+static __device__ int group_offsets(int A, int E, const int32_t *ids_s, int *cnt, int *wsum,
+                                    const moe_groups_out sc, int *count) {
     const int e = threadIdx.x;
     if (e < E) cnt[e] = 0;
     __syncthreads();
@@ -227,25 +230,36 @@ static __device__ void group_from_shared(int A, int E, const int32_t *ids_s, int
         *sc.n_act = nact;
         sc.off[nact] = A;
     }
-    __syncthreads();
-    /* Stable placement by one warp, 32 assignments at a time in ascending order: lanes with
-     * the same expert (match_any) take consecutive places in lane order, then the lowest of
-     * them advances the expert's cursor. (One thread per expert scanning all A ids cost
-     * 236 µs per layer at A = 4096.) */
-    if (threadIdx.x < 32) {
-        const int lane = threadIdx.x;
-        const unsigned lt = (1u << lane) - 1u;
-        for (int a0 = 0; a0 < A; a0 += 32) {
-            const int a = a0 + lane;
-            const int ex = a < A ? ids_s[a] : -1 - lane; /* padding lanes match nobody */
-            const unsigned peers = __match_any_sync(0xffffffffu, ex);
-            const int rk = __popc(peers & lt);
-            if (a < A) sc.sorted[cnt[ex] + rk] = a;
-            __syncwarp();
-            if (a < A && rk == 0) cnt[ex] += __popc(peers);
-            __syncwarp();
-        }
+    *count = c;
+    return nact;
+}
+
+/* Stable placement of assignments [a0, a1) by one warp, 32 at a time in ascending order:
+ * lanes with the same expert (match_any) take consecutive places in lane order, then the lowest
+ * of them advances the expert's cursor cur[e]. (One thread per expert scanning all A ids cost
+ * 236 µs per layer at A = 4096.) */
+static __device__ void place_by_warp(int a0, int a1, const int32_t *ids_s, int *cur, int32_t *sorted) {
+    const int lane = threadIdx.x & 31;
+    const unsigned lt = (1u << lane) - 1u;
+    for (int b0 = a0; b0 < a1; b0 += 32) {
+        const int a = b0 + lane;
+        const int ex = a < a1 ? ids_s[a] : -1 - lane; /* padding lanes match nobody */
+        const unsigned peers = __match_any_sync(0xffffffffu, ex);
+        const int rk = __popc(peers & lt);
+        if (a < a1) sorted[cur[ex] + rk] = a;
+        __syncwarp();
+        if (a < a1 && rk == 0) cur[ex] += __popc(peers);
+        __syncwarp();
     }
+}
+
+static __device__ void group_from_shared(int A, int E, const int32_t *ids_s, int *cnt, int *wsum,
+                                         const moe_groups_out sc, moe_prefetch pf) {
+    const int e = threadIdx.x;
+    int c;
+    const int nact = group_offsets(A, E, ids_s, cnt, wsum, sc, &c);
+    __syncthreads();
+    if (threadIdx.x < 32) place_by_warp(0, A, ids_s, cnt, sc.sorted);
     if (pf.base && c > 0) {
         int64_t share = (int64_t)(DS_CUDA_PREFETCH_BUDGET / (unsigned)nact) & ~(int64_t)15;
         if (share > pf.bytes_per_expert) share = pf.bytes_per_expert;
@@ -253,15 +267,37 @@ static __device__ void group_from_shared(int A, int E, const int32_t *ids_s, int
     }
 }
 
-/* Large steps (prefill): the route kernel wrote sc.ids; stage them in dynamic shared memory. */
-__global__ void __launch_bounds__(1024) moe_group_kernel(int A, int E, moe_scratch sc) {
-    extern __shared__ int32_t ids_dyn[]; /* [A] */
+/* Large steps (prefill): the route kernel wrote sc.ids; stage them in dynamic shared memory.
+ * PW warps place the assignments, warp w the w-th of PW equal slices, each from its own cursors
+ * (cw[w][e] = expert e's offset + its assignments in earlier slices): the same order as one warp
+ * placing all A (session 4's kernel, 66 µs a layer at A = 8192 by ncu in s9-run4). */
+__global__ void __launch_bounds__(1024) moe_group_kernel(int A, int E, int PW, moe_scratch sc) {
+    extern __shared__ int32_t ids_dyn[]; /* [A] ids, then [PW][E] cursors */
     __shared__ int cnt[MOE_MAX_E];
     __shared__ int wsum[32];
     pdl_enter(); /* cuda_launch.cuh: before any access */
+    int *cw = ids_dyn + A;
     for (int a = threadIdx.x; a < A; a += blockDim.x) ids_dyn[a] = sc.ids[a];
+    for (int i = threadIdx.x; i < PW * E; i += blockDim.x) cw[i] = 0;
     __syncthreads();
-    group_from_shared(A, E, ids_dyn, cnt, wsum, groups_of(sc), moe_prefetch{NULL, 0});
+    const moe_groups_out out = groups_of(sc);
+    int c;
+    group_offsets(A, E, ids_dyn, cnt, wsum, out, &c);
+    const int warp = threadIdx.x >> 5, slice = DS_DIV_UP(A, PW);
+    const int a0 = min(A, warp * slice), a1 = min(A, a0 + slice);
+    if (warp < PW)
+        for (int a = a0 + (threadIdx.x & 31); a < a1; a += 32) atomicAdd(&cw[warp * E + ids_dyn[a]], 1);
+    __syncthreads();
+    if (threadIdx.x < E) { /* counts of the slices → each slice's first place for expert e */
+        int run = cnt[threadIdx.x];
+        for (int w = 0; w < PW; w++) {
+            const int n = cw[w * E + threadIdx.x];
+            cw[w * E + threadIdx.x] = run;
+            run += n;
+        }
+    }
+    __syncthreads();
+    if (warp < PW) place_by_warp(a0, a1, ids_dyn, cw + warp * E, out.sorted);
 }
 
 /* Small steps (decode, T·k ≤ MOE_FUSED_A): routing and grouping in one launch. Warps
@@ -812,10 +848,9 @@ __global__ void __launch_bounds__(DS_NORM_THREADS)
 }
 
 /* Shared-memory limit of the prefill group kernel (ids of up to DS_CUDA_MAX_TOKENS·32
- * assignments), set once at creation. */
+ * assignments and its placing warps' cursors: all the device allows), set once at creation. */
 extern "C" void ds_cuda_moe_init(ds_cuda_ctx *ctx) {
-    const int need = (int)(sizeof(int32_t) * DS_CUDA_MAX_TOKENS * 32);
-    const int bytes = need < (int)ctx->smem_optin - 8192 ? need : (int)ctx->smem_optin - 8192;
+    const int bytes = (int)ctx->smem_optin - 8192;
     DS_CU(ctx, cudaFuncSetAttribute(moe_group_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     bytes));
     ds_cuda_moe_gemm_init(ctx);
@@ -863,8 +898,12 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
                   pf_gu);
         DS_CU_LAUNCHED2(ctx, "moe_route_group_kernel", T, E);
     } else {
-        const size_t smem = sizeof(int32_t) * (size_t)A;
-        if (smem + 8192 > ctx->smem_optin) {
+        /* ids, then as many placing warps' cursors as fit (up to 32) */
+        const size_t ids_bytes = sizeof(int32_t) * (size_t)A, cur_bytes = sizeof(int32_t) * (size_t)E;
+        const size_t room = ctx->smem_optin > ids_bytes + 8192 ? ctx->smem_optin - ids_bytes - 8192 : 0;
+        const int PW = room / cur_bytes > 32 ? 32 : (int)(room / cur_bytes);
+        const size_t smem = ids_bytes + (size_t)PW * cur_bytes;
+        if (PW < 1) {
             ds_cuda_check(ctx, cudaErrorInvalidValue, "moe: too many assignments for the group kernel",
                           __FILE__, __LINE__);
             return;
@@ -872,7 +911,7 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
         ds_launch(ctx, moe_route_kernel, DS_DIV_UP(T, ROUTE_WARPS), ROUTE_WARPS * 32, 0, T, E, k,
                   Is, (int)a->norm_topk, sc);
         DS_CU_LAUNCHED2(ctx, "moe_route_kernel", T, E);
-        ds_launch(ctx, moe_group_kernel, 1, 1024, smem, A, E, sc);
+        ds_launch(ctx, moe_group_kernel, 1, 1024, smem, A, E, PW, sc);
         DS_CU_LAUNCHED2(ctx, "moe_group_kernel", A, E);
     }
     /* 4. gate_up, 5. down (+ 6. the shared expert's down in the same launch for GEMV-sized

@@ -38,10 +38,11 @@ using namespace nvcuda;
  * with 2, run s4-run6). */
 #define GG_THREADS(WN) (64 * (WN))
 /* Pipeline depth ST: ST − 1 stages of weight tiles in flight per block. 2 by default; 3 or 4
- * with DS_CUDA_MOE_GEMM_STAGES (at WN = 2). 4 stages measured no faster than 2 in session 4
- * (gate_up 20.5 vs 19.4 ms per 1024-token prefill, runs s4-run3 / s4-run2), before the kernel's
- * other changes; ncu in s9-run2 still finds its warps waiting on memory most of the time (126
- * registers: 4 blocks of 4 warps an SM). */
+ * with DS_CUDA_MOE_GEMM_STAGES (at WN = 2). ncu (s9-run2) finds the warps waiting on memory
+ * most of the time (126 registers: 4 blocks of 4 warps an SM), yet more bytes in flight barely
+ * help: prefill of 1024 tokens 63.33 (3 stages) / 62.95 (4) vs 63.93 ms (2), s9-run3; and an L2
+ * prefetch of each weight row's next 4 / 8 stages measured 57.89 / 64.04 vs 58.31 ms (s9-run5,
+ * removed). */
 template <int ST> struct gg_smem_pipe {
     bf16 a[ST][GG_BM][GG_LDS]; /* [stage][row][k] */
     bf16 b[ST][GG_BN][GG_LDS]; /* [stage][weight row][k] */
