@@ -11,7 +11,7 @@
  *     group; a token attends keys [0, its position] (causal, the step's own keys included); tiles of 32 keys are staged in shared memory with
  *     cp.async 16-byte copies (double-buffered: the next tile loads while this one is used);
  *     online softmax; fp32 partials (acc, m, l) go to the cache's workspace.
- *  2b. prefill (any tokens per sequence): a tiled flash kernel on CUDA cores. A block serves
+ *  2b. prefill (any tokens per sequence): a tiled flash kernel on tensor cores. A block serves
  *     64 query rows = (64/G tokens) × G heads of one kv head and walks key tiles of 64 from
  *     position 0 (cache) up to its last query position, causal mask per row.
  *  3. decode only: combine the splits, times sigmoid(gate) → out. (Prefill applies the gate in
@@ -19,6 +19,7 @@
 #include <math.h>
 
 #include "cuda_launch.cuh"
+#include "cuda_mma.cuh"
 
 /* ---- 1. q/k norm + RoPE + KV write --------------------------------------------------------- */
 
@@ -309,30 +310,40 @@ __global__ void __launch_bounds__(HD)
     ((bf16 *)a.out)[((int64_t)t * nh + h) * HD + d] = __float2bfloat16_rn(o * sigmoid_f(gate));
 }
 
-/* ---- 2b. prefill: tiled flash attention on CUDA cores ------------------------------------- */
+/* ---- 2b. prefill: tiled flash attention on tensor cores ------------------------------------ */
 
 #define PF_ROWS 64
 #define PF_KEYS 64
 #define PF_THREADS 256
 
+/* Pitches chosen so that every mma fragment's 32 shared reads fall in distinct banks: Q / K rows
+ * (HD + 8) bf16 (a word stride ≡ 4 mod 32), V rows (HD + 16) bf16 (≡ 8), P rows 68 floats. */
 template <int HD>
 struct PfSmem {
-    static constexpr int QS = HD + 2; /* bf16 row stride: odd word stride, conflict-free */
+    static constexpr int QS = HD + 8, VS = HD + 16, PS = PF_KEYS + 4;
     static constexpr size_t q_off = 0;
     static constexpr size_t k_off = q_off + (size_t)PF_ROWS * QS * 2;
     static constexpr size_t v_off = k_off + (size_t)PF_KEYS * QS * 2;
-    static constexpr size_t p_off = v_off + (size_t)PF_KEYS * HD * 2;
-    static constexpr size_t st_off = p_off + (size_t)PF_ROWS * (PF_KEYS + 1) * 4;
+    static constexpr size_t p_off = v_off + (size_t)PF_KEYS * VS * 2;
+    static constexpr size_t st_off = p_off + (size_t)PF_ROWS * PS * 4;
     static constexpr size_t bytes = st_off + 4 * PF_ROWS * 4;
 };
 
+/* Eight warps; per key tile of 64:
+ *   S = Q·Kᵀ   warp w: rows 16(w mod 4) …, keys 32(w / 4) …: m16n8k16 bf16 (Q and K are bf16,
+ *              so every product is exact, fp32 sums), scaled and masked into P (fp32);
+ *   softmax    online, 4 threads a row (fp32, as before);
+ *   O += P·V   warp w: rows 16(w mod 4) …, head dims HD/2·(w / 4) …: m16n8k8 in tf32 with P
+ *              split hi + lo and V exact as tf32 (a bf16 fits 11 bits), i.e. fp32-level P·V;
+ *              O in registers (C fragments) across tiles. */
 template <int HD>
 __global__ void __launch_bounds__(PF_THREADS)
     attn_prefill_kernel(ds_cuda_batch b, ds_cuda_attn_args a, int G, int BT) {
     pdl_enter(); /* cuda_launch.cuh: first, before any access */
     typedef PfSmem<HD> SM;
-    constexpr int QS = SM::QS;
-    constexpr int NP = HD / 32; /* bf16 pairs per thread per row in the PV product */
+    constexpr int QS = SM::QS, VS = SM::VS, PS = SM::PS;
+    constexpr int NT = HD / 16; /* O n-tiles of 8 head dims per warp (HD / 2 dims) */
+    static_assert(HD % 32 == 0 && PF_THREADS == 256 && PF_ROWS == 64 && PF_KEYS == 64, "warp map");
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *Qs = (bf16 *)(smem + SM::q_off);
     bf16 *Ks = (bf16 *)(smem + SM::k_off);
@@ -344,7 +355,8 @@ __global__ void __launch_bounds__(PF_THREADS)
     int *rpos = (int *)(al_s + PF_ROWS);
 
     const int s = blockIdx.z, j = blockIdx.y;
-    const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int m0 = 16 * (warp & 3), half = warp >> 2;
     const int nh = a.nh, nkv = a.nkv, bs = a.block_size;
     const int ts = b.seq_start[s], te = b.seq_start[s + 1];
     const int t0 = ts + blockIdx.x * BT;
@@ -354,82 +366,68 @@ __global__ void __launch_bounds__(PF_THREADS)
     const int32_t *bt = b.block_table + (int64_t)s * b.max_blocks;
     const bf16 *kc = (const bf16 *)a.k_cache, *vc = (const bf16 *)a.v_cache;
 
-    /* query rows: r → token t0 + r / G, head j·G + r % G */
+    /* query rows: r → token t0 + r / G, head j·G + r % G (zeros past nrows) */
     if (tid < PF_ROWS) {
         rpos[tid] = tid < nrows ? b.positions[t0 + tid / G] : -1;
         m_s[tid] = -INFINITY;
         l_s[tid] = 0.f;
     }
-    for (int i = tid; i < PF_ROWS * (HD / 2); i += PF_THREADS) {
-        const int r = i / (HD / 2), d2 = i % (HD / 2);
-        uint32_t v = 0;
-        if (r < nrows) {
-            const int64_t src = ((int64_t)(t0 + r / G) * nh + j * G + r % G) * HD + 2 * d2;
-            v = *reinterpret_cast<const uint32_t *>((const bf16 *)a.out + src);
-        }
-        *reinterpret_cast<uint32_t *>(Qs + r * QS + 2 * d2) = v;
+    for (int i = tid; i < PF_ROWS * (HD / 8); i += PF_THREADS) {
+        const int r = i / (HD / 8), c8 = i % (HD / 8);
+        const int64_t src = r < nrows ? ((int64_t)(t0 + r / G) * nh + j * G + r % G) * HD + 8 * c8 : 0;
+        cp_async16(Qs + r * QS + 8 * c8, (const bf16 *)a.out + src, r < nrows ? 16 : 0);
     }
+    cp_async_commit();
     __syncthreads();
     int maxpos = -1;
     for (int r = 0; r < nrows; r++) maxpos = max(maxpos, rpos[r]);
 
-    float o[4][NP][2];
+    float o[NT][4];
 #pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int q = 0; q < NP; q++) o[i][q][0] = o[i][q][1] = 0.f;
+    for (int nt = 0; nt < NT; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
 
     for (int kt0 = 0; kt0 <= maxpos; kt0 += PF_KEYS) {
         /* K/V tile from the paged cache (keys past maxpos are zero and masked) */
         for (int i = tid; i < PF_KEYS * (HD / 8); i += PF_THREADS) {
             const int kk = i / (HD / 8), c8 = i % (HD / 8);
             const int p = kt0 + kk;
-            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-            if (p <= maxpos) {
-                const int64_t row = ((int64_t)bt[p / bs] * bs + p % bs) * nkv + j;
-                kv = *reinterpret_cast<const uint4 *>(kc + row * HD + c8 * 8);
-                vv = *reinterpret_cast<const uint4 *>(vc + row * HD + c8 * 8);
-            }
-            uint32_t *kd = reinterpret_cast<uint32_t *>(Ks + kk * QS + c8 * 8);
-            kd[0] = kv.x; kd[1] = kv.y; kd[2] = kv.z; kd[3] = kv.w;
-            *reinterpret_cast<uint4 *>(Vs + kk * HD + c8 * 8) = vv;
+            const int64_t row = p <= maxpos ? ((int64_t)bt[p / bs] * bs + p % bs) * nkv + j : 0;
+            cp_async16(Ks + kk * QS + c8 * 8, kc + row * HD + c8 * 8, p <= maxpos ? 16 : 0);
+            cp_async16(Vs + kk * VS + c8 * 8, vc + row * HD + c8 * 8, p <= maxpos ? 16 : 0);
         }
+        cp_async_commit();
+        cp_async_wait<0>();
         __syncthreads();
-        /* S = Q·Kᵀ: rows ty·4 + ai, keys tx + 16·bi */
-        float sacc[4][4];
+        /* S = Q·Kᵀ for rows m0 …, keys 32·half … (four n-tiles) */
+        {
+            float sacc[4][4];
 #pragma unroll
-        for (int ai = 0; ai < 4; ai++)
-#pragma unroll
-            for (int bi = 0; bi < 4; bi++) sacc[ai][bi] = 0.f;
+            for (int nt = 0; nt < 4; nt++) sacc[nt][0] = sacc[nt][1] = sacc[nt][2] = sacc[nt][3] = 0.f;
 #pragma unroll 4
-        for (int d2 = 0; d2 < HD / 2; d2++) {
-            float2 qf[4], kf[4];
+            for (int k0 = 0; k0 < HD; k0 += 16) {
+                const uint32_t a0 = *(const uint32_t *)(Qs + (m0 + g) * QS + k0 + 2 * t4);
+                const uint32_t a1 = *(const uint32_t *)(Qs + (m0 + g + 8) * QS + k0 + 2 * t4);
+                const uint32_t a2 = *(const uint32_t *)(Qs + (m0 + g) * QS + k0 + 2 * t4 + 8);
+                const uint32_t a3 = *(const uint32_t *)(Qs + (m0 + g + 8) * QS + k0 + 2 * t4 + 8);
 #pragma unroll
-            for (int ai = 0; ai < 4; ai++)
-                qf[ai] = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(Qs + (ty * 4 + ai) * QS + 2 * d2));
-#pragma unroll
-            for (int bi = 0; bi < 4; bi++)
-                kf[bi] = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(Ks + (tx + 16 * bi) * QS + 2 * d2));
-#pragma unroll
-            for (int ai = 0; ai < 4; ai++)
-#pragma unroll
-                for (int bi = 0; bi < 4; bi++)
-                    sacc[ai][bi] = fmaf(qf[ai].x, kf[bi].x, fmaf(qf[ai].y, kf[bi].y, sacc[ai][bi]));
-        }
-#pragma unroll
-        for (int ai = 0; ai < 4; ai++) {
-            const int r = ty * 4 + ai;
-#pragma unroll
-            for (int bi = 0; bi < 4; bi++) {
-                const int kk = tx + 16 * bi;
-                Ps[r * (PF_KEYS + 1) + kk] = (kt0 + kk <= rpos[r]) ? sacc[ai][bi] * a.scale : -INFINITY;
+                for (int nt = 0; nt < 4; nt++) {
+                    const bf16 *kr = Ks + (32 * half + 8 * nt + g) * QS + k0 + 2 * t4;
+                    mma_bf16_16816(sacc[nt], a0, a1, a2, a3, *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
+                }
             }
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    const int r = m0 + g + (c >> 1) * 8, kk = 32 * half + 8 * nt + 2 * t4 + (c & 1);
+                    Ps[r * PS + kk] = (kt0 + kk <= rpos[r]) ? sacc[nt][c] * a.scale : -INFINITY;
+                }
         }
         __syncthreads();
         /* online softmax: 4 threads per row, 16 keys each */
         {
             const int r = tid / 4, part = tid % 4;
-            float *pr = Ps + r * (PF_KEYS + 1) + part * 16;
+            float *pr = Ps + r * PS + part * 16;
             float mx = -INFINITY;
 #pragma unroll
             for (int i = 0; i < 16; i++) mx = fmaxf(mx, pr[i]);
@@ -455,38 +453,37 @@ __global__ void __launch_bounds__(PF_THREADS)
             }
         }
         __syncthreads();
-        /* O = O·alpha + P·V: rows ty·4 + ai, dim pairs tx + 16·q */
+        /* O = O·alpha + P·V for rows m0 …, head dims HD/2·half … */
+        {
+            const float al_lo = al_s[m0 + g], al_hi = al_s[m0 + g + 8];
 #pragma unroll
-        for (int ai = 0; ai < 4; ai++) {
-            const float al = al_s[ty * 4 + ai];
-#pragma unroll
-            for (int q = 0; q < NP; q++) {
-                o[ai][q][0] *= al;
-                o[ai][q][1] *= al;
+            for (int nt = 0; nt < NT; nt++) {
+                o[nt][0] *= al_lo, o[nt][1] *= al_lo;
+                o[nt][2] *= al_hi, o[nt][3] *= al_hi;
             }
-        }
-        for (int kk = 0; kk < PF_KEYS; kk++) {
-            float p[4];
+#pragma unroll 2
+            for (int k0 = 0; k0 < PF_KEYS; k0 += 8) {
+                const tf32_split pa[4] = {split_tf32(Ps[(m0 + g) * PS + k0 + t4]), split_tf32(Ps[(m0 + g + 8) * PS + k0 + t4]),
+                                          split_tf32(Ps[(m0 + g) * PS + k0 + t4 + 4]),
+                                          split_tf32(Ps[(m0 + g + 8) * PS + k0 + t4 + 4])};
 #pragma unroll
-            for (int ai = 0; ai < 4; ai++) p[ai] = Ps[(ty * 4 + ai) * (PF_KEYS + 1) + kk];
-#pragma unroll
-            for (int q = 0; q < NP; q++) {
-                const float2 v = __bfloat1622float2(
-                    *reinterpret_cast<const __nv_bfloat162 *>(Vs + kk * HD + 2 * (tx + 16 * q)));
-#pragma unroll
-                for (int ai = 0; ai < 4; ai++) {
-                    o[ai][q][0] = fmaf(p[ai], v.x, o[ai][q][0]);
-                    o[ai][q][1] = fmaf(p[ai], v.y, o[ai][q][1]);
+                for (int nt = 0; nt < NT; nt++) {
+                    const int d = (HD / 2) * half + 8 * nt + g;
+                    /* bf16 → fp32 is exact and has a zero tf32 remainder */
+                    const uint32_t b0 = __float_as_uint(__bfloat162float(Vs[(k0 + t4) * VS + d]));
+                    const uint32_t b1 = __float_as_uint(__bfloat162float(Vs[(k0 + t4 + 4) * VS + d]));
+                    mma_tf32(o[nt], pa[0].lo, pa[1].lo, pa[2].lo, pa[3].lo, b0, b1);
+                    mma_tf32(o[nt], pa[0].hi, pa[1].hi, pa[2].hi, pa[3].hi, b0, b1);
                 }
             }
         }
         __syncthreads();
     }
-    /* epilogue: normalise, gate, store */
+    /* epilogue: normalise, gate, store (rows m0 + g and m0 + g + 8, dim pairs of each n-tile) */
     const int64_t ld = (int64_t)nh * 2 * HD + 2 * (int64_t)nkv * HD;
 #pragma unroll
-    for (int ai = 0; ai < 4; ai++) {
-        const int r = ty * 4 + ai;
+    for (int hr = 0; hr < 2; hr++) {
+        const int r = m0 + g + 8 * hr;
         if (r >= nrows) continue;
         const int tok = t0 + r / G, h = j * G + r % G;
         const float l = l_s[r];
@@ -494,11 +491,11 @@ __global__ void __launch_bounds__(PF_THREADS)
         const bf16 *gate = (const bf16 *)a.qkv + (int64_t)tok * ld + (int64_t)h * 2 * HD + HD;
         bf16 *dst = (bf16 *)a.out + ((int64_t)tok * nh + h) * HD;
 #pragma unroll
-        for (int q = 0; q < NP; q++) {
-            const int d = 2 * (tx + 16 * q);
+        for (int nt = 0; nt < NT; nt++) {
+            const int d = (HD / 2) * half + 8 * nt + 2 * t4;
             const float2 gf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(gate + d));
             *reinterpret_cast<uint32_t *>(dst + d) =
-                pack_bf2(o[ai][q][0] * inv * sigmoid_f(gf.x), o[ai][q][1] * inv * sigmoid_f(gf.y));
+                pack_bf2(o[nt][2 * hr] * inv * sigmoid_f(gf.x), o[nt][2 * hr + 1] * inv * sigmoid_f(gf.y));
         }
     }
 }

@@ -28,6 +28,7 @@
 #include <math.h>
 
 #include "cuda_gdn_prefill.cuh"
+#include "cuda_mma.cuh"
 
 #define GC_THREADS 256
 #define GC_LD (GP_DK + 4) /* shared row pitch of [64][128] tiles: rows 4 banks apart */
@@ -58,36 +59,6 @@ static __device__ bool chunk_of(const ds_cuda_batch &b, int idx, int &t0, int &n
     return false;
 }
 
-
-/* fp32 products on tensor cores, "3xTF32": x = hi + lo with hi = tf32(x), lo = tf32(x − hi);
- * a·b ≈ hi_a·hi_b + hi_a·lo_b + lo_a·hi_b in fp32 accumulators keeps fp32-level accuracy
- * (one tf32 pass would round every input to 11 bits). */
-struct tf32_split {
-    uint32_t hi, lo;
-};
-static __device__ __forceinline__ uint32_t to_tf32(float x) {
-    uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-    return r;
-}
-static __device__ __forceinline__ tf32_split split_tf32(float x) {
-    const uint32_t hi = to_tf32(x);
-    return {hi, to_tf32(x - __uint_as_float(hi))};
-}
-static __device__ __forceinline__ void mma_tf32(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                                uint32_t a3, uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                 "{%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-/* c += A·B for one m16n8k8 tile: a[0..3] the A fragment (rows g, g + 8 × columns t, t + 4 of
- * lane (g = lane / 4, t = lane % 4)), b[0..1] the B fragment (rows t, t + 4 × column g) */
-static __device__ __forceinline__ void mma3(float (&c)[4], const tf32_split (&a)[4], const tf32_split (&b)[2]) {
-    mma_tf32(c, a[0].hi, a[1].hi, a[2].hi, a[3].hi, b[0].lo, b[1].lo);
-    mma_tf32(c, a[0].lo, a[1].lo, a[2].lo, a[3].lo, b[0].hi, b[1].hi);
-    mma_tf32(c, a[0].hi, a[1].hi, a[2].hi, a[3].hi, b[0].hi, b[1].hi);
-}
 
 /* 1. block (chunk blockIdx.x of the step, value head blockIdx.y) */
 __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 registers */

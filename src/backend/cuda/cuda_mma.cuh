@@ -1,0 +1,56 @@
+/* cuda_mma.cuh — warp-level tensor-core products (mma.sync, sm_80+) shared by the kernels:
+ * bf16 m16n8k16 and fp32-accurate "3xTF32" m16n8k8. Fragment layouts (PTX ISA), lane = 4g + t:
+ *   m16n8k16 bf16: A a0 (row g, k 2t…2t+1), a1 (row g + 8), a2 (row g, k 2t + 8…), a3 (row g + 8,
+ *                  k 2t + 8…); B b0 (k 2t…2t+1, column g), b1 (k 2t + 8…); each a bf16 pair;
+ *   m16n8k8 tf32:  A a0 (row g, k t), a1 (row g + 8, k t), a2 (row g, k t + 4), a3 (row g + 8,
+ *                  k t + 4); B b0 (k t, column g), b1 (k t + 4, column g);
+ *   C / D (both):  c0, c1 (row g, columns 2t, 2t + 1), c2, c3 (row g + 8, the same columns). */
+#ifndef DS_CUDA_MMA_CUH
+#define DS_CUDA_MMA_CUH
+
+#include <stdint.h>
+
+static __device__ __forceinline__ void mma_bf16_16816(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                                      uint32_t a3, uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+/* fp32 products on tensor cores, "3xTF32": x = hi + lo with hi = tf32(x), lo = tf32(x − hi);
+ * a·b ≈ hi_a·hi_b + hi_a·lo_b + lo_a·hi_b in fp32 accumulators keeps fp32-level accuracy
+ * (one tf32 pass would round every input to 11 bits). A value with at most 11 significant
+ * bits (a bf16) is exact as hi alone: its lo is 0 and its terms can be skipped. */
+struct tf32_split {
+    uint32_t hi, lo;
+};
+static __device__ __forceinline__ uint32_t to_tf32(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+static __device__ __forceinline__ tf32_split split_tf32(float x) {
+    const uint32_t hi = to_tf32(x);
+    return {hi, to_tf32(x - __uint_as_float(hi))};
+}
+static __device__ __forceinline__ void mma_tf32(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                                uint32_t a3, uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                 "{%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+/* c += A·B for one m16n8k8 tile in 3xTF32 */
+static __device__ __forceinline__ void mma3(float (&c)[4], const tf32_split (&a)[4], const tf32_split (&b)[2]) {
+    mma_tf32(c, a[0].hi, a[1].hi, a[2].hi, a[3].hi, b[0].lo, b[1].lo);
+    mma_tf32(c, a[0].lo, a[1].lo, a[2].lo, a[3].lo, b[0].hi, b[1].hi);
+    mma_tf32(c, a[0].hi, a[1].hi, a[2].hi, a[3].hi, b[0].hi, b[1].hi);
+}
+
+#endif
