@@ -173,7 +173,7 @@ if want ncu_detail && command -v ncu > /dev/null && [ "$t" -ge 60 ]; then
         --profile-from-start off -k "regex:${DS_GPU_NCU_KERNEL:-moe_expert_kernel}" \
         --launch-count "${DS_GPU_NCU_COUNT:-4}" \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
-        --section Occupancy --section LaunchStats --section SchedulerStats \
+        --section Occupancy --section LaunchStats --section SchedulerStats --section SourceCounters \
         "${DSENV[@]}" "$BIN/deltaserve" bench -m configs/qwen3.5-35b-a3b --dummy-weights --device cuda \
         "${NCU_RUN[@]}" --graphs 0 > "$OUT/ncu_detail.txt" 2>&1
     log "ncu detail rc=$?"
