@@ -583,6 +583,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->gdn_scan_cols = cols && atoi(cols) == 4 ? 4 : 2;
         const char *stages = getenv("DS_CUDA_MOE_GEMM_STAGES");
         c->moe_gemm_stages = stages && (atoi(stages) == 3 || atoi(stages) == 4) ? atoi(stages) : 2;
+        const char *rsplit = getenv("DS_CUDA_ROUTER_SPLIT");
+        c->router_split = !(rsplit && atoi(rsplit) == 0);
         const char *chunked = getenv("DS_CUDA_GDN_CHUNKED");
         c->gdn_chunked = chunked ? atoi(chunked) != 0 : 1;
         c->opt.moe_fast_route = ds_env_switch("DS_OPT_MOE_FAST_ROUTE", true);

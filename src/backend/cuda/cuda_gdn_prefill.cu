@@ -16,7 +16,7 @@
  *                registers; per token S ← αS, kv = Sᵀk̂ (a warp sum), δ = β(v − kv),
  *                S ← S + k̂δ, o = Sᵀq̂ (a warp sum): no barriers, inputs loaded GP_SCAN_AHEAD
  *                tokens ahead; 2048 warps at 35B-A3B (C = 2);
- *   3. out    (token, value head) blocks: gated RMSNorm o·rsqrt(mean o² + eps)·w·SiLU(z) → bf16;
+ *   3. out    (8 tokens, value head) blocks: gated RMSNorm o·rsqrt(mean o² + eps)·w·SiLU(z) → bf16;
  *   4. hist   (sequence, value head) blocks: the conv history after the step's last token
  *             (after prep has read the old one).
  * The scan's arithmetic is the fused kernel's, in the same order per value except the
@@ -255,26 +255,42 @@ __global__ void __launch_bounds__(GP_SCAN_WARPS * 32)
     for (int r = 0; r < RPL; r++) st_cols<C>(S + (int64_t)(lane * RPL + r) * DV + j0, st[r]);
 }
 
-/* 3. out: block (value head, token), thread j of dv. */
+/* 3. out: block (value head, GP_PREP_TOKENS tokens), thread j of dv; one barrier for all the
+ * block's tokens (one token a block: 41 µs a layer at 1024 tokens, s9-run6). */
 __global__ void __launch_bounds__(GP_DK) gdn_out_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
-    constexpr int DV = GP_DK;
-    __shared__ float red[DV / 32];
+    constexpr int DV = GP_DK, TT = GP_PREP_TOKENS;
+    __shared__ float red[TT][DV / 32];
     pdl_enter(); /* cuda_launch.cuh: before any access */
-    (void)b;
-    const int h = blockIdx.x, t = blockIdx.y, j = threadIdx.x;
+    const int h = blockIdx.x, t0 = blockIdx.y * TT, j = threadIdx.x;
+    const int tn = min(TT, b.n_tokens - t0);
     const int hk = a.hk, hv = a.hv;
     const int64_t conv_dim = 2 * (int64_t)hk * GP_DK + (int64_t)hv * DV;
     const int64_t ldp = conv_dim + (int64_t)hv * DV + 2 * hv;
-    const float o = sc.o[((int64_t)t * hv + h) * DV + j];
-    const float o2 = warp_sum(o * o);
-    if ((j & 31) == 0) red[j >> 5] = o2;
-    __syncthreads();
-    float ms = 0.f;
+    float o[TT], z[TT];
 #pragma unroll
-    for (int w = 0; w < DV / 32; w++) ms += red[w];
-    const float n = o * rsqrtf(ms / (float)DV + a.eps);
-    const float z = to_f32(((const bf16 *)a.proj)[(int64_t)t * ldp + conv_dim + (int64_t)h * DV + j]);
-    ((bf16 *)a.out)[(int64_t)t * hv * DV + (int64_t)h * DV + j] = __float2bfloat16_rn(n * a.norm_w[j] * silu_f(z));
+    for (int tt = 0; tt < TT; tt++) { /* every load in flight before the first sum */
+        o[tt] = z[tt] = 0.f;
+        if (tt < tn) {
+            o[tt] = sc.o[((int64_t)(t0 + tt) * hv + h) * DV + j];
+            z[tt] = to_f32(((const bf16 *)a.proj)[(int64_t)(t0 + tt) * ldp + conv_dim + (int64_t)h * DV + j]);
+        }
+    }
+#pragma unroll
+    for (int tt = 0; tt < TT; tt++) {
+        const float o2 = warp_sum(o[tt] * o[tt]);
+        if ((j & 31) == 0) red[tt][j >> 5] = o2;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int tt = 0; tt < TT; tt++) {
+        if (tt >= tn) continue;
+        float ms = 0.f;
+#pragma unroll
+        for (int w = 0; w < DV / 32; w++) ms += red[tt][w];
+        const float n = o[tt] * rsqrtf(ms / (float)DV + a.eps);
+        ((bf16 *)a.out)[(int64_t)(t0 + tt) * hv * DV + (int64_t)h * DV + j] =
+            __float2bfloat16_rn(n * a.norm_w[j] * silu_f(z[tt]));
+    }
 }
 
 /* 4. hist: block (value head, sequence), thread c of the value head's 3·dk history channels:
@@ -329,7 +345,7 @@ extern "C" bool ds_cuda_gdn_prefill(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a)
         ds_launch(ctx, gdn_scan_kernel<4>, dim3(GP_DK / (GP_SCAN_WARPS * 4), a->hv, S),
                   GP_SCAN_WARPS * 32, 0, *b, *a, sc);
     if (!ctx->gdn_chunked) DS_CU_LAUNCHED2(ctx, "gdn_scan_kernel", S, a->hv);
-    ds_launch(ctx, gdn_out_kernel, dim3(a->hv, T), GP_DK, 0, *b, *a, sc);
+    ds_launch(ctx, gdn_out_kernel, dim3(a->hv, DS_DIV_UP(T, GP_PREP_TOKENS)), GP_DK, 0, *b, *a, sc);
     DS_CU_LAUNCHED2(ctx, "gdn_out_kernel", T, a->hv);
     ds_launch(ctx, gdn_hist_kernel, dim3(a->hv, S), 3 * GP_DK, 0, *b, *a);
     DS_CU_LAUNCHED2(ctx, "gdn_hist_kernel", S, a->hv);
