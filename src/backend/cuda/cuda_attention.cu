@@ -463,9 +463,8 @@ __global__ void __launch_bounds__(PF_THREADS)
             }
 #pragma unroll 2
             for (int k0 = 0; k0 < PF_KEYS; k0 += 8) {
-                const tf32_split pa[4] = {split_tf32(Ps[(m0 + g) * PS + k0 + t4]), split_tf32(Ps[(m0 + g + 8) * PS + k0 + t4]),
-                                          split_tf32(Ps[(m0 + g) * PS + k0 + t4 + 4]),
-                                          split_tf32(Ps[(m0 + g + 8) * PS + k0 + t4 + 4])};
+                tf32_split pa[4];
+                load_a_tf32(pa, Ps, PS, m0, k0, g, t4);
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
                     const int d = (HD / 2) * half + 8 * nt + g;

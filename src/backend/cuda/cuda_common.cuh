@@ -113,4 +113,18 @@ static __device__ __forceinline__ int32_t batch_row_token(const int32_t *tokens,
 static __device__ __forceinline__ float silu_f(float x) { return x / (1.f + expf(-x)); }
 static __device__ __forceinline__ float sigmoid_f(float x) { return 1.f / (1.f + expf(-x)); }
 
+/* One step of a causal depthwise conv of kernel KC over a channel's last KC − 1 inputs: returns
+ * w[KC−1]·x + Σ_i w[i]·win[i] (this order: the GDN kernels and the CPU backend agree to the
+ * bit) and shifts x into the window. */
+template <int KC>
+static __device__ __forceinline__ float conv_step(const float (&w)[KC], float (&win)[KC - 1], float x) {
+    float acc = w[KC - 1] * x;
+#pragma unroll
+    for (int i = 0; i < KC - 1; i++) acc = fmaf(w[i], win[i], acc);
+#pragma unroll
+    for (int i = 0; i < KC - 2; i++) win[i] = win[i + 1];
+    win[KC - 2] = x;
+    return acc;
+}
+
 #endif

@@ -113,14 +113,7 @@ __global__ void __launch_bounds__(GDN_SEG * DV) gdn_kernel(ds_cuda_batch b, ds_c
         /* conv (kernel KC, causal, over history + this token) + SiLU */
         float y = 0.f;
         if (c < NCH) {
-            const float x = to_f32(cx);
-            float acc = cw[KC - 1] * x;
-#pragma unroll
-            for (int i = 0; i < KC - 1; i++) acc = fmaf(cw[i], hist[i], acc);
-#pragma unroll
-            for (int i = 0; i < KC - 2; i++) hist[i] = hist[i + 1];
-            hist[KC - 2] = x;
-            y = silu_f(acc);
+            y = silu_f(conv_step<KC>(cw, hist, to_f32(cx)));
             if (snap && b.state_out[t] >= 0) {
                 float *CHo = a.conv_hist + (int64_t)b.state_out[t] * a.conv_slot_stride +
                              (int64_t)h * NCH * (KC - 1);

@@ -118,13 +118,12 @@ __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 re
             for (int r = 0; r < 4; r++) acc[nt][r] = 0.f;
 #pragma unroll 2
         for (int k0 = 0; k0 < DK; k0 += 8) {
-            const tf32_split fa[4] = {split_tf32(Xs[(m0 + g) * LD + k0 + t4]), split_tf32(Xs[(m0 + g + 8) * LD + k0 + t4]),
-                                      split_tf32(Xs[(m0 + g) * LD + k0 + t4 + 4]),
-                                      split_tf32(Xs[(m0 + g + 8) * LD + k0 + t4 + 4])};
+            tf32_split fa[4];
+            load_a_tf32(fa, Xs, LD, m0, k0, g, t4);
 #pragma unroll
             for (int nt = 0; nt < 8; nt++) {
-                const tf32_split fb[2] = {split_tf32(Ks[(8 * nt + g) * LD + k0 + t4]),
-                                          split_tf32(Ks[(8 * nt + g) * LD + k0 + t4 + 4])};
+                tf32_split fb[2];
+                load_bt_tf32(fb, Ks, LD, k0, 8 * nt, g, t4);
                 mma3(acc[nt], fa, fb);
             }
         }
@@ -270,13 +269,12 @@ __global__ void __launch_bounds__(GC_THREADS)
             for (int r = 0; r < 4; r++) acc[nt][r] = 0.f;
 #pragma unroll 4
         for (int k0 = 0; k0 < DK; k0 += 8) {
-            const tf32_split fa[4] = {split_tf32(Xs[(m0 + g) * LD + k0 + t4]), split_tf32(Xs[(m0 + g + 8) * LD + k0 + t4]),
-                                      split_tf32(Xs[(m0 + g) * LD + k0 + t4 + 4]),
-                                      split_tf32(Xs[(m0 + g + 8) * LD + k0 + t4 + 4])};
+            tf32_split fa[4];
+            load_a_tf32(fa, Xs, LD, m0, k0, g, t4);
 #pragma unroll
             for (int nt = 0; nt < 4; nt++) {
-                const tf32_split fb[2] = {split_tf32(Ss[(k0 + t4) * SLD + 8 * nt + g]),
-                                          split_tf32(Ss[(k0 + t4 + 4) * SLD + 8 * nt + g])};
+                tf32_split fb[2];
+                load_b_tf32(fb, Ss, SLD, k0, 8 * nt, g, t4);
                 mma3(acc[nt], fa, fb);
             }
         }
@@ -312,14 +310,12 @@ __global__ void __launch_bounds__(GC_THREADS)
         if (!w_warp) {
 #pragma unroll 2
             for (int k0 = 0; k0 < L; k0 += 8) {
-                const tf32_split fa[4] = {split_tf32(Ps[(m0 + g) * PLD + k0 + t4]),
-                                          split_tf32(Ps[(m0 + g + 8) * PLD + k0 + t4]),
-                                          split_tf32(Ps[(m0 + g) * PLD + k0 + t4 + 4]),
-                                          split_tf32(Ps[(m0 + g + 8) * PLD + k0 + t4 + 4])};
+                tf32_split fa[4];
+                load_a_tf32(fa, Ps, PLD, m0, k0, g, t4);
 #pragma unroll
                 for (int nt = 0; nt < 4; nt++) {
-                    const tf32_split fb[2] = {split_tf32(Ds[(k0 + t4) * SLD + 8 * nt + g]),
-                                              split_tf32(Ds[(k0 + t4 + 4) * SLD + 8 * nt + g])};
+                    tf32_split fb[2];
+                    load_b_tf32(fb, Ds, SLD, k0, 8 * nt, g, t4);
                     mma3(acc[nt], fa, fb);
                 }
             }
@@ -347,8 +343,8 @@ __global__ void __launch_bounds__(GC_THREADS)
                                       split_tf32(Ks[(k0 + t4 + 4) * KLD + sr + 8])};
 #pragma unroll
             for (int nt = 0; nt < 4; nt++) {
-                const tf32_split fb[2] = {split_tf32(Dk[(k0 + t4) * SLD + 8 * nt + g]),
-                                          split_tf32(Dk[(k0 + t4 + 4) * SLD + 8 * nt + g])};
+                tf32_split fb[2];
+                load_b_tf32(fb, Dk, SLD, k0, 8 * nt, g, t4);
                 mma3(sacc[nt], fa, fb);
             }
         }

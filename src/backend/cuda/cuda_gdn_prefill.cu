@@ -97,14 +97,7 @@ __global__ void __launch_bounds__(GP_PREP_THREADS)
                 }
                 prev_s = s;
             }
-            const float xt = to_f32(proj[(int64_t)t * ldp + gc]);
-            float acc = cw[KC - 1] * xt;
-#pragma unroll
-            for (int i = 0; i < KC - 1; i++) acc = fmaf(cw[i], win[i], acc);
-#pragma unroll
-            for (int i = 0; i < KC - 2; i++) win[i] = win[i + 1];
-            win[KC - 2] = xt;
-            y[ci][tt] = silu_f(acc);
+            y[ci][tt] = silu_f(conv_step<KC>(cw, win, to_f32(proj[(int64_t)t * ldp + gc])));
             if (ci == 0 && c < 2 * DK) { /* q (warps 0 … 3) or k (warps 4 … 7) */
                 const float ss = warp_sum(y[ci][tt] * y[ci][tt]);
                 if (lane == 0) red[c < DK ? 0 : 1][tt][warp & 3] = ss;

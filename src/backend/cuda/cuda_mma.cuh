@@ -53,4 +53,27 @@ static __device__ __forceinline__ void mma3(float (&c)[4], const tf32_split (&a)
     mma_tf32(c, a[0].hi, a[1].hi, a[2].hi, a[3].hi, b[0].hi, b[1].hi);
 }
 
+/* The A fragment of rows m0 … m0 + 15, columns k0 … k0 + 7 of a row-major fp32 tile X (row
+ * pitch ld) for lane (g, t), split for 3xTF32. */
+static __device__ __forceinline__ void load_a_tf32(tf32_split (&fa)[4], const float *X, int ld, int m0,
+                                                   int k0, int g, int t) {
+    fa[0] = split_tf32(X[(m0 + g) * ld + k0 + t]);
+    fa[1] = split_tf32(X[(m0 + g + 8) * ld + k0 + t]);
+    fa[2] = split_tf32(X[(m0 + g) * ld + k0 + t + 4]);
+    fa[3] = split_tf32(X[(m0 + g + 8) * ld + k0 + t + 4]);
+}
+/* The B fragment of columns n0 … n0 + 7, rows k0 … k0 + 7 of an fp32 tile stored [k][n] (pitch
+ * ld), split for 3xTF32. */
+static __device__ __forceinline__ void load_b_tf32(tf32_split (&fb)[2], const float *X, int ld, int k0,
+                                                   int n0, int g, int t) {
+    fb[0] = split_tf32(X[(k0 + t) * ld + n0 + g]);
+    fb[1] = split_tf32(X[(k0 + t + 4) * ld + n0 + g]);
+}
+/* The same from a tile stored [n][k] (B = Xᵀ). */
+static __device__ __forceinline__ void load_bt_tf32(tf32_split (&fb)[2], const float *X, int ld, int k0,
+                                                    int n0, int g, int t) {
+    fb[0] = split_tf32(X[(n0 + g) * ld + k0 + t]);
+    fb[1] = split_tf32(X[(n0 + g) * ld + k0 + t + 4]);
+}
+
 #endif
