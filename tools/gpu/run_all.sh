@@ -156,6 +156,11 @@ else
     log "ncu skipped"
 fi
 
+# one 1024-token prefill between cudaProfilerStart/Stop (the bench's second): ncu_detail with
+# DS_GPU_NCU_PREFILL=1 and ncu_prefill below
+PREFILL_WHICH=(DS_CUDA_PROFILER_PREFILL=2)
+PREFILL_RUN=(--prompt-len 1024 --steps 2 --warmup 0 --batch 1)
+
 # ncu_detail: ncu's memory, warp-stall and occupancy sections for the first DS_GPU_NCU_COUNT
 # (default 4) kernels whose names match DS_GPU_NCU_KERNEL (regex, default the expert GEMVs) in
 # one eager decode step at batch DS_GPU_NCU_BATCH (default 8) — or, with DS_GPU_NCU_PREFILL=1,
@@ -163,7 +168,7 @@ fi
 t=$(left); [ "$t" -gt 150 ] && t=150
 if want ncu_detail && command -v ncu > /dev/null && [ "$t" -ge 60 ]; then
     if [ "${DS_GPU_NCU_PREFILL:-0}" = 1 ]; then
-        NCU_WHICH=(DS_CUDA_PROFILER_PREFILL=2); NCU_RUN=(--prompt-len 1024 --steps 2 --warmup 0 --batch 1)
+        NCU_WHICH=("${PREFILL_WHICH[@]}"); NCU_RUN=("${PREFILL_RUN[@]}")
     else
         NCU_WHICH=(DS_CUDA_PROFILER_STEP=4); NCU_RUN=(--prompt-len 16 --steps 8 --warmup 2 --batch "${DS_GPU_NCU_BATCH:-8}")
     fi
@@ -184,10 +189,10 @@ fi
 t=$(left); [ "$t" -gt 150 ] && t=150
 if want ncu_prefill && command -v ncu > /dev/null && [ "$t" -ge 60 ]; then
     log "ncu prefill (timeout $t s)"
-    DS_CUDA_PROFILER_PREFILL=2 timeout "$t" ncu --clock-control none --cache-control none --csv \
+    timeout "$t" env "${PREFILL_WHICH[@]}" ncu --clock-control none --cache-control none --csv \
         --profile-from-start off --metrics gpu__time_duration.sum,dram__bytes_read.sum \
         "${DSENV[@]}" "$BIN/deltaserve" bench -m configs/qwen3.5-35b-a3b --dummy-weights --device cuda \
-        --prompt-len 1024 --steps 2 --warmup 0 --batch 1 --graphs 0 > "$OUT/ncu_prefill.csv" 2>&1
+        "${PREFILL_RUN[@]}" --graphs 0 > "$OUT/ncu_prefill.csv" 2>&1
     log "ncu prefill rc=$?"
 fi
 

@@ -100,7 +100,6 @@ static __device__ __forceinline__ float block_sum(float v, float *red) {
     return s;
 }
 
-/* Accurate expf (not __expf): these feed bf16 outputs compared against the fp32 CPU backend. */
 /* Row t's token (backend.h ds_batch.token_src; the device copy holds -1 where none): entry
  * token_src[t] ≥ 0 of the token buffer, else tokens[t]. */
 static __device__ __forceinline__ int32_t batch_row_token(const int32_t *tokens,
@@ -110,6 +109,7 @@ static __device__ __forceinline__ int32_t batch_row_token(const int32_t *tokens,
     return src >= 0 ? tokbuf[src] : tokens[t];
 }
 
+/* Accurate expf (not __expf): these feed bf16 outputs compared against the fp32 CPU backend. */
 static __device__ __forceinline__ float silu_f(float x) { return x / (1.f + expf(-x)); }
 static __device__ __forceinline__ float sigmoid_f(float x) { return 1.f / (1.f + expf(-x)); }
 

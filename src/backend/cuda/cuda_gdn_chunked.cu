@@ -59,7 +59,6 @@ static __device__ bool chunk_of(const ds_cuda_batch &b, int idx, int &t0, int &n
     return false;
 }
 
-
 /* 1. block (chunk blockIdx.x of the step, value head blockIdx.y) */
 __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 registers */
     gdn_chunk_prep_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
@@ -338,9 +337,8 @@ __global__ void __launch_bounds__(GC_THREADS)
             for (int r = 0; r < 4; r++) sacc[nt][r] *= el;
 #pragma unroll 2
         for (int k0 = 0; k0 < L; k0 += 8) {
-            const tf32_split fa[4] = {split_tf32(Ks[(k0 + t4) * KLD + sr]), split_tf32(Ks[(k0 + t4) * KLD + sr + 8]),
-                                      split_tf32(Ks[(k0 + t4 + 4) * KLD + sr]),
-                                      split_tf32(Ks[(k0 + t4 + 4) * KLD + sr + 8])};
+            tf32_split fa[4];
+            load_at_tf32(fa, Ks, KLD, 16 * warp, k0, g, t4);
 #pragma unroll
             for (int nt = 0; nt < 4; nt++) {
                 tf32_split fb[2];

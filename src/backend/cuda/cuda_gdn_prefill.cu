@@ -27,7 +27,7 @@
 #include "cuda_gdn_prefill.cuh"
 
 #define GP_PREP_THREADS 512
-#define GP_PREP_TOKENS 8 /* tokens a prep block */
+#define GP_BLOCK_TOKENS 8 /* tokens a prep or out block */
 #define GP_PREP_CPT DS_DIV_UP((2 + GP_MAX_G) * GP_DK, GP_PREP_THREADS) /* channels a prep thread */
 #define GP_SCAN_WARPS 4  /* warps per scan block */
 /* state columns per scan warp: a template parameter C of 2 or 4 (ctx->gdn_scan_cols, default
@@ -40,7 +40,7 @@ extern "C" size_t ds_cuda_gdn_prefill_scratch_bytes(int hk, int hv, int dk, int 
     return sizeof(float) * (size_t)gdn_scratch_floats(DS_CUDA_MAX_TOKENS, hk, hv);
 }
 
-/* 1. prep: block (key head kh, tokens t0 … t0 + GP_PREP_TOKENS − 1), channels c of
+/* 1. prep: block (key head kh, tokens t0 … t0 + GP_BLOCK_TOKENS − 1), channels c of
  * [q (dk) | k (dk) | v of the G value heads (G·dv)], up to GP_PREP_CPT channels a thread. A
  * thread walks the block's tokens with its channel's last KC − 1 conv inputs in registers (one
  * new load a token while the tokens stay in one sequence) and keeps its outputs until one
@@ -50,7 +50,7 @@ extern "C" size_t ds_cuda_gdn_prefill_scratch_bytes(int hk, int hv, int dk, int 
 __global__ void __launch_bounds__(GP_PREP_THREADS)
     gdn_prep_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
     constexpr int DK = GP_DK, KC = GP_KC, NCH = 3 * GP_DK; /* history channels per value head */
-    constexpr int TT = GP_PREP_TOKENS, CPT = GP_PREP_CPT, NT = GP_PREP_THREADS;
+    constexpr int TT = GP_BLOCK_TOKENS, CPT = GP_PREP_CPT, NT = GP_PREP_THREADS;
     static_assert(2 * DK <= NT, "q and k channels in a thread's first channel");
     __shared__ float red[2][TT][DK / 32]; /* per token: q / k sums of squares of each warp */
     pdl_enter(); /* cuda_launch.cuh: before any access */
@@ -248,10 +248,10 @@ __global__ void __launch_bounds__(GP_SCAN_WARPS * 32)
     for (int r = 0; r < RPL; r++) st_cols<C>(S + (int64_t)(lane * RPL + r) * DV + j0, st[r]);
 }
 
-/* 3. out: block (value head, GP_PREP_TOKENS tokens), thread j of dv; one barrier for all the
+/* 3. out: block (value head, GP_BLOCK_TOKENS tokens), thread j of dv; one barrier for all the
  * block's tokens (one token a block: 41 µs a layer at 1024 tokens, s9-run6). */
 __global__ void __launch_bounds__(GP_DK) gdn_out_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
-    constexpr int DV = GP_DK, TT = GP_PREP_TOKENS;
+    constexpr int DV = GP_DK, TT = GP_BLOCK_TOKENS;
     __shared__ float red[TT][DV / 32];
     pdl_enter(); /* cuda_launch.cuh: before any access */
     const int h = blockIdx.x, t0 = blockIdx.y * TT, j = threadIdx.x;
@@ -327,18 +327,20 @@ extern "C" bool ds_cuda_gdn_prefill(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a)
     if (need == 0 || need > ctx->gdn_scratch_bytes) return false;
     const int T = b->n_tokens, S = b->n_seqs;
     const gdn_scratch sc = gdn_scratch_of((float *)ctx->d_gdn_scratch, T, a->hk, a->hv);
-    ds_launch(ctx, gdn_prep_kernel, dim3(a->hk, DS_DIV_UP(T, GP_PREP_TOKENS)), GP_PREP_THREADS, 0, *b, *a, sc);
+    ds_launch(ctx, gdn_prep_kernel, dim3(a->hk, DS_DIV_UP(T, GP_BLOCK_TOKENS)), GP_PREP_THREADS, 0, *b, *a, sc);
     DS_CU_LAUNCHED2(ctx, "gdn_prep_kernel", T, a->hk);
-    if (ctx->gdn_chunked)
+    if (ctx->gdn_chunked) {
         ds_cuda_gdn_chunked(ctx, *b, *a, sc);
-    else if (ctx->gdn_scan_cols == 2)
-        ds_launch(ctx, gdn_scan_kernel<2>, dim3(GP_DK / (GP_SCAN_WARPS * 2), a->hv, S),
-                  GP_SCAN_WARPS * 32, 0, *b, *a, sc);
-    else
-        ds_launch(ctx, gdn_scan_kernel<4>, dim3(GP_DK / (GP_SCAN_WARPS * 4), a->hv, S),
-                  GP_SCAN_WARPS * 32, 0, *b, *a, sc);
-    if (!ctx->gdn_chunked) DS_CU_LAUNCHED2(ctx, "gdn_scan_kernel", S, a->hv);
-    ds_launch(ctx, gdn_out_kernel, dim3(a->hv, DS_DIV_UP(T, GP_PREP_TOKENS)), GP_DK, 0, *b, *a, sc);
+    } else {
+        if (ctx->gdn_scan_cols == 2)
+            ds_launch(ctx, gdn_scan_kernel<2>, dim3(GP_DK / (GP_SCAN_WARPS * 2), a->hv, S),
+                      GP_SCAN_WARPS * 32, 0, *b, *a, sc);
+        else
+            ds_launch(ctx, gdn_scan_kernel<4>, dim3(GP_DK / (GP_SCAN_WARPS * 4), a->hv, S),
+                      GP_SCAN_WARPS * 32, 0, *b, *a, sc);
+        DS_CU_LAUNCHED2(ctx, "gdn_scan_kernel", S, a->hv);
+    }
+    ds_launch(ctx, gdn_out_kernel, dim3(a->hv, DS_DIV_UP(T, GP_BLOCK_TOKENS)), GP_DK, 0, *b, *a, sc);
     DS_CU_LAUNCHED2(ctx, "gdn_out_kernel", T, a->hv);
     ds_launch(ctx, gdn_hist_kernel, dim3(a->hv, S), 3 * GP_DK, 0, *b, *a);
     DS_CU_LAUNCHED2(ctx, "gdn_hist_kernel", S, a->hv);

@@ -62,6 +62,14 @@ static __device__ __forceinline__ void load_a_tf32(tf32_split (&fa)[4], const fl
     fa[2] = split_tf32(X[(m0 + g) * ld + k0 + t + 4]);
     fa[3] = split_tf32(X[(m0 + g + 8) * ld + k0 + t + 4]);
 }
+/* The same from a tile stored [k][m] (A = Xᵀ). */
+static __device__ __forceinline__ void load_at_tf32(tf32_split (&fa)[4], const float *X, int ld, int m0,
+                                                    int k0, int g, int t) {
+    fa[0] = split_tf32(X[(k0 + t) * ld + m0 + g]);
+    fa[1] = split_tf32(X[(k0 + t) * ld + m0 + g + 8]);
+    fa[2] = split_tf32(X[(k0 + t + 4) * ld + m0 + g]);
+    fa[3] = split_tf32(X[(k0 + t + 4) * ld + m0 + g + 8]);
+}
 /* The B fragment of columns n0 … n0 + 7, rows k0 … k0 + 7 of an fp32 tile stored [k][n] (pitch
  * ld), split for 3xTF32. */
 static __device__ __forceinline__ void load_b_tf32(tf32_split (&fb)[2], const float *X, int ld, int k0,

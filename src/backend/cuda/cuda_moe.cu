@@ -208,8 +208,8 @@ static __device__ moe_groups_out groups_of(const moe_scratch &sc) {
 }
 
 /* Counts the assignments of each expert and writes the active experts, their offsets and their
- * number; returns with cnt[e] = expert e's first place in sc.sorted (not yet synchronized) and
- * *count = its count (for the calling thread's expert e = threadIdx.x). */
+ * number; returns with cnt[e] = expert e's first place in sc.sorted (not yet synchronized) and,
+ * when count is not NULL, *count = its count (for the calling thread's expert e = threadIdx.x). */
 static __device__ int group_offsets(int A, int E, const int32_t *ids_s, int *cnt, int *wsum,
                                     const moe_groups_out sc, int *count) {
     const int e = threadIdx.x;
@@ -230,7 +230,7 @@ static __device__ int group_offsets(int A, int E, const int32_t *ids_s, int *cnt
         *sc.n_act = nact;
         sc.off[nact] = A;
     }
-    *count = c;
+    if (count) *count = c;
     return nact;
 }
 
@@ -281,8 +281,7 @@ __global__ void __launch_bounds__(1024) moe_group_kernel(int A, int E, int PW, m
     for (int i = threadIdx.x; i < PW * E; i += blockDim.x) cw[i] = 0;
     __syncthreads();
     const moe_groups_out out = groups_of(sc);
-    int c;
-    group_offsets(A, E, ids_dyn, cnt, wsum, out, &c);
+    group_offsets(A, E, ids_dyn, cnt, wsum, out, NULL);
     const int warp = threadIdx.x >> 5, slice = DS_DIV_UP(A, PW);
     const int a0 = min(A, warp * slice), a1 = min(A, a0 + slice);
     if (warp < PW)
