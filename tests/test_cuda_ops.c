@@ -870,23 +870,18 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
 #else
     ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
     const int H = m->cfg.hidden;
-    const int saved[6] = {c->opt.moe_route_fused, c->moe_gu_rows, c->moe_down_rows, c->moe_down_staged,
-                          c->moe_down_pipe, c->moe_down_pipe_cfg};
+    const int saved[4] = {c->opt.moe_route_fused, c->moe_gu_rows, c->moe_down_rows, c->moe_down_staged};
     static const struct {
         const char *name;
-        int route_fused, gu_rows, down_rows, staged, pipe, pipe_cfg;
+        int route_fused, gu_rows, down_rows, staged;
     } variants[] = {
-        {"routing in its own launch", 0, 2, 4, 0, 0, 0},
-        {"gate_up 4 rows per warp", 1, 4, 4, 0, 0, 0},
-        {"down rows by step size", 1, 2, 0, 0, 0, 0},
-        {"down 8 rows per warp", 1, 2, 8, 0, 0, 0},
-        {"down 16 rows per warp", 1, 2, 16, 0, 0, 0},
-        {"down staged in shared memory", 1, 2, 0, 1, 0, 0},
-        {"down staged, routing in its own launch", 0, 2, 0, 1, 0, 0},
-        {"down pipelined, 64-row tiles x 3 stages", 1, 2, 0, 1, 2, 0},
-        {"down pipelined, 32-row tiles x 4 stages", 1, 2, 0, 1, 2, 1},
-        {"down pipelined, 32-row tiles x 3 stages", 1, 2, 0, 1, 2, 2},
-        {"down pipelined, routing in its own launch", 0, 2, 0, 1, 2, 0},
+        {"routing in its own launch", 0, 2, 4, 0},
+        {"gate_up 4 rows per warp", 1, 4, 4, 0},
+        {"down rows by step size", 1, 2, 0, 0},
+        {"down 8 rows per warp", 1, 2, 8, 0},
+        {"down 16 rows per warp", 1, 2, 16, 0},
+        {"down staged in shared memory", 1, 2, 0, 1},
+        {"down staged, routing in its own launch", 0, 2, 0, 1},
     };
     const size_t n = (size_t)T * H;
     void *o1 = act_poisoned(g_cuda, DS_DTYPE_BF16, n), *o2 = act_poisoned(g_cuda, DS_DTYPE_BF16, n);
@@ -895,7 +890,6 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
     c->moe_gu_rows = 2;
     c->moe_down_rows = 4;
     c->moe_down_staged = 0;
-    c->moe_down_pipe = 0;
     g_cuda->ops->moe(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &to1);
     float *a = act_download(g_cuda, o1, DS_DTYPE_BF16, n);
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
@@ -903,8 +897,6 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
         c->moe_gu_rows = variants[v].gu_rows;
         c->moe_down_rows = variants[v].down_rows;
         c->moe_down_staged = variants[v].staged;
-        c->moe_down_pipe = variants[v].pipe;
-        c->moe_down_pipe_cfg = variants[v].pipe_cfg;
         g_cuda->ops->moe(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &to2);
         float *b = act_download(g_cuda, o2, DS_DTYPE_BF16, n);
         size_t diff = 0;
@@ -918,8 +910,6 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
     c->moe_gu_rows = saved[1];
     c->moe_down_rows = saved[2];
     c->moe_down_staged = saved[3];
-    c->moe_down_pipe = saved[4];
-    c->moe_down_pipe_cfg = saved[5];
     free(a);
     g_cuda->ops->free(g_cuda, o1);
     g_cuda->ops->free(g_cuda, o2);
@@ -929,8 +919,7 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
 /* Expert widths the grouped tensor-core GEMM (cuda_moe_gemm.cu) is not built for: its K of both
  * passes must be a multiple of 32. With I = 24 a prefill-sized step (T = 37, 300) falls back to
  * the expert GEMV; the results must still match the CPU. The second shape's shared expert is
- * wider than the routed ones (the pipelined down launch's shared-memory pitch, cuda_moe_down.cu);
- * both run the decode launch variants at T = 8. */
+ * wider than the routed ones; both run the decode launch variants at T = 8. */
 static const tshape MOE_FALLBACK_SHAPES[] = {
     {"I=24 (no GEMM)", 64, 4, 2, 32, 8, 2, 4, 16, 8, 2, 24, 24, 512},
     {"I=24, Is=40 (no GEMM)", 64, 4, 2, 32, 8, 2, 4, 16, 8, 2, 24, 40, 512},

@@ -579,9 +579,6 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->gemv_preload = preload ? atoi(preload) != 0 : 1;
         const char *staged = getenv("DS_CUDA_MOE_DOWN_STAGED");
         c->moe_down_staged = staged ? atoi(staged) != 0 : 1;
-        const char *pipe = getenv("DS_CUDA_MOE_DOWN_PIPE"), *pcfg = getenv("DS_CUDA_MOE_DOWN_PIPE_CFG");
-        c->moe_down_pipe = pipe && (atoi(pipe) == 1 || atoi(pipe) == 2) ? atoi(pipe) : 0;
-        c->moe_down_pipe_cfg = pcfg && atoi(pcfg) >= 0 && atoi(pcfg) <= 2 ? atoi(pcfg) : 0;
         const char *cols = getenv("DS_CUDA_GDN_SCAN_COLS");
         c->gdn_scan_cols = cols && atoi(cols) == 4 ? 4 : 2;
         const char *stages = getenv("DS_CUDA_MOE_GEMM_STAGES");

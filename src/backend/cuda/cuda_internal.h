@@ -211,11 +211,6 @@ typedef struct ds_cuda_ctx {
      * (1, default; DS_CUDA_MOE_DOWN_STAGED=0: the per-warp loader, for before/after runs;
      * cuda_moe.cu moe_down_staged_kernel) */
     int moe_down_staged;
-    /* the expert down launch of decode steps as one persistent launch with its weights pipelined
-     * through shared memory (DS_CUDA_MOE_DOWN_PIPE: 0 off, the default; 1 steps of 2+ tokens;
-     * 2 every GEMV-sized step) in tile configuration moe_down_pipe_cfg (DS_CUDA_MOE_DOWN_PIPE_CFG
-     * 0..2, cuda_moe_down.h); cuda_moe_down.cu */
-    int moe_down_pipe, moe_down_pipe_cfg;
 
     /* Optimisation switches (catalogue items; env at create, README "Switches"), 1 = on:
      * moe_fast_route   DS_OPT_MOE_FAST_ROUTE: decode routing from shared memory

@@ -20,7 +20,6 @@
 
 #include "cuda_gemv.cuh"
 #include "cuda_launch.cuh"
-#include "cuda_moe_down.h"
 #include "cuda_moe_gemm.h"
 #include "cuda_norm.cuh"
 
@@ -854,7 +853,6 @@ extern "C" void ds_cuda_moe_init(ds_cuda_ctx *ctx) {
     DS_CU(ctx, cudaFuncSetAttribute(moe_group_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     bytes));
     ds_cuda_moe_gemm_init(ctx);
-    ds_cuda_moe_down_init(ctx);
 }
 
 extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
@@ -947,19 +945,9 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
          * and longer blocks; at T = 1 they cost 2.958 vs 2.919 ms per step, at T = 4 / 8 they
          * saved 5.162 → 5.054 and 7.683 → 7.506 ms, s5-run3). Results are the same bits. */
         const int down_rows = ctx->moe_down_rows ? ctx->moe_down_rows : (T == 1 ? 4 : 16);
-        /* the persistent pipelined launch (cuda_moe_down.cu; ctx->moe_down_pipe: 1 for steps
-         * of 2+ tokens, 2 for every GEMV-sized step) when the shape fits it */
-        bool piped = false;
-        if (ctx->moe_down_pipe && (T >= 2 || ctx->moe_down_pipe == 2) && ctx->moe_down_rows == 0) {
-            const ds_moe_down_args d = {T, H, I, Is, ds_moe_groups{sc.n_act, sc.act, sc.off, sc.sorted},
-                                        sc.h, a->w_down, w_sh, sc.sh_act, sc.y, sc.ysh};
-            piped = ds_cuda_moe_down_pipe(ctx, &d, ctx->moe_down_pipe_cfg);
-        }
         /* steps of 2+ tokens with the default rows: inputs staged (moe_down_staged_kernel) */
         const size_t staged_smem = sizeof(float) * (size_t)T * (size_t)I;
-        if (piped) {
-            /* launched */
-        } else if (ctx->moe_down_staged && T >= 2 && ctx->moe_down_rows == 0 && ctx->moe_rmax == 2 &&
+        if (ctx->moe_down_staged && T >= 2 && ctx->moe_down_rows == 0 && ctx->moe_rmax == 2 &&
             staged_smem <= 48 * 1024) { /* 8 rows per warp: the whole K = I per lane in one batch */
             dim3 grid(nblk + (w_sh ? 1 : 0), DS_DIV_UP(H, MOE_WARPS * 8));
             ds_launch(ctx, moe_down_staged_kernel<8, 2, 2>, grid, MOE_WARPS * 32, staged_smem,
@@ -967,7 +955,7 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
         } else if (down_rows == 16) launch_down<16, 1>(ctx, a, sc, nblk, w_sh, pf_sh);
         else if (down_rows == 8) launch_down<8, 2>(ctx, a, sc, nblk, w_sh, pf_sh);
         else launch_down<4, 2>(ctx, a, sc, nblk, w_sh, pf_sh);
-        if (!piped) DS_CU_LAUNCHED2(ctx, fuse_sh ? "moe_expert_kernel<down+shared>" : "moe_expert_kernel<down>", T, H);
+        DS_CU_LAUNCHED2(ctx, fuse_sh ? "moe_expert_kernel<down+shared>" : "moe_expert_kernel<down>", T, H);
     }
     /* 6. shared expert down */
     if (Is > 0 && !fuse_sh) {
