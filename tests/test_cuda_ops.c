@@ -483,17 +483,24 @@ static void test_linear(void **state) {
     model_free(m);
     free(m);
 
-    /* unfused multi-part device weights, split-K (narrow N, long K), K tail (K % 256 ≠ 0) */
+    /* unfused multi-part device weights, split-K (narrow N, long K), K tail (K % 256 ≠ 0), and
+     * splits several weight batches long (o_proj-like, K 4096 in 3 splits; K 3000 in 3 splits
+     * with a tail) */
     tmodel *w = calloc(1, sizeof *w);
-    const int64_t parts[3] = {200, 40, 16}, narrow[1] = {64}, tail[1] = {1000};
+    const int64_t parts[3] = {200, 40, 16}, narrow[1] = {64}, tail[1] = {1000}, wide[1] = {4096};
     ds_linear a = lin(w, &r, 3, parts, 2048), b = lin(w, &r, 1, narrow, 8192),
-              c = lin(w, &r, 1, tail, 520);
-    ds_linear ag = linear_to_cuda(&a), bg = linear_to_cuda(&b), cg = linear_to_cuda(&c);
+              c = lin(w, &r, 1, tail, 520), d = lin(w, &r, 1, wide, 4096), e = lin(w, &r, 1, wide, 3000);
+    ds_linear ag = linear_to_cuda(&a), bg = linear_to_cuda(&b), cg = linear_to_cuda(&c),
+              dg = linear_to_cuda(&d), eg = linear_to_cuda(&e);
     for (int R = 1; R <= 8; R += 7) {
         run_linear("3 parts, unfused", &a, &ag, R, &r, 0);
         run_linear("narrow N (split-K)", &b, &bg, R, &r, 0);
         run_linear("K=520 (tail)", &c, &cg, R, &r, 0);
+        run_linear("K=4096, 3 splits of 1536", &d, &dg, R, &r, 0);
+        run_linear("K=3000, 3 splits with a tail", &e, &eg, R, &r, 0);
     }
+    linear_cuda_free(&dg);
+    linear_cuda_free(&eg);
     run_linear("3 parts, unfused", &a, &ag, 20, &r, 0);
     linear_cuda_free(&ag);
     linear_cuda_free(&bg);
@@ -542,6 +549,40 @@ static void test_argmax(void **state) {
 
 /* fused lm_head + argmax: ids equal the argmax of the CUDA logits exactly (same dot products),
  * ties → lowest row, the last row can win; chunks of 8 rows for R > 8 */
+/* The lm_head's kernels for the tests below: CUDA cores (tc = 0, one-sequence steps) or tensor
+ * cores (tc = 1, multi-sequence steps, cuda_gemv_tc.cu) for the logits and the fused argmax
+ * alike; returns what to restore with lm_head_mode_restore. */
+typedef struct lm_head_mode {
+    int tc_gemv, tc_one_seq, lm_head_tc;
+} lm_head_mode;
+
+static lm_head_mode lm_head_mode_set(int tc) {
+    lm_head_mode saved = {0, 0, 0};
+#ifdef DS_HAVE_CUDA
+    ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
+    saved = (lm_head_mode){c->opt.tc_gemv, c->tc_one_seq, c->lm_head_tc};
+    c->opt.tc_gemv = tc;
+    c->tc_one_seq = tc;
+    c->lm_head_tc = tc;
+#else
+    (void)tc;
+#endif
+    return saved;
+}
+
+static void lm_head_mode_restore(lm_head_mode m) {
+#ifdef DS_HAVE_CUDA
+    ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
+    c->opt.tc_gemv = m.tc_gemv;
+    c->tc_one_seq = m.tc_one_seq;
+    c->lm_head_tc = m.lm_head_tc;
+#else
+    (void)m;
+#endif
+}
+
+static const char *const LM_HEAD_MODE[2] = {"CUDA cores", "tensor cores"};
+
 static void test_argmax_logits(void **state) {
     (void)state;
     assert_non_null(g_cuda->ops->argmax_logits);
@@ -558,8 +599,9 @@ static void test_argmax_logits(void **state) {
     }
     ds_linear hg = linear_to_cuda(&head);
     const int Rs[] = {1, 3, 8, 11};
-    for (size_t ri = 0; ri < sizeof Rs / sizeof Rs[0]; ri++) {
-        const int R = Rs[ri];
+    for (size_t mi = 0; mi < 2 * sizeof Rs / sizeof Rs[0]; mi++) {
+        const int tc = (int)(mi / (sizeof Rs / sizeof Rs[0])), R = Rs[mi % (sizeof Rs / sizeof Rs[0])];
+        const lm_head_mode saved = lm_head_mode_set(tc);
         float *xv = rand_vals(&r, (size_t)R * K, 1.0f);
         for (int64_t k = 0; k < K; k++) {
             xv[k] = ds_bf16_to_f32(W[100 * K + k]) * 8.0f;
@@ -594,9 +636,10 @@ static void test_argmax_logits(void **state) {
                 cpu_agree += ids[i] == cbest;
             }
         }
-        printf("  argmax_logits R=%-2d [%lld -> %lld]: ids = argmax(CUDA logits) %d/%d, = CPU "
-               "argmax %d/%d (clear margins); tie row 0 -> %d, last row -> %d\n", R, (long long)K,
-               (long long)N, R, R, cpu_agree, cpu_checked, ids[0], R > 1 ? ids[1] : -1);
+        printf("  argmax_logits %s R=%-2d [%lld -> %lld]: ids = argmax(CUDA logits) %d/%d, = CPU "
+               "argmax %d/%d (clear margins); tie row 0 -> %d, last row -> %d\n", LM_HEAD_MODE[tc], R,
+               (long long)K, (long long)N, R, R, cpu_agree, cpu_checked, ids[0], R > 1 ? ids[1] : -1);
+        lm_head_mode_restore(saved);
         assert_int_equal(ids[0], 100);
         if (R > 1) assert_int_equal(ids[1], (int)(N - 1));
         assert_int_equal(cpu_agree, cpu_checked);
@@ -648,9 +691,8 @@ static void check_banned(const char *what, const int32_t *ids, const float *lg, 
  * exactly; ties (rows 100 = 30000), all but one id banned, every id banned (plain argmax), rows
  * of the second 8-row chunk, -1 padding, the table kept until replaced; and a recorded graph
  * replays with the table current at launch time (the kernel reads it from device memory) */
-static void test_argmax_logits_bans(void **state) {
-    (void)state;
-    assert_non_null(g_cuda->ops->set_argmax_bans);
+static void argmax_logits_bans(int tc) {
+    const lm_head_mode saved = lm_head_mode_set(tc);
     const ds_backend_ops *op = g_cuda->ops;
     test_rng r = {36};
     tmodel *w = calloc(1, sizeof *w);
@@ -754,9 +796,9 @@ static void test_argmax_logits_bans(void **state) {
         assert_true(op->graph_launch(g_cuda, key, &b));
         if (op->synchronize(g_cuda, &err) != DS_OK) fail_msg("%s", err.msg);
         assert_memory_equal(gids, plain, sizeof(int32_t) * (size_t)R);
-        printf("  argmax_logits bans: R=%d [%lld -> %lld]: plain %d, tie pair banned -> %d, "
-               "graph replay with a new table -> %d\n", R, (long long)K, (long long)N, plain[0],
-               pair_banned, replay_banned);
+        printf("  argmax_logits bans %s: R=%d [%lld -> %lld]: plain %d, tie pair banned -> %d, "
+               "graph replay with a new table -> %d\n", LM_HEAD_MODE[tc], R, (long long)K, (long long)N,
+               plain[0], pair_banned, replay_banned);
     }
     assert_true(op->set_argmax_bans(g_cuda, NULL, 0, 0)); /* later tests see no table */
     free(lg);
@@ -766,6 +808,13 @@ static void test_argmax_logits_bans(void **state) {
     linear_cuda_free(&hg);
     for (int i = 0; i < w->n_keep; i++) free(w->keep[i]);
     free(w);
+    lm_head_mode_restore(saved);
+}
+
+static void test_argmax_logits_bans(void **state) {
+    (void)state;
+    assert_non_null(g_cuda->ops->set_argmax_bans);
+    for (int tc = 0; tc < 2; tc++) argmax_logits_bans(tc);
 }
 
 /* concat: exact copies, 16-byte path (widths % 8 == 0) and element path */
@@ -839,15 +888,29 @@ static void moe_norm_fused_vs_pair(tmodel *m, int l, const ds_tensor *xg, int T,
               td1 = view2(d1, DS_DTYPE_BF16, T, H), td2 = view2(d2, DS_DTYPE_BF16, T, H),
               to1 = view2(o1, DS_DTYPE_BF16, T, H), to2 = view2(o2, DS_DTYPE_BF16, T, H);
     const ds_tensor *nw = &m->dev_cuda.layers[l].post_norm;
+#ifdef DS_HAVE_CUDA
+    /* the pair's add_rmsnorm through memory (DS_CUDA_NORM_REGS=0), the fused kernel's norm in
+     * registers (the default): the two paths of cuda_norm.cuh must give the same bits too */
+    ds_cuda_ctx *cc = (ds_cuda_ctx *)g_cuda->impl;
+    const int saved_regs = cc->norm_regs;
+    cc->norm_regs = 0;
+#endif
     g_cuda->ops->moe(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &td1);
     g_cuda->ops->add_rmsnorm(g_cuda, &tr1, &td1, nw, 1e-6f, &to1);
+#ifdef DS_HAVE_CUDA
+    cc->norm_regs = 1;
+#endif
     g_cuda->ops->moe_add_rmsnorm(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &td2, &tr2, nw,
                                  1e-6f, &to2);
+#ifdef DS_HAVE_CUDA
+    cc->norm_regs = saved_regs;
+#endif
     float *a = act_download(g_cuda, r1, DS_DTYPE_BF16, n), *b = act_download(g_cuda, r2, DS_DTYPE_BF16, n);
     float *c = act_download(g_cuda, o1, DS_DTYPE_BF16, n), *d = act_download(g_cuda, o2, DS_DTYPE_BF16, n);
     size_t diff = 0;
     for (size_t i = 0; i < n; i++) diff += memcmp(&a[i], &b[i], 4) != 0 || memcmp(&c[i], &d[i], 4) != 0;
-    printf("  moe + add_rmsnorm fused vs pair, layer %d T=%d: %zu of %zu values differ\n", l, T, diff, 2 * n);
+    printf("  moe + add_rmsnorm fused (norm in registers) vs pair (through memory), layer %d T=%d: "
+           "%zu of %zu values differ\n", l, T, diff, 2 * n);
     assert_int_equal(diff, 0);
     free(a);
     free(b);

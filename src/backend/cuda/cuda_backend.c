@@ -585,6 +585,10 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->moe_gemm_stages = stages && (atoi(stages) == 3 || atoi(stages) == 4) ? atoi(stages) : 2;
         const char *rsplit = getenv("DS_CUDA_ROUTER_SPLIT");
         c->router_split = !(rsplit && atoi(rsplit) == 0);
+        const char *nregs = getenv("DS_CUDA_NORM_REGS");
+        c->norm_regs = !(nregs && atoi(nregs) == 0);
+        const char *lmtc = getenv("DS_CUDA_LM_HEAD_TC");
+        c->lm_head_tc = !(lmtc && atoi(lmtc) == 0);
         const char *chunked = getenv("DS_CUDA_GDN_CHUNKED");
         c->gdn_chunked = chunked ? atoi(chunked) != 0 : 1;
         c->opt.moe_fast_route = ds_env_switch("DS_OPT_MOE_FAST_ROUTE", true);

@@ -3,6 +3,7 @@
  * are bf16; every reduction is fp32 and in a fixed order. */
 #include <math.h>
 
+#include "cuda_argmax.cuh"
 #include "cuda_launch.cuh"
 #include "cuda_norm.cuh"
 
@@ -47,9 +48,12 @@ extern "C" void ds_cuda_embed(ds_cuda_ctx *ctx, const void *table, int table_dty
 template <bool ADD>
 __global__ void __launch_bounds__(ROW_THREADS)
     rmsnorm_kernel(bf16 *__restrict__ x, const bf16 *__restrict__ delta,
-                   const float *__restrict__ w, float eps, int64_t D, bf16 *__restrict__ out) {
-    pdl_enter(); /* cuda_launch.cuh: first, before any access */
+                   const float *__restrict__ w, float eps, int64_t D, bf16 *__restrict__ out,
+                   int regs) {
     __shared__ float red[32];
+    /* the norm weights while the predecessor finishes (weights: cuda_launch.cuh) */
+    const NormW nw = norm_w_load(w, D, regs);
+    pdl_enter(); /* cuda_launch.cuh: before any other access */
     const int64_t row = blockIdx.x;
     bf16 *xr = x + row * D;
     bf16 *orow = out + row * D;
@@ -60,7 +64,7 @@ __global__ void __launch_bounds__(ROW_THREADS)
             [&](int64_t v, float d[8]) {
                 unpack8(*reinterpret_cast<const uint4 *>(delta + row * D + v * 8), d);
             },
-            w, eps, D, orow, red);
+            w, nw, eps, D, orow, red, regs);
         return;
     }
     for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
@@ -81,7 +85,7 @@ extern "C" void ds_cuda_rmsnorm(ds_cuda_ctx *ctx, const void *x, const float *w,
                                 int64_t R, int64_t D, void *out) {
     if (R <= 0) return;
     ds_launch(ctx, rmsnorm_kernel<false>, (unsigned)R, ROW_THREADS, 0, (bf16 *)x,
-              (const bf16 *)NULL, w, eps, D, (bf16 *)out);
+              (const bf16 *)NULL, w, eps, D, (bf16 *)out, ctx->norm_regs);
     DS_CU_LAUNCHED2(ctx, "rmsnorm_kernel", R, D);
 }
 
@@ -89,7 +93,7 @@ extern "C" void ds_cuda_add_rmsnorm(ds_cuda_ctx *ctx, void *residual, const void
                                     const float *w, float eps, int64_t R, int64_t D, void *out) {
     if (R <= 0) return;
     ds_launch(ctx, rmsnorm_kernel<true>, (unsigned)R, ROW_THREADS, 0, (bf16 *)residual,
-              (const bf16 *)delta, w, eps, D, (bf16 *)out);
+              (const bf16 *)delta, w, eps, D, (bf16 *)out, ctx->norm_regs);
     DS_CU_LAUNCHED2(ctx, "add_rmsnorm_kernel", R, D);
 }
 
@@ -160,12 +164,6 @@ extern "C" void ds_cuda_gather_rows(ds_cuda_ctx *ctx, const void *x, int64_t H, 
 
 /* ids[r] = argmax_v logits[r, v]: the lowest index among equal maxima; NaN never wins. */
 #define ARGMAX_THREADS 1024
-static __device__ __forceinline__ void amax_merge(float &bv, int &bi, float v, int i) {
-    if (v > bv || (v == bv && i < bi)) {
-        bv = v;
-        bi = i;
-    }
-}
 
 __global__ void __launch_bounds__(ARGMAX_THREADS)
     argmax_kernel(const float *__restrict__ logits, int64_t V, int32_t *__restrict__ ids) {

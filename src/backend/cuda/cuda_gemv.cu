@@ -8,6 +8,7 @@
  * resets the counter to 0, so the next launch (or a graph replay) finds it clean. */
 #include <math.h>
 
+#include "cuda_argmax.cuh"
 #include "cuda_gemv.cuh"
 #include "cuda_launch.cuh"
 
@@ -173,26 +174,11 @@ extern "C" void ds_cuda_gemv_cores(ds_cuda_ctx *ctx, const void *W, int64_t N, i
 
 /* ---- fused lm_head + argmax (greedy decode) ------------------------------------------------ */
 
-static __device__ __forceinline__ void amax_merge(float &bv, int &bi, float v, int i) {
-    if (v > bv || (v == bv && i < bi)) { /* NaN never wins; lowest index on ties */
-        bv = v;
-        bi = i;
-    }
-}
-
 /* Each block computes the dot products of its GEMV_WARPS·ROWS weight rows exactly as
- * gemv_kernel does (same chunking and reduction order, so the values equal the logits path),
- * keeps the best (value, row) per input row, and writes it as the block's partial. The last
- * block to finish (atomic ticket) merges all partials per input row; the merge is a max with a
- * lowest-index tie rule, so its result does not depend on the order blocks finished in.
- *
- * Banned ids (set_argmax_bans, catalogue item 6): bans = [B, n_ban, table [B, n_ban]] at a
- * fixed address, read on the device at every launch (a graph replay sees the current table).
- * Input row r of this chunk is batch row row0 + r. When some row of the chunk has bans, each
- * block scatters the banned ids that fall in its own SPAN candidate rows into a bit mask per
- * input row (integer indexing: n_ban loads per input row, no per-candidate search) and keeps a
- * second (max, index) that skips them; the merge takes that one unless no candidate was left
- * (every id banned, or the rest NaN), then the plain one. */
+ * gemv_kernel does (same chunking and reduction order, so the values equal the CUDA-core logits
+ * path), keeps the best (value, row) per input row — and, for rows with banned ids, the best
+ * that skips them (cuda_argmax.cuh) — and writes them as the block's partials; the last block
+ * to finish merges them. */
 template <int R, int ROWS, int UNROLL>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_argmax_kernel(const bf16 *__restrict__ W, int64_t N, int64_t K, const bf16 *__restrict__ x,
@@ -220,28 +206,14 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     if (n0 < N) gemv_warp_partial<R, ROWS, UNROLL, true>(W, K, n0, N, xs, 0, K, acc);
     gemv_warp_reduce<R, ROWS>(acc);
 
-    /* the same values in every thread: the branches below are uniform */
-    const int n_ban = bans[1];
-    int n_banned_rows = bans[0] - row0; /* input rows of this chunk with a table row */
-    if (n_banned_rows > R) n_banned_rows = R;
-    const bool masked = n_ban > 0 && n_banned_rows > 0;
-    if (masked) {
-        if (threadIdx.x < R) ban_bits[threadIdx.x] = 0u;
-        __syncthreads();
-        const int64_t nb0 = (int64_t)blockIdx.x * SPAN;
-        const int32_t *tab = bans + 2 + (int64_t)row0 * n_ban;
-        for (int i = threadIdx.x; i < n_banned_rows * n_ban; i += blockDim.x) {
-            const int64_t off = (int64_t)tab[i] - nb0; /* -1 padding never lands in [0, SPAN) */
-            if (off >= 0 && off < SPAN) atomicOr(&ban_bits[i / n_ban], 1u << (int)off);
-        }
-        __syncthreads();
-    }
+    const ArgmaxBans b = argmax_bans(bans, row0, R); /* the same in every thread */
+    if (b.masked) argmax_ban_bits(bans, row0, b, (int64_t)blockIdx.x * SPAN, SPAN, ban_bits);
     if (lane == 0) {
 #pragma unroll
         for (int r = 0; r < R; r++) {
             float bv = -INFINITY, mv = -INFINITY;
             int bi = 0x7fffffff, mi = 0x7fffffff;
-            const unsigned bits = masked && r < n_banned_rows ? ban_bits[r] : 0u;
+            const unsigned bits = b.masked && r < b.n_banned_rows ? ban_bits[r] : 0u;
 #pragma unroll
             for (int rr = 0; rr < ROWS; rr++) {
                 if (n0 + rr >= N) continue;
@@ -255,7 +227,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         }
     }
     __syncthreads();
-    if (threadIdx.x < (masked ? 2 * R : R)) {
+    if (threadIdx.x < (b.masked ? 2 * R : R)) {
         const int m = threadIdx.x / R, r = threadIdx.x % R; /* m = 1: without the banned ids */
         float bv = -INFINITY;
         int bi = 0x7fffffff;
@@ -263,33 +235,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         pv[m * masked_off + (int64_t)blockIdx.x * R + r] = bv;
         pi[m * masked_off + (int64_t)blockIdx.x * R + r] = bi;
     }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) is_last = atomicAdd(counter, 1) == (int)gridDim.x - 1;
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    /* warp r merges input row r over all blocks (and the masked partials of a banned row) */
-    for (int r = warp; r < R; r += GEMV_WARPS) {
-        const bool row_masked = masked && r < n_banned_rows;
-        int best = 0x7fffffff;
-        for (int m = row_masked ? 1 : 0; m >= 0 && best == 0x7fffffff; m--) {
-            float bv = -INFINITY;
-            int bi = 0x7fffffff;
-            for (int blk = lane; blk < (int)gridDim.x; blk += 32)
-                amax_merge(bv, bi, __ldcg(&pv[m * masked_off + (int64_t)blk * R + r]),
-                           __ldcg(&pi[m * masked_off + (int64_t)blk * R + r]));
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-                const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-                amax_merge(bv, bi, ov, oi);
-            }
-            best = bi; /* the same in every lane after the butterfly */
-        }
-        if (lane == 0) ids[r] = best == 0x7fffffff ? 0 : best; /* all -inf/NaN: id 0, as argmax */
-    }
-    if (threadIdx.x == 0) *counter = 0; /* clean for the next launch or graph replay */
+    if (argmax_last_block(counter, &is_last)) argmax_merge_partials(pv, pi, masked_off, R, b, ids);
 }
 
 template <int ROWS, int UNROLL>
@@ -317,7 +263,8 @@ static void launch_argmax(ds_cuda_ctx *ctx, unsigned bx, const bf16 *W, int64_t 
 extern "C" void ds_cuda_argmax_gemv(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K,
                                     const void *x, int64_t ldx, int R, int32_t *d_ids) {
     if (N <= 0 || R <= 0) return;
-    /* the same rows-per-warp variant as ds_cuda_gemv, so values match the logits path */
+    /* the same kernel as the logits path (ds_cuda_lm_head_tc: tensor cores for multi-sequence
+     * steps), the same rows-per-warp variant as ds_cuda_gemv_cores, so the values match */
     const int rows = ctx->gemv_rows == 1 || ctx->gemv_rows == 4 ? ctx->gemv_rows : 2;
     const int64_t bx = DS_DIV_UP(N, (int64_t)GEMV_WARPS * rows);
     if (bx > DS_CUDA_AMAX_BLOCKS) {
@@ -326,9 +273,14 @@ extern "C" void ds_cuda_argmax_gemv(ds_cuda_ctx *ctx, const void *W, int64_t N, 
         return;
     }
     const bf16 *Wb = (const bf16 *)W, *xb = (const bf16 *)x;
+    const int tc = ds_cuda_lm_head_tc(ctx, N, K);
     for (int r0 = 0; r0 < R; r0 += 8) { /* chunks of 8 rows run one after the other */
         const int n = R - r0 < 8 ? R - r0 : 8;
         const bf16 *xr = xb + (int64_t)r0 * ldx;
+        if (tc) {
+            ds_cuda_argmax_gemv_tc(ctx, W, N, K, xr, ldx, n, d_ids + r0, r0);
+            continue;
+        }
         if (rows == 1) launch_argmax<1, 8>(ctx, (unsigned)bx, Wb, N, K, xr, ldx, n, d_ids + r0, r0);
         else if (rows == 4) launch_argmax<4, 2>(ctx, (unsigned)bx, Wb, N, K, xr, ldx, n, d_ids + r0, r0);
         else launch_argmax<2, 4>(ctx, (unsigned)bx, Wb, N, K, xr, ldx, n, d_ids + r0, r0);

@@ -211,6 +211,14 @@ typedef struct ds_cuda_ctx {
      * (1, default; DS_CUDA_MOE_DOWN_STAGED=0: the per-warp loader, for before/after runs;
      * cuda_moe.cu moe_down_staged_kernel) */
     int moe_down_staged;
+    /* the lm_head of multi-sequence steps (logits and fused argmax) on tensor cores (1, default;
+     * DS_CUDA_LM_HEAD_TC=0: the CUDA cores, for before/after runs; ds_cuda_lm_head_tc) */
+    int lm_head_tc;
+    /* the add + RMSNorm kernels (add_rmsnorm, the MoE combine + norm) keep a row of ≤ 4096
+     * values in registers between their two passes and load the norm weights before their PDL
+     * wait (1, default; DS_CUDA_NORM_REGS=0: two passes over memory, for before/after runs;
+     * cuda_norm.cuh) */
+    int norm_regs;
 
     /* Optimisation switches (catalogue items; env at create, README "Switches"), 1 = on:
      * moe_fast_route   DS_OPT_MOE_FAST_ROUTE: decode routing from shared memory
@@ -297,10 +305,16 @@ int ds_cuda_refuse_in_capture(ds_cuda_ctx *ctx, const char *what);
 void ds_cuda_gemv(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K, const void *x,
                   int64_t ldx, int R, void *out, int64_t ldo, int out_f32);
 /* The same on tensor cores (cuda_gemv_tc.cu; ds_cuda_gemv takes it when ctx->opt.tc_gemv): returns
- * 0, launching nothing, unless K % 256 == 0 and 1 ≤ R ≤ 8. Not for the lm_head logits, whose
- * values must equal the fused argmax's CUDA-core dot products (ds_cuda_gemv_cores). */
+ * 0, launching nothing, unless K % 256 == 0 and 1 ≤ R ≤ 8. The lm_head logits take it only
+ * where ds_cuda_lm_head_tc says so, their values must equal the fused argmax's. */
 int ds_cuda_gemv_tc(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K, const void *x,
                     int64_t ldx, int R, void *out, int64_t ldo, int out_f32);
+/* Whether this step's lm_head [N, K] (logits and fused argmax alike) runs on tensor cores: a
+ * multi-sequence step (ds_cuda_gemv's rule), K % 256 == 0, no split K (cuda_gemv_tc.cu). */
+int ds_cuda_lm_head_tc(const ds_cuda_ctx *ctx, int64_t N, int64_t K);
+/* The fused lm_head + argmax on tensor cores for R ≤ 8 input rows, batch rows row0.. (bans). */
+void ds_cuda_argmax_gemv_tc(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K, const void *x,
+                            int64_t ldx, int R, int32_t *ids, int row0);
 /* ds_cuda_gemv on the CUDA cores only. */
 void ds_cuda_gemv_cores(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K, const void *x,
                         int64_t ldx, int R, void *out, int64_t ldo, int out_f32);

@@ -791,10 +791,12 @@ __global__ void __launch_bounds__(COMBINE_THREADS)
  * so the residual and the normed row are bit-identical to combine + add_rmsnorm. */
 __global__ void __launch_bounds__(DS_NORM_THREADS)
     moe_combine_norm_kernel(int H, int k, int Is, moe_scratch sc, bf16 *__restrict__ residual,
-                            const float *__restrict__ norm_w, float eps, bf16 *__restrict__ normed) {
+                            const float *__restrict__ norm_w, float eps, bf16 *__restrict__ normed,
+                            int regs) {
     __shared__ float w_s[32];
     __shared__ float red[32];
-    pdl_enter(); /* cuda_launch.cuh: before any access */
+    const NormW nw = norm_w_load(norm_w, H, regs); /* weights, before the wait (cuda_launch.cuh) */
+    pdl_enter(); /* cuda_launch.cuh: before any other access */
     const int t = blockIdx.x;
     if (threadIdx.x < k) w_s[threadIdx.x] = sc.wts[(int64_t)t * k + threadIdx.x];
     __syncthreads();
@@ -842,8 +844,8 @@ __global__ void __launch_bounds__(DS_NORM_THREADS)
         }
         unpack8(pack8(acc), d); /* rounded to bf16, as the unfused combine stores it */
     };
-    add_rmsnorm_row<true>(residual + (int64_t)t * H, combine8, norm_w, eps, H,
-                          normed + (int64_t)t * H, red);
+    add_rmsnorm_row<true>(residual + (int64_t)t * H, combine8, norm_w, nw, eps, H,
+                          normed + (int64_t)t * H, red, regs);
 }
 
 /* Shared-memory limit of the prefill group kernel (ids of up to DS_CUDA_MAX_TOKENS·32
@@ -965,7 +967,7 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
     /* 7. combine (+ the residual add and RMSNorm that follow the block) */
     if (a->residual) {
         ds_launch(ctx, moe_combine_norm_kernel, T, DS_NORM_THREADS, 0, H, k, Is, sc,
-                  (bf16 *)a->residual, a->norm_w, a->eps, (bf16 *)a->normed);
+                  (bf16 *)a->residual, a->norm_w, a->eps, (bf16 *)a->normed, ctx->norm_regs);
         DS_CU_LAUNCHED2(ctx, "moe_combine_norm_kernel", T, H);
         return;
     }

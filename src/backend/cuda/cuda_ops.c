@@ -41,7 +41,7 @@ void ds_cuda_op_add_rmsnorm(ds_backend *be, ds_tensor *residual, const ds_tensor
 
 /* out[R, n_out] (bf16, or f32 for logits) = x[R, n_in] · Wᵀ over the parts of w. */
 static void linear_any(ds_cuda_ctx *c, const ds_tensor *x, const ds_linear *w, ds_tensor *out,
-                       int out_f32, int cores_only) {
+                       int out_f32, int lm_head) {
     DS_ASSERT(x->dtype == DS_DTYPE_BF16);
     DS_ASSERT(out->dtype == (out_f32 ? DS_DTYPE_F32 : DS_DTYPE_BF16));
     const int64_t K = w->n_in, N = w->n_out;
@@ -61,8 +61,10 @@ static void linear_any(ds_cuda_ctx *c, const ds_tensor *x, const ds_linear *w, d
         for (int64_t r0 = 0; r0 < R;) {
             /* the GEMV serves up to 8 rows; more rows go to cuBLASLt in one GEMM */
             if (R <= DS_CUDA_GEMV_MAX_ROWS && aligned) {
-                if (cores_only) ds_cuda_gemv_cores(c, wp->data, Np, K, x->data, K, (int)R, o, N, out_f32);
-                else ds_cuda_gemv(c, wp->data, Np, K, x->data, K, (int)R, o, N, out_f32);
+                if (!lm_head) ds_cuda_gemv(c, wp->data, Np, K, x->data, K, (int)R, o, N, out_f32);
+                else if (!(ds_cuda_lm_head_tc(c, Np, K) &&
+                           ds_cuda_gemv_tc(c, wp->data, Np, K, x->data, K, (int)R, o, N, out_f32)))
+                    ds_cuda_gemv_cores(c, wp->data, Np, K, x->data, K, (int)R, o, N, out_f32);
                 r0 = R;
             } else {
                 const int64_t n = R - r0 > (1 << 30) ? (1 << 30) : R - r0;
@@ -82,7 +84,8 @@ void ds_cuda_op_linear(ds_backend *be, const ds_tensor *x, const ds_linear *w, d
 
 void ds_cuda_op_logits(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head,
                        ds_tensor *out) {
-    /* the CUDA-core GEMV: greedy ids from these logits equal argmax_logits' (same dot products) */
+    /* the kernel argmax_logits uses (ds_cuda_lm_head_tc): greedy ids from these logits equal
+     * its ids (the same dot products) */
     linear_any(ds_cuda_ctx_of(be), x, lm_head, out, 1, 1);
 }
 

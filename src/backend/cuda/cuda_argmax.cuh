@@ -1,0 +1,96 @@
+/* cuda_argmax.cuh — the pieces of the fused lm_head + argmax (greedy decode without logits)
+ * shared by its CUDA-core kernel (cuda_gemv.cu) and its tensor-core kernel (cuda_gemv_tc.cu):
+ * the (value, index) merge, the banned-id masks and the last block's merge of the partials.
+ *
+ * Each block of a fused argmax launch keeps, per input row r, the best (value, index) of its own
+ * candidate rows — and, when the row has banned ids (set_argmax_bans, catalogue item 6), a
+ * second best that skips them — as partials pv / pi [m][block][R] (m = 1: without the banned
+ * ids, at masked_off). The last block to finish merges them; the merge is a max with a
+ * lowest-index tie rule, so its result does not depend on the order blocks finished in. */
+#ifndef DS_CUDA_ARGMAX_CUH
+#define DS_CUDA_ARGMAX_CUH
+
+#include <math.h>
+
+#include "cuda_common.cuh"
+
+/* (bv, bi) ← (v, i) when v is larger, or equal with a lower index; NaN never wins. */
+static __device__ __forceinline__ void amax_merge(float &bv, int &bi, float v, int i) {
+    if (v > bv || (v == bv && i < bi)) {
+        bv = v;
+        bi = i;
+    }
+}
+
+/* Which input rows of this launch have bans: bans = [B, n_ban, table [B, n_ban]] at a fixed
+ * device address (a graph replay sees the current table); input row r is batch row row0 + r. */
+struct ArgmaxBans {
+    int n_ban, n_banned_rows;
+    bool masked;
+};
+
+static __device__ __forceinline__ ArgmaxBans argmax_bans(const int32_t *bans, int row0, int R) {
+    ArgmaxBans b;
+    b.n_ban = bans[1];
+    b.n_banned_rows = bans[0] - row0;
+    if (b.n_banned_rows > R) b.n_banned_rows = R;
+    b.masked = b.n_ban > 0 && b.n_banned_rows > 0;
+    return b;
+}
+
+/* ban_bits[r] ← bit j set when candidate row nb0 + j (j < span ≤ 32) is banned for input row r:
+ * each block scatters the table entries that fall in its own rows (integer indexing: n_ban loads
+ * per input row, no per-candidate search). Block-wide, with its own barriers; masked only. */
+static __device__ __forceinline__ void argmax_ban_bits(const int32_t *bans, int row0, const ArgmaxBans &b,
+                                                       int64_t nb0, int span, unsigned *ban_bits) {
+    if ((int)threadIdx.x < b.n_banned_rows) ban_bits[threadIdx.x] = 0u;
+    __syncthreads();
+    const int32_t *tab = bans + 2 + (int64_t)row0 * b.n_ban;
+    for (int i = threadIdx.x; i < b.n_banned_rows * b.n_ban; i += blockDim.x) {
+        const int64_t off = (int64_t)tab[i] - nb0; /* -1 padding never lands in [0, span) */
+        if (off >= 0 && off < span) atomicOr(&ban_bits[i / b.n_ban], 1u << (int)off);
+    }
+    __syncthreads();
+}
+
+/* After the block wrote its partials: true in every thread of the last block to finish (an
+ * atomic ticket on *counter, which that block resets for the next launch or graph replay). */
+static __device__ __forceinline__ bool argmax_last_block(int *counter, int *is_last) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) *is_last = atomicAdd(counter, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!*is_last) return false;
+    __threadfence();
+    if (threadIdx.x == 0) *counter = 0;
+    return true;
+}
+
+/* The last block: warp w merges input rows w, w + nwarps, .. over all blocks' partials (the
+ * masked partials of a banned row first, the plain ones when no candidate was left) → ids. */
+static __device__ __forceinline__ void argmax_merge_partials(const float *pv, const int32_t *pi,
+                                                             int64_t masked_off, int R, const ArgmaxBans &b,
+                                                             int32_t *ids) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    for (int r = warp; r < R; r += nwarps) {
+        const bool row_masked = b.masked && r < b.n_banned_rows;
+        int best = 0x7fffffff;
+        for (int m = row_masked ? 1 : 0; m >= 0 && best == 0x7fffffff; m--) {
+            float bv = -INFINITY;
+            int bi = 0x7fffffff;
+            for (int blk = lane; blk < (int)gridDim.x; blk += 32)
+                amax_merge(bv, bi, __ldcg(&pv[m * masked_off + (int64_t)blk * R + r]),
+                           __ldcg(&pi[m * masked_off + (int64_t)blk * R + r]));
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+                const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+                amax_merge(bv, bi, ov, oi);
+            }
+            best = bi; /* the same in every lane after the butterfly */
+        }
+        if (lane == 0) ids[r] = best == 0x7fffffff ? 0 : best; /* all -inf/NaN: id 0, as argmax */
+    }
+}
+
+#endif
