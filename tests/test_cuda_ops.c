@@ -502,6 +502,15 @@ static void test_linear(void **state) {
     linear_cuda_free(&dg);
     linear_cuda_free(&eg);
     run_linear("3 parts, unfused", &a, &ag, 20, &r, 0);
+    { /* a row count that is not a multiple of 8 through cuBLASLt: the aligned rows, then the
+       * rest (ds_cuda_gemm_lt, DS_CUDA_LT_SPLIT) */
+        const int64_t odd[1] = {1001};
+        ds_linear f = lin(w, &r, 1, odd, 2048);
+        ds_linear fg = linear_to_cuda(&f);
+        run_linear("N=1001 (cuBLASLt, split 1000 + 1)", &f, &fg, 20, &r, 0);
+        run_linear("N=1001 logits (cuBLASLt, split 1000 + 1)", &f, &fg, 12, &r, 1);
+        linear_cuda_free(&fg);
+    }
     linear_cuda_free(&ag);
     linear_cuda_free(&bg);
     linear_cuda_free(&cg);

@@ -583,8 +583,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->gdn_scan_cols = cols && atoi(cols) == 4 ? 4 : 2;
         const char *stages = getenv("DS_CUDA_MOE_GEMM_STAGES");
         c->moe_gemm_stages = stages && (atoi(stages) == 3 || atoi(stages) == 4) ? atoi(stages) : 2;
-        const char *rsplit = getenv("DS_CUDA_ROUTER_SPLIT");
-        c->router_split = !(rsplit && atoi(rsplit) == 0);
+        const char *lsplit = getenv("DS_CUDA_LT_SPLIT");
+        c->lt_split = !(lsplit && atoi(lsplit) == 0);
         const char *nregs = getenv("DS_CUDA_NORM_REGS");
         c->norm_regs = !(nregs && atoi(nregs) == 0);
         const char *lmtc = getenv("DS_CUDA_LM_HEAD_TC");

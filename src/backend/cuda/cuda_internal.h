@@ -180,10 +180,10 @@ typedef struct ds_cuda_ctx {
     /* pipeline stages of the grouped expert GEMM (DS_CUDA_MOE_GEMM_STAGES, 2, 3 or 4; default
      * 2; 3 and 4 only at WN = 2) */
     int moe_gemm_stages;
-    /* prefill router GEMM in two (the 8-aligned rows, then the shared gate row) when its row
-     * count is 1 mod 8 (1, default: prefill of 1024 tokens 51.87 vs 54.71 ms, s9-run8;
-     * DS_CUDA_ROUTER_SPLIT=0: one GEMM) */
-    int router_split;
+    /* a cuBLASLt GEMM whose row count is not a multiple of 8 as two, the 8-aligned rows then
+     * the rest (1, default: the prefill router GEMM, 1281 rows at 35B-A3B, prefill of 1024
+     * tokens 51.87 vs 54.71 ms, s9-run8; DS_CUDA_LT_SPLIT=0: one GEMM; ds_cuda_gemm_lt) */
+    int lt_split;
     /* the GDN prefill recurrence in chunks of 64 tokens (1, default; cuda_gdn_chunked.cu) or
      * token by token (DS_CUDA_GDN_CHUNKED=0: the session-4 scan, for before/after runs) */
     int gdn_chunked;

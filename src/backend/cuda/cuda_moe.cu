@@ -875,14 +875,7 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
     /* 1. router | shared gate_up | shared gate */
     const int64_t ldl = moe_ldl(E, Is);
     if (T <= DS_CUDA_GEMV_MAX_ROWS) ds_cuda_gemv(ctx, a->w_in, NL, H, a->x, H, T, sc.L, ldl, 1);
-    else if (ctx->router_split && NL % 8 == 1) {
-        /* the 8-aligned rows, then the last one (the shared gate) on its own: with an odd row
-         * count cuBLASLt picks a cutlass sm75 kernel (67 µs a layer at T = 1024, s9-run5) */
-        ds_cuda_gemm_lt(ctx, a->w_in, NL - 1, H, a->x, H, T, sc.L, ldl, 1);
-        ds_cuda_gemm_lt(ctx, (const bf16 *)a->w_in + (NL - 1) * H, 1, H, a->x, H, T, sc.L + NL - 1, ldl, 1);
-    } else {
-        ds_cuda_gemm_lt(ctx, a->w_in, NL, H, a->x, H, T, sc.L, ldl, 1);
-    }
+    else ds_cuda_gemm_lt(ctx, a->w_in, NL, H, a->x, H, T, sc.L, ldl, 1); /* NL odd: split there */
     /* 2. route, 3. group: one launch for small steps (the fast kernel when the router logits
      * fit in shared memory), else a route grid and a group block with the ids staged in
      * dynamic shared memory */
