@@ -53,6 +53,20 @@ static __device__ __forceinline__ void argmax_ban_bits(const int32_t *bans, int 
     __syncthreads();
 }
 
+/* The block's partials from its warps' bests sv / si [2][nw][stride] (m = 1: without the banned
+ * ids): thread m·R + r merges input row r over the warps in order (after a barrier). */
+static __device__ __forceinline__ void argmax_block_partials(const float *sv, const int *si, int nw, int stride,
+                                                             int R, bool masked, float *pv, int32_t *pi,
+                                                             int64_t masked_off) {
+    if ((int)threadIdx.x >= (masked ? 2 * R : R)) return;
+    const int m = threadIdx.x / R, r = threadIdx.x % R;
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int w = 0; w < nw; w++) amax_merge(bv, bi, sv[(m * nw + w) * stride + r], si[(m * nw + w) * stride + r]);
+    pv[m * masked_off + (int64_t)blockIdx.x * R + r] = bv;
+    pi[m * masked_off + (int64_t)blockIdx.x * R + r] = bi;
+}
+
 /* After the block wrote its partials: true in every thread of the last block to finish (an
  * atomic ticket on *counter, which that block resets for the next launch or graph replay). */
 static __device__ __forceinline__ bool argmax_last_block(int *counter, int *is_last) {

@@ -176,14 +176,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
         }
     }
     __syncthreads();
-    if (threadIdx.x < (b.masked ? 2 * R : R)) {
-        const int m = threadIdx.x / R, r = threadIdx.x % R; /* m = 1: without the banned ids */
-        float bv = -INFINITY;
-        int bi = 0x7fffffff;
-        for (int w = 0; w < 4; w++) amax_merge(bv, bi, sv[m][w][r], si[m][w][r]);
-        pv[m * masked_off + (int64_t)blockIdx.x * R + r] = bv;
-        pi[m * masked_off + (int64_t)blockIdx.x * R + r] = bi;
-    }
+    argmax_block_partials(&sv[0][0][0], &si[0][0][0], 4, 8, R, b.masked, pv, pi, masked_off);
     if (argmax_last_block(counter, &is_last)) argmax_merge_partials(pv, pi, masked_off, R, b, ids);
 }
 
