@@ -44,7 +44,7 @@ for b in test_cuda_ops test_cuda_model deltaserve; do
 done
 rc_all=0
 # which parts run (DS_GPU_PARTS, space-separated; default all): ops model bench ablation profile
-# profile_spec ncu ncu_detail ncu_prefill serve_bench spec_checks
+# profile_spec ncu ncu_detail ncu_source ncu_prefill serve_bench spec_checks
 PARTS=" ${DS_GPU_PARTS:-ops model bench ablation profile profile_spec ncu serve_bench spec_checks} " # also: spec_test
 want() { [[ "$PARTS" == *" $1 "* ]]; }
 ALL_OFF="DS_OPT_MOE_FAST_ROUTE=0 DS_OPT_MOE_ROUTE_FUSED=0 DS_OPT_TC_GEMV=0 DS_OPT_SHARED_EXPERT=0 DS_OPT_PDL=0 DS_OPT_PREFETCH=0 DS_OPT_FUSED_ARGMAX=0 DS_OPT_FUSED_NORM=0 DS_OPT_MOE_GEMM=0 DS_OPT_GDN_PREFILL=0 DS_OPT_DEVICE_MASKS=0 DS_OPT_SPEC_GRAPHS=0"
@@ -182,6 +182,26 @@ if want ncu_detail && command -v ncu > /dev/null && [ "$t" -ge 60 ]; then
         "${DSENV[@]}" "$BIN/deltaserve" bench -m configs/qwen3.5-35b-a3b --dummy-weights --device cuda \
         "${NCU_RUN[@]}" --graphs 0 > "$OUT/ncu_detail.txt" 2>&1
     log "ncu detail rc=$?"
+fi
+
+# ncu_source: per-instruction (SASS) warp-stall samples of the first kernel matching each of
+# DS_GPU_NCU_SOURCE (space-separated regexes, default the batch-1 routed gate_up and the first
+# CUDA-core GEMV) in one eager decode step at batch DS_GPU_NCU_BATCH (default 1) →
+# ncu_source_<n>.csv; tools/gpu/ncu_source_top.py lists the instructions where warps wait most
+t=$(left); [ "$t" -gt 150 ] && t=150
+if want ncu_source && command -v ncu > /dev/null && [ "$t" -ge 60 ]; then
+    n=0
+    for k in ${DS_GPU_NCU_SOURCE:-moe_gate_up_routed gemv_kernel}; do
+        n=$((n + 1))
+        log "ncu source ($k, timeout $((t / 2)) s)"
+        timeout $((t / 2)) env DS_CUDA_PROFILER_STEP=4 ncu --clock-control none --cache-control none \
+            --profile-from-start off -k "regex:$k" --launch-count 1 --section SourceCounters \
+            --section WarpStateStats --page source --print-source sass --csv \
+            "${DSENV[@]}" "$BIN/deltaserve" bench -m configs/qwen3.5-35b-a3b --dummy-weights --device cuda \
+            --prompt-len 16 --steps 8 --warmup 2 --batch "${DS_GPU_NCU_BATCH:-1}" --graphs 0 \
+            > "$OUT/ncu_source_$n.csv" 2>&1
+        log "ncu source ($k) rc=$?"
+    done
 fi
 
 # ncu_prefill: every kernel of one 1024-token prefill (the bench's second), device time and DRAM
