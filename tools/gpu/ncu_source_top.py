@@ -31,6 +31,10 @@ def listings(lines):
             i += 1
             continue
         header = next(csv.reader([line]))
+        if header and header[0] == "Kernel Name" and len(header) > 1:
+            title = header[1]
+            i += 1
+            continue
         if not any(h.startswith("Warp Stall Sampling") for h in header):
             i += 1
             continue
