@@ -569,6 +569,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->moe_down_rows = dnr && (atoi(dnr) == 4 || atoi(dnr) == 8 || atoi(dnr) == 16) ? atoi(dnr) : 0;
         const char *tail = getenv("DS_CUDA_TC_TAIL");
         c->tc_tail = !(tail && atoi(tail) == 0);
+        const char *rr = getenv("DS_CUDA_ROUTE_REGS");
+        c->route_regs = !(rr && atoi(rr) == 0);
         const char *rb = getenv("DS_CUDA_ROUTE_BATCHED");
         c->route_batched = !(rb && atoi(rb) == 0);
         const char *one = getenv("DS_CUDA_TC_ONE_SEQ");

@@ -201,6 +201,10 @@ typedef struct ds_cuda_ctx {
      * flight (1, default) or one element at a time (DS_CUDA_ROUTE_BATCHED=0, for before/after
      * runs) */
     int route_batched;
+    /* decode routing (E ≤ 256) with each lane's probabilities in registers (1, default;
+     * DS_CUDA_ROUTE_REGS=0: rescanned from shared memory every argmax round, for before/after
+     * runs; cuda_moe.cu route_in_registers). Same ids and weights. */
+    int route_regs;
     /* the GDN decode kernel reads its state before its PDL wait (1, default; DS_CUDA_GDN_EARLY=0:
      * after, for before/after runs; cuda_gdn.cu) */
     int gdn_early;

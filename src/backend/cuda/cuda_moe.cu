@@ -85,8 +85,83 @@ extern "C" size_t ds_cuda_moe_scratch_bytes(int H, int E, int top_k, int I, int 
 /* Routes token t with one warp from its E router logits in shared memory (pr, overwritten):
  * softmax (fp32), top-k by repeated warp argmax (ties → lowest expert id), renormalised
  * weights → sc.ids / sc.wts, and ids_s (may be NULL), a shared copy of the k expert ids. */
+/* route_from_shared for E ≤ 256 with each lane's 8 probabilities in registers (ctx->route_regs,
+ * DS_CUDA_ROUTE_REGS): the same values in the same order, so the same ids and weights; each
+ * argmax round is one butterfly over the lanes' cached local bests, and only the lane that owned
+ * the winner rescans its 8 registers (the shared-memory version rescans all of them from shared
+ * memory every round: the gate_up launch's other warps wait at a barrier meanwhile, ~19 % of its
+ * warp stall samples at batch 1, s10-run7). A round with no candidate left (NaN logits) takes
+ * expert 0 rather than an index past E. */
+static __device__ __forceinline__ void route_in_registers(int t, int E, int k, int norm_topk, const moe_scratch &sc,
+                                          const float *pr, int32_t *ids_s, bool to_global) {
+    const int lane = threadIdx.x & 31;
+    float v[8];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int e = lane + 32 * j;
+        v[j] = e < E ? pr[e] : -INFINITY;
+        if (e < E) mx = fmaxf(mx, v[j]);
+    }
+    mx = warp_max(mx);
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        if (lane + 32 * j >= E) continue;
+        const float p = expf(v[j] - mx);
+        v[j] = p;
+        sum += p;
+    }
+    sum = warp_sum(sum);
+    const float inv = 1.f / sum;
+#pragma unroll
+    for (int j = 0; j < 8; j++) v[j] = lane + 32 * j < E ? v[j] * inv : -1.f;
+    float lb = -2.f; /* this lane's best untaken entry: the first maximum in ascending e */
+    int li = 0x7fffffff;
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        if (lane + 32 * j < E && v[j] > lb) { lb = v[j]; li = lane + 32 * j; }
+    float wsel = 0.f, wsum = 0.f;
+    int isel = 0;
+    unsigned taken = 0u; /* bit j: entry lane + 32j already selected */
+    for (int i = 0; i < k; i++) {
+        float bv = lb;
+        int bi = li;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        }
+        if (bi >= E) bi = 0; /* nothing left (NaN): a valid expert */
+        if (lane == i) { wsel = bv; isel = bi; }
+        wsum += bv;
+        if ((bi & 31) == lane) { /* the owner marks the entry taken (a bit, so v stays in
+                                   * registers) and rescans its untaken ones */
+            taken |= 1u << (bi >> 5);
+            lb = -2.f;
+            li = 0x7fffffff;
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (!((taken >> j) & 1u) && lane + 32 * j < E && v[j] > lb) { lb = v[j]; li = lane + 32 * j; }
+        }
+    }
+    if (lane < k) {
+        if (to_global) {
+            sc.ids[(int64_t)t * k + lane] = isel;
+            sc.wts[(int64_t)t * k + lane] = norm_topk ? wsel / wsum : wsel;
+        }
+        if (ids_s) ids_s[t * k + lane] = isel;
+    }
+}
+
 static __device__ void route_from_shared(int t, int E, int k, int norm_topk, const moe_scratch &sc,
-                                         float *pr, int32_t *ids_s, bool to_global = true) {
+                                         float *pr, int32_t *ids_s, bool to_global = true,
+                                         bool regs = false) {
+    if (regs && E <= 256) {
+        route_in_registers(t, E, k, norm_topk, sc, pr, ids_s, to_global);
+        return;
+    }
     const int lane = threadIdx.x & 31;
     float mx = -INFINITY;
     for (int e = lane; e < E; e += 32) mx = fmaxf(mx, pr[e]);
@@ -117,6 +192,7 @@ static __device__ void route_from_shared(int t, int E, int k, int norm_topk, con
             const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
             if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
         }
+        if (bi >= E) bi = 0; /* nothing left (NaN logits): a valid expert, no write past E */
         if (lane == i) { wsel = bv; isel = bi; }
         wsum += bv;
         __syncwarp();
@@ -326,7 +402,7 @@ __global__ void __launch_bounds__(1024)
 #define ROUTE_FAST_LOGITS 4096
 __global__ void __launch_bounds__(1024)
     moe_route_group_fast_kernel(int T, int E, int k, int Is, int norm_topk, moe_scratch sc,
-                                moe_prefetch pf, int batched) {
+                                moe_prefetch pf, int batched, int regs) {
     __shared__ float lg[ROUTE_FAST_LOGITS]; /* [T, E] router logits, then probabilities */
     __shared__ int32_t ids_s[MOE_FUSED_A];
     __shared__ int cnt[MOE_MAX_E];
@@ -373,7 +449,7 @@ __global__ void __launch_bounds__(1024)
     }
     __syncthreads();
     const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int t = warp; t < T; t += nw) route_from_shared(t, E, k, norm_topk, sc, lg + t * E, ids_s);
+    for (int t = warp; t < T; t += nw) route_from_shared(t, E, k, norm_topk, sc, lg + t * E, ids_s, true, regs);
     __syncthreads();
     group_from_shared(T * k, E, ids_s, cnt, wsum, groups_of(sc), pf);
 }
@@ -626,7 +702,7 @@ template <int ROWS, int UNROLL>
 __global__ void __launch_bounds__(MOE_WARPS * 32)
     moe_gate_up_routed_kernel(const bf16 *__restrict__ Wall, int H, int I, int E, int k, int Is,
                               int norm_topk, int T, const bf16 *__restrict__ x, moe_scratch sc,
-                              const bf16 *__restrict__ pf_w) {
+                              const bf16 *__restrict__ pf_w, int regs) {
     __shared__ float lg[ROUTE_FUSED_LOGITS]; /* [T, E] router logits, then probabilities */
     __shared__ int32_t ids_s[ROUTE_FUSED_A];
     __shared__ int cnt[MOE_WARPS * 32];
@@ -651,7 +727,8 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
     }
     __syncthreads();
     const int warp = threadIdx.x >> 5;
-    for (int t = warp; t < T; t += MOE_WARPS) route_from_shared(t, E, k, norm_topk, sc, lg + t * E, ids_s, writer);
+    for (int t = warp; t < T; t += MOE_WARPS)
+        route_from_shared(t, E, k, norm_topk, sc, lg + t * E, ids_s, writer, regs);
     __syncthreads();
     const int A = T * k;
     group_from_shared(A, E, ids_s, cnt, wsum, moe_groups_out{&n_act_s, act_s, off_s, sorted_s},
@@ -717,7 +794,7 @@ static void launch_gate_up(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a, const mo
     if (route_fused) {
         ds_launch(ctx, moe_gate_up_routed_kernel<ROWS, UNROLL>, grid, MOE_WARPS * 32, 0,
                   (const bf16 *)a->w_gu, H, I, a->E, a->top_k, a->Is, (int)a->norm_topk, T,
-                  (const bf16 *)a->x, sc, pf_down);
+                  (const bf16 *)a->x, sc, pf_down, ctx->route_regs);
         DS_CU_LAUNCHED2(ctx, "moe_gate_up_routed_kernel", T, 2 * I);
     } else {
         launch_experts<false, ROWS, UNROLL>(ctx, T, grid, (const bf16 *)a->w_gu, H, I, a->top_k,
@@ -892,7 +969,7 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
         /* nothing here: step 4 routes */
     } else if (A <= MOE_FUSED_A && T * E <= ROUTE_FAST_LOGITS && ctx->opt.moe_fast_route) {
         ds_launch(ctx, moe_route_group_fast_kernel, 1, 1024, 0, T, E, k, Is, (int)a->norm_topk, sc,
-                  pf_gu, ctx->route_batched);
+                  pf_gu, ctx->route_batched, ctx->route_regs);
         DS_CU_LAUNCHED2(ctx, "moe_route_group_fast_kernel", T, E);
     } else if (A <= MOE_FUSED_A) {
         ds_launch(ctx, moe_route_group_kernel, 1, 1024, 0, T, E, k, Is, (int)a->norm_topk, sc,
