@@ -22,6 +22,17 @@ static __device__ __forceinline__ void amax_merge(float &bv, int &bi, float v, i
     }
 }
 
+/* (bv, bi) ← the best over the warp's lanes by amax_merge's rule (a butterfly: every lane ends
+ * with the same pair). */
+static __device__ __forceinline__ void warp_amax(float &bv, int &bi) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        amax_merge(bv, bi, ov, oi);
+    }
+}
+
 /* Which input rows of this launch have bans: bans = [B, n_ban, table [B, n_ban]] at a fixed
  * device address (a graph replay sees the current table); input row r is batch row row0 + r. */
 struct ArgmaxBans {
@@ -95,12 +106,7 @@ static __device__ __forceinline__ void argmax_merge_partials(const float *pv, co
             for (int blk = lane; blk < (int)gridDim.x; blk += 32)
                 amax_merge(bv, bi, __ldcg(&pv[m * masked_off + (int64_t)blk * R + r]),
                            __ldcg(&pi[m * masked_off + (int64_t)blk * R + r]));
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-                const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-                amax_merge(bv, bi, ov, oi);
-            }
+            warp_amax(bv, bi);
             best = bi; /* the same in every lane after the butterfly */
         }
         if (lane == 0) ids[r] = best == 0x7fffffff ? 0 : best; /* all -inf/NaN: id 0, as argmax */

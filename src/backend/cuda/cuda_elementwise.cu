@@ -184,12 +184,7 @@ __global__ void __launch_bounds__(ARGMAX_THREADS)
     } else {
         for (int64_t v = threadIdx.x; v < V; v += blockDim.x) amax_merge(bv, bi, row[v], (int)v);
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        amax_merge(bv, bi, ov, oi);
-    }
+    warp_amax(bv, bi);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0) {
         sv[warp] = bv;
