@@ -467,6 +467,27 @@ static void linear_cuda_free(ds_linear *d) {
     for (int p = 0; p < d->n_parts; p++) g_cuda->ops->free(g_cuda, d->parts[p].data);
 }
 
+/* run_linear as a multi-sequence step (the tensor-core GEMV) with K split for 0 (never), 1 and
+ * 2 blocks per SM (DS_CUDA_TC_SPLITK_PER_SM): each split plan against the CPU. */
+static void run_linear_tc_splits(const char *what, const ds_linear *wc, const ds_linear *wg, int R,
+                                 test_rng *r) {
+#ifndef DS_HAVE_CUDA
+    (void)what, (void)wc, (void)wg, (void)R, (void)r;
+#else
+    ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
+    const int saved_seqs = c->batch.n_seqs, saved_spm = c->tc_splitk_per_sm;
+    c->batch.n_seqs = R; /* R > 1: ds_cuda_gemv takes the tensor cores */
+    for (int spm = 0; spm <= 2; spm++) {
+        char name[96];
+        snprintf(name, sizeof name, "%s, tensor cores, split for %d block(s)/SM", what, spm);
+        c->tc_splitk_per_sm = spm;
+        run_linear(name, wc, wg, R, r, 0);
+    }
+    c->batch.n_seqs = saved_seqs;
+    c->tc_splitk_per_sm = saved_spm;
+#endif
+}
+
 static void test_linear(void **state) {
     (void)state;
     test_rng r = {22};
@@ -498,6 +519,10 @@ static void test_linear(void **state) {
         run_linear("K=520 (tail)", &c, &cg, R, &r, 0);
         run_linear("K=4096, 3 splits of 1536", &d, &dg, R, &r, 0);
         run_linear("K=3000, 3 splits with a tail", &e, &eg, R, &r, 0);
+    }
+    for (int R = 2; R <= 8; R += 6) { /* K % 256 == 0: the tensor-core kernel's shapes */
+        run_linear_tc_splits("narrow N", &b, &bg, R, &r);
+        run_linear_tc_splits("K=4096", &d, &dg, R, &r);
     }
     linear_cuda_free(&dg);
     linear_cuda_free(&eg);
@@ -930,6 +955,59 @@ static void moe_norm_fused_vs_pair(tmodel *m, int l, const ds_tensor *xg, int T,
     for (int i = 0; i < 6; i++) g_cuda->ops->free(g_cuda, bufs[i]);
 }
 
+/* moe_sublayer vs add_rmsnorm then moe_add_rmsnorm on CUDA, as a step of `seqs` sequences: the
+ * residual and the normed rows bit for bit. One sequence and ≤ 8 rows: the add + norm before
+ * the MoE folded into the router launch (DS_CUDA_GEMV_NORM; cuda_gemv_norm.cu), the delta left
+ * unchanged; otherwise moe_sublayer's unfused fallback (its wiring of the two norms). */
+static void moe_sublayer_vs_pair(tmodel *m, int l, int T, int seqs, test_rng *r) {
+    if (!g_cuda->ops->moe_sublayer) return;
+    const int H = m->cfg.hidden;
+    const size_t n = (size_t)T * H;
+    float *rv = rand_vals(r, n, 2.0f), *dv = rand_vals(r, n, 1.0f);
+    void *r1 = act_upload(g_cuda, rv, n), *r2 = act_upload(g_cuda, rv, n);
+    void *d1 = act_upload(g_cuda, dv, n), *d2 = act_upload(g_cuda, dv, n);
+    void *o1 = act_poisoned(g_cuda, DS_DTYPE_BF16, n), *o2 = act_poisoned(g_cuda, DS_DTYPE_BF16, n);
+    ds_tensor tr1 = view2(r1, DS_DTYPE_BF16, T, H), tr2 = view2(r2, DS_DTYPE_BF16, T, H),
+              td1 = view2(d1, DS_DTYPE_BF16, T, H), td2 = view2(d2, DS_DTYPE_BF16, T, H),
+              to1 = view2(o1, DS_DTYPE_BF16, T, H), to2 = view2(o2, DS_DTYPE_BF16, T, H);
+    const ds_tensor *post = &m->dev_cuda.layers[l].post_norm, *next = &m->dev_cuda.layers[l].input_norm;
+    const ds_moe_weights *w = &m->dev_cuda.layers[l].moe;
+    int fused = 0;
+#ifdef DS_HAVE_CUDA
+    ds_cuda_ctx *cc = (ds_cuda_ctx *)g_cuda->impl;
+    const int saved_seqs = cc->batch.n_seqs;
+    cc->batch.n_seqs = seqs;
+    fused = cc->opt.fuse_norm && T <= 8 && ds_cuda_gemv_add_norm_ok(cc, T, H);
+    /* the test shapes fit the fused kernel: with the switches on it must be the path taken */
+    if (seqs == 1 && T <= 8 && cc->opt.fuse_norm && cc->gemv_norm && cc->gemv_rows == 4 && !cc->tc_one_seq)
+        assert_true(fused);
+#endif
+    g_cuda->ops->add_rmsnorm(g_cuda, &tr1, &td1, post, 1e-6f, &to1);
+    g_cuda->ops->moe_add_rmsnorm(g_cuda, &m->cfg, w, &to1, &td1, &tr1, next, 1e-6f, &to1);
+    float *d_before = act_download(g_cuda, d2, DS_DTYPE_BF16, n);
+    g_cuda->ops->moe_sublayer(g_cuda, &m->cfg, w, &tr2, &td2, post, next, 1e-6f, &to2);
+#ifdef DS_HAVE_CUDA
+    cc->batch.n_seqs = saved_seqs;
+#endif
+    float *a = act_download(g_cuda, r1, DS_DTYPE_BF16, n), *b = act_download(g_cuda, r2, DS_DTYPE_BF16, n);
+    float *c = act_download(g_cuda, o1, DS_DTYPE_BF16, n), *d = act_download(g_cuda, o2, DS_DTYPE_BF16, n);
+    float *d_after = act_download(g_cuda, d2, DS_DTYPE_BF16, n);
+    size_t diff = 0, dchanged = 0;
+    for (size_t i = 0; i < n; i++) {
+        diff += memcmp(&a[i], &b[i], 4) != 0 || memcmp(&c[i], &d[i], 4) != 0;
+        dchanged += memcmp(&d_before[i], &d_after[i], 4) != 0;
+    }
+    printf("  moe_sublayer (%s) vs add_rmsnorm + moe_add_rmsnorm, layer %d T=%d, %d sequence(s): "
+           "%zu of %zu values differ, delta changed at %zu\n",
+           fused ? "add + norm in the router launch" : "unfused", l, T, seqs, diff, 2 * n, dchanged);
+    assert_int_equal(diff, 0);
+    if (fused) assert_int_equal(dchanged, 0);
+    float *bufs_h[] = {a, b, c, d, d_before, d_after, rv, dv};
+    for (int i = 0; i < 8; i++) free(bufs_h[i]);
+    void *bufs[] = {r1, r2, d1, d2, o1, o2};
+    for (int i = 0; i < 6; i++) g_cuda->ops->free(g_cuda, bufs[i]);
+}
+
 /* The decode MoE's launch variants against the defaults, all on CUDA, bit for bit: the down
  * launch with its inputs staged in shared memory (DS_CUDA_MOE_DOWN_STAGED) or not, routing in the
  * gate_up launch (DS_OPT_MOE_ROUTE_FUSED) vs its own launch, routing from registers or shared
@@ -1049,6 +1127,8 @@ static void test_moe(void **state) {
                 snprintf(name, sizeof name, "moe %s layer %d T=%d", SHAPES[si].name, l, T);
                 compare(name, &o, DS_DTYPE_BF16, TOL_FUSED);
                 moe_norm_fused_vs_pair(m, l, &xg, T, &r);
+                moe_sublayer_vs_pair(m, l, T, 1, &r);
+                if (T > 1) moe_sublayer_vs_pair(m, l, T, T, &r);
                 moe_variants_vs_default(m, l, &xg, T);
             }
             pair_free(&x);

@@ -151,6 +151,13 @@ typedef struct ds_backend_ops {
     void (*moe_add_rmsnorm)(ds_backend *be, const ds_config *cfg, const ds_moe_weights *w,
                             const ds_tensor *x, ds_tensor *delta, ds_tensor *residual,
                             const ds_tensor *norm_w, float eps, ds_tensor *out);
+    /* The FFN half of a MoE layer: residual += delta (the mixer's output);
+     * out = rmsnorm(residual)·post_norm_w (the MoE's input); residual += moe(out);
+     * out = rmsnorm(residual)·next_norm_w — the same bits as add_rmsnorm then moe_add_rmsnorm.
+     * delta is scratch afterwards. */
+    void (*moe_sublayer)(ds_backend *be, const ds_config *cfg, const ds_moe_weights *w,
+                         ds_tensor *residual, ds_tensor *delta, const ds_tensor *post_norm_w,
+                         const ds_tensor *next_norm_w, float eps, ds_tensor *out);
 
     /* Seeded random weights of realistic scale for cfg, created directly in backend memory, so
      * full-size shapes can be benchmarked without a checkpoint (NULL: the model code generates

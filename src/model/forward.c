@@ -76,9 +76,15 @@ ds_status ds_model_forward(ds_model *m, ds_cache *cache, const ds_batch *b, ds_e
         const ds_layer_weights *L = &m->w.layers[l];
         mixer_forward(m, cache, l, L, T);
         if (m->allreduce) m->allreduce(m->allreduce_ctx, &d); /* tensor parallel: Σ ranks */
-        op->add_rmsnorm(m->be, &h, &d, &L->post_norm, eps, &xn);
         const ds_tensor *next_norm =
             l + 1 < c->n_layers ? &m->w.layers[l + 1].input_norm : &m->w.final_norm;
+        if (c->is_moe && op->moe_sublayer && !m->allreduce) {
+            /* the add + norm, the MoE block and the add + norm after it, fused where the
+             * backend can (the first add + norm into the router launch) */
+            op->moe_sublayer(m->be, c, &L->moe, &h, &d, &L->post_norm, next_norm, eps, &xn);
+            continue;
+        }
+        op->add_rmsnorm(m->be, &h, &d, &L->post_norm, eps, &xn);
         if (c->is_moe && op->moe_add_rmsnorm && !m->allreduce) {
             /* the block's residual add + norm fused into the MoE's last kernel */
             op->moe_add_rmsnorm(m->be, c, &L->moe, &xn, &d, &h, next_norm, eps, &xn);

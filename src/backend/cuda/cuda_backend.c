@@ -507,6 +507,7 @@ static const ds_backend_ops cuda_ops = {
     .gdn = ds_cuda_op_gdn,
     .moe = ds_cuda_op_moe,
     .moe_add_rmsnorm = ds_cuda_op_moe_add_rmsnorm,
+    .moe_sublayer = ds_cuda_op_moe_sublayer,
     .logits = ds_cuda_op_logits,
     .argmax = ds_cuda_op_argmax,
     .dummy_weights = ds_cuda_dummy_weights,
@@ -589,6 +590,14 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->lt_split = !(lsplit && atoi(lsplit) == 0);
         const char *nregs = getenv("DS_CUDA_NORM_REGS");
         c->norm_regs = !(nregs && atoi(nregs) == 0);
+        const char *gnorm = getenv("DS_CUDA_GEMV_NORM");
+        c->gemv_norm = !(gnorm && atoi(gnorm) == 0);
+        const char *spm = getenv("DS_CUDA_SPLITK_PER_SM"), *tspm = getenv("DS_CUDA_TC_SPLITK_PER_SM");
+        c->splitk_per_sm = spm && atoi(spm) >= 1 && atoi(spm) <= 8 ? atoi(spm) : 2;
+        /* tensor cores never split K: 0 / 1 / 2 blocks per SM at batch 4 4.760 / 4.824 / 4.956
+         * ms, batch 8 7.100 / 7.175 / 7.306 ms (s11-run5, two runs each); the CUDA cores keep 2
+         * (1: 2.724 / 2.701 vs 2.676 / 2.698 ms at batch 1, s11-run4) */
+        c->tc_splitk_per_sm = tspm && atoi(tspm) >= 0 && atoi(tspm) <= 8 ? atoi(tspm) : 0;
         const char *lmtc = getenv("DS_CUDA_LM_HEAD_TC");
         c->lm_head_tc = !(lmtc && atoi(lmtc) == 0);
         const char *chunked = getenv("DS_CUDA_GDN_CHUNKED");

@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(ROW_THREADS)
     float ss = 0.f;
     if (D % 8 == 0) {
         add_rmsnorm_row<ADD>(
-            xr,
+            xr, (const bf16 *)NULL,
             [&](int64_t v, float d[8]) {
                 unpack8(*reinterpret_cast<const uint4 *>(delta + row * D + v * 8), d);
             },

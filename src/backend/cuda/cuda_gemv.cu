@@ -12,8 +12,6 @@
 #include "cuda_gemv.cuh"
 #include "cuda_launch.cuh"
 
-#define GEMV_WARPS 8
-
 template <int R, int ROWS, int UNROLL, typename OutT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_kernel(const bf16 *__restrict__ W, int64_t N, int64_t K, const bf16 *__restrict__ x,
@@ -53,47 +51,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     else if (n0 < N) gemv_warp_partial<R, ROWS, UNROLL, true>(W, K, n0, N, xs, k0, k1, acc);
     gemv_warp_reduce<R, ROWS>(acc);
 
-    if (gridDim.y == 1) {
-        if (lane == 0 && n0 < N) {
-#pragma unroll
-            for (int rr = 0; rr < ROWS; rr++)
-                if (n0 + rr < N)
-#pragma unroll
-                    for (int r = 0; r < R; r++) store_out(out + r * ldo + n0 + rr, acc[rr][r]);
-        }
-        return;
-    }
-
-    /* split-K: partials ws[split][r][n] */
-    if (lane == 0 && n0 < N) {
-#pragma unroll
-        for (int rr = 0; rr < ROWS; rr++)
-            if (n0 + rr < N)
-#pragma unroll
-                for (int r = 0; r < R; r++)
-                    ws[((int64_t)blockIdx.y * R + r) * N + n0 + rr] = acc[rr][r];
-    }
-    __threadfence();
-    __syncthreads();
-    __shared__ int is_last;
-    if (threadIdx.x == 0) {
-        int prev = atomicAdd(&counters[blockIdx.x], 1);
-        is_last = (prev == (int)gridDim.y - 1);
-    }
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    /* the last block: sum the splits in order (deterministic), one output per thread */
-    const int64_t nb0 = (int64_t)blockIdx.x * GEMV_WARPS * ROWS;
-    for (int i = threadIdx.x; i < GEMV_WARPS * ROWS * R; i += blockDim.x) {
-        const int64_t n = nb0 + i % (GEMV_WARPS * ROWS);
-        const int r = i / (GEMV_WARPS * ROWS);
-        if (n >= N) continue;
-        float s = 0.f;
-        for (int sp = 0; sp < (int)gridDim.y; sp++) s += __ldcg(&ws[((int64_t)sp * R + r) * N + n]);
-        store_out(out + r * ldo + n, s);
-    }
-    if (threadIdx.x == 0) counters[blockIdx.x] = 0;
+    gemv_block_store<R, ROWS>(acc, n0, N, out, ldo, ws, counters);
 }
 
 /* Bytes of each weight row (from its split's start) a GEMV block prefetches into L2 before it
@@ -155,7 +113,7 @@ extern "C" void ds_cuda_gemv_cores(ds_cuda_ctx *ctx, const void *W, int64_t N, i
     const int64_t rows_per_block = (int64_t)GEMV_WARPS * rows;
     const int64_t bx = DS_DIV_UP(N, rows_per_block);
     int64_t kps;
-    const int64_t splits = gemv_split_k(ctx, bx, N, K, R, &kps);
+    const int64_t splits = gemv_split_k(ctx, ctx->splitk_per_sm, bx, N, K, R, &kps);
     dim3 grid((unsigned)bx, (unsigned)splits);
     const bf16 *Wb = (const bf16 *)W, *xb = (const bf16 *)x;
     if (out_f32) {

@@ -11,6 +11,8 @@
 
 #include "cuda_common.cuh"
 
+#define GEMV_WARPS 8 /* warps of a GEMV block (gemv_kernel, gemv_add_norm_kernel, the argmax) */
+
 /* x source: plain rows x + r·ldx (bf16). */
 template <int R>
 struct XRows {
@@ -31,6 +33,15 @@ struct XSiluMul {
         unpack8(ld_cached16(base[r] + I + k), u);
 #pragma unroll
         for (int i = 0; i < 8; i++) f[i] = silu_f(g[i]) * u[i];
+    }
+};
+
+/* x source: bf16 rows in shared memory, row r at base + r·ld (16-byte aligned). */
+struct XSharedBF16 {
+    const bf16 *base;
+    int64_t ld;
+    __device__ __forceinline__ void load(int r, int64_t k, float f[8]) const {
+        unpack8(*reinterpret_cast<const uint4 *>(base + r * ld + k), f);
     }
 };
 
@@ -140,15 +151,15 @@ static __device__ __forceinline__ void gemv_warp_reduce(float acc[ROWS][R]) {
         for (int r = 0; r < R; r++) acc[rr][r] = warp_sum(acc[rr][r]);
 }
 
-/* Split-K plan of a GEMV launch with bx row blocks: split K when they cannot fill two blocks per
- * SM, into at most 16 splits of ≥ 512 (K ≥ 1024), each a multiple of 256 wide (*kps), within the
- * partials workspace and the tile counters; returns the split count. R enters only through the
+/* Split-K plan of a GEMV launch with bx row blocks: split K when they cannot fill per_sm
+ * blocks per SM (ctx->splitk_per_sm or ctx->tc_splitk_per_sm; 0: never), into at most 16
+ * splits of ≥ 512 (K ≥ 1024), each a multiple of 256 wide (*kps), within the partials workspace and the tile counters; returns the split count. R enters only through the
  * workspace bound (splits · R · N floats), which Qwen3.5's decode shapes stay far below, so a
  * row's sums do not depend on the step's row count there. */
-static inline int64_t gemv_split_k(const ds_cuda_ctx *ctx, int64_t bx, int64_t N, int64_t K, int R,
-                                   int64_t *kps) {
+static inline int64_t gemv_split_k(const ds_cuda_ctx *ctx, int per_sm, int64_t bx, int64_t N, int64_t K,
+                                   int R, int64_t *kps) {
     int64_t splits = 1;
-    const int64_t target = 2 * (int64_t)ctx->sm_count;
+    const int64_t target = (int64_t)per_sm * ctx->sm_count;
     if (bx < target && K >= 1024) {
         splits = DS_DIV_UP(target, bx);
         if (splits > K / 512) splits = K / 512;
@@ -168,6 +179,57 @@ template <typename T> static __device__ __forceinline__ void store_out(T *p, flo
 template <> __device__ __forceinline__ void store_out<float>(float *p, float v) { *p = v; }
 template <> __device__ __forceinline__ void store_out<bf16>(bf16 *p, float v) {
     *p = __float2bfloat16_rn(v);
+}
+
+/* The end of a GEMV block whose warps hold reduced sums acc (rows n0.., R input rows). One
+ * K split (gridDim.y == 1): lane 0 of each warp stores its rows. Split-K: each split writes fp32
+ * partials ws[split][r][n]; the last block of the row tile to arrive (per-tile counter) sums
+ * them in split order (deterministic) and resets the counter to 0, so the next launch (or a
+ * graph replay) finds it clean. */
+template <int R, int ROWS, typename OutT>
+static __device__ __forceinline__ void gemv_block_store(const float acc[ROWS][R], int64_t n0, int64_t N,
+                                                        OutT *__restrict__ out, int64_t ldo,
+                                                        float *__restrict__ ws, int *__restrict__ counters) {
+    const int lane = threadIdx.x & 31;
+    if (gridDim.y == 1) {
+        if (lane == 0 && n0 < N) {
+#pragma unroll
+            for (int rr = 0; rr < ROWS; rr++)
+                if (n0 + rr < N)
+#pragma unroll
+                    for (int r = 0; r < R; r++) store_out(out + r * ldo + n0 + rr, acc[rr][r]);
+        }
+        return;
+    }
+    if (lane == 0 && n0 < N) {
+#pragma unroll
+        for (int rr = 0; rr < ROWS; rr++)
+            if (n0 + rr < N)
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    ws[((int64_t)blockIdx.y * R + r) * N + n0 + rr] = acc[rr][r];
+    }
+    __threadfence();
+    __syncthreads();
+    __shared__ int is_last;
+    if (threadIdx.x == 0) {
+        int prev = atomicAdd(&counters[blockIdx.x], 1);
+        is_last = (prev == (int)gridDim.y - 1);
+    }
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    /* the last block: one output per thread */
+    const int64_t nb0 = (int64_t)blockIdx.x * GEMV_WARPS * ROWS;
+    for (int i = threadIdx.x; i < GEMV_WARPS * ROWS * R; i += blockDim.x) {
+        const int64_t n = nb0 + i % (GEMV_WARPS * ROWS);
+        const int r = i / (GEMV_WARPS * ROWS);
+        if (n >= N) continue;
+        float s = 0.f;
+        for (int sp = 0; sp < (int)gridDim.y; sp++) s += __ldcg(&ws[((int64_t)sp * R + r) * N + n]);
+        store_out(out + r * ldo + n, s);
+    }
+    if (threadIdx.x == 0) counters[blockIdx.x] = 0;
 }
 
 #endif

@@ -187,7 +187,7 @@ extern "C" int ds_cuda_gemv_tc(ds_cuda_ctx *ctx, const void *W, int64_t N, int64
     if (R < 1 || R > 8 || K % 256 != 0 || N <= 0) return 0;
     const int64_t bx = DS_DIV_UP(N, (int64_t)16);
     int64_t kps;
-    const int64_t splits = gemv_split_k(ctx, bx, N, K, R, &kps);
+    const int64_t splits = gemv_split_k(ctx, ctx->tc_splitk_per_sm, bx, N, K, R, &kps);
     dim3 grid((unsigned)bx, (unsigned)splits);
     if (out_f32)
         ds_launch(ctx, gemv_tc_kernel<float>, grid, TC_WARPS * 32, 0, (const bf16 *)W, N, K,
@@ -208,7 +208,7 @@ extern "C" int ds_cuda_lm_head_tc(const ds_cuda_ctx *ctx, int64_t N, int64_t K) 
         return 0;
     const int64_t bx = DS_DIV_UP(N, (int64_t)16);
     int64_t kps; /* the split count only falls as R grows: unsplit at R = 1 is unsplit for all */
-    return bx <= DS_CUDA_AMAX_BLOCKS && gemv_split_k(ctx, bx, N, K, 1, &kps) == 1;
+    return bx <= DS_CUDA_AMAX_BLOCKS && gemv_split_k(ctx, ctx->tc_splitk_per_sm, bx, N, K, 1, &kps) == 1;
 }
 
 /* ids[r] for input rows [0, R ≤ 8) of batch rows row0.. (ds_cuda_lm_head_tc holds). */

@@ -223,6 +223,15 @@ typedef struct ds_cuda_ctx {
      * wait (1, default; DS_CUDA_NORM_REGS=0: two passes over memory, for before/after runs;
      * cuda_norm.cuh) */
     int norm_regs;
+    /* the MoE router of one-sequence decode steps computes the residual add + RMSNorm before
+     * it in every block instead of a launch of its own (1, default; DS_CUDA_GEMV_NORM=0: the
+     * add_rmsnorm launch, for before/after runs; cuda_gemv_norm.cu). Same bits. */
+    int gemv_norm;
+    /* GEMV split-K: K is split until a launch has this many blocks per SM — CUDA-core GEMV 2
+     * (DS_CUDA_SPLITK_PER_SM, 1..8), tensor-core GEMV 0 = never (DS_CUDA_TC_SPLITK_PER_SM,
+     * 0..8), for measurements (cuda_gemv.cuh gemv_split_k). Another value changes the order of
+     * the sums, not their independence of the step's row count. */
+    int splitk_per_sm, tc_splitk_per_sm;
 
     /* Optimisation switches (catalogue items; env at create, README "Switches"), 1 = on:
      * moe_fast_route   DS_OPT_MOE_FAST_ROUTE: decode routing from shared memory
@@ -322,6 +331,15 @@ void ds_cuda_argmax_gemv_tc(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t 
 /* ds_cuda_gemv on the CUDA cores only. */
 void ds_cuda_gemv_cores(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K, const void *x,
                         int64_t ldx, int R, void *out, int64_t ldo, int out_f32);
+/* ds_cuda_gemv_cores with its input the residual add + RMSNorm of the previous outputs
+ * (cuda_gemv_norm.cu): x = bf16(rmsnorm(bf16(resid + delta)) · norm_w) [R, K], written to
+ * normed by one block; out [R, N] fp32 = x · Wᵀ. resid and delta are only read. Only where
+ * ds_cuda_gemv_add_norm_ok(ctx, R, K) (this step's GEMV on the CUDA cores, R ≤ 8, x within
+ * 48 KB of shared memory, ctx->gemv_norm): the same bits as add_rmsnorm + ds_cuda_gemv then. */
+int ds_cuda_gemv_add_norm_ok(const ds_cuda_ctx *ctx, int R, int64_t K);
+void ds_cuda_gemv_add_norm(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K,
+                           const void *resid, const void *delta, const float *norm_w, float eps,
+                           void *normed, int R, float *out, int64_t ldo);
 /* Same contract through cuBLASLt (any R). */
 void ds_cuda_gemm_lt(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K, const void *x,
                      int64_t ldx, int R, void *out, int64_t ldo, int out_f32);
@@ -412,6 +430,13 @@ typedef struct ds_cuda_moe_args {
     const float *norm_w;          /* [H] */
     float eps;
     void *normed;
+    /* the residual add + RMSNorm before the block folded into the router launch (NULL: x is
+     * the input; else residual is set too, and T must pass ds_cuda_gemv_add_norm_ok):
+     * x_out [T, H] = rmsnorm(bf16(residual + pre_delta)) · pre_norm_w, written by the router
+     * launch and read as x by the experts; the combine adds pre_delta to the residual too */
+    const void *pre_delta;        /* [T, H] bf16, the mixer's output */
+    const float *pre_norm_w;      /* [H] */
+    void *x_out;                  /* [T, H] bf16, the same buffer as x */
 } ds_cuda_moe_args;
 void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a);
 /* Bytes of MoE scratch needed for DS_CUDA_MAX_TOKENS tokens of this shape. */

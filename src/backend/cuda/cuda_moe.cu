@@ -18,6 +18,7 @@
  * count of active experts exit at once, so the launch shape never depends on routing. */
 #include <math.h>
 
+#include "cuda_argmax.cuh"
 #include "cuda_gemv.cuh"
 #include "cuda_launch.cuh"
 #include "cuda_moe_gemm.h"
@@ -85,6 +86,21 @@ extern "C" size_t ds_cuda_moe_scratch_bytes(int H, int E, int top_k, int I, int 
 /* Routes token t with one warp from its E router logits in shared memory (pr, overwritten):
  * softmax (fp32), top-k by repeated warp argmax (ties → lowest expert id), renormalised
  * weights → sc.ids / sc.wts, and ids_s (may be NULL), a shared copy of the k expert ids. */
+/* Lane i < k holds the i-th selection (isel, its probability wsel); wsum is the sum of the k
+ * selected probabilities (the same in every lane). Writes sc.ids / sc.wts (to_global; weights
+ * renormalised when norm_topk) and ids_s (when not NULL). */
+static __device__ __forceinline__ void route_store(int t, int k, int norm_topk, const moe_scratch &sc,
+                                                   int32_t *ids_s, bool to_global, int isel,
+                                                   float wsel, float wsum) {
+    const int lane = threadIdx.x & 31;
+    if (lane >= k) return;
+    if (to_global) {
+        sc.ids[(int64_t)t * k + lane] = isel;
+        sc.wts[(int64_t)t * k + lane] = norm_topk ? wsel / wsum : wsel;
+    }
+    if (ids_s) ids_s[t * k + lane] = isel;
+}
+
 /* route_from_shared for E ≤ 256 with each lane's 8 probabilities in registers (ctx->route_regs,
  * DS_CUDA_ROUTE_REGS): the same values in the same order, so the same ids and weights; each
  * argmax round is one butterfly over the lanes' cached local bests, and only the lane that owned
@@ -127,12 +143,7 @@ static __device__ __forceinline__ void route_in_registers(int t, int E, int k, i
     for (int i = 0; i < k; i++) {
         float bv = lb;
         int bi = li;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
-        }
+        warp_amax(bv, bi);
         if (bi >= E) bi = 0; /* nothing left (NaN): a valid expert */
         if (lane == i) { wsel = bv; isel = bi; }
         wsum += bv;
@@ -146,13 +157,7 @@ static __device__ __forceinline__ void route_in_registers(int t, int E, int k, i
                 if (!((taken >> j) & 1u) && lane + 32 * j < E && v[j] > lb) { lb = v[j]; li = lane + 32 * j; }
         }
     }
-    if (lane < k) {
-        if (to_global) {
-            sc.ids[(int64_t)t * k + lane] = isel;
-            sc.wts[(int64_t)t * k + lane] = norm_topk ? wsel / wsum : wsel;
-        }
-        if (ids_s) ids_s[t * k + lane] = isel;
-    }
+    route_store(t, k, norm_topk, sc, ids_s, to_global, isel, wsel, wsum);
 }
 
 static __device__ void route_from_shared(int t, int E, int k, int norm_topk, const moe_scratch &sc,
@@ -186,12 +191,7 @@ static __device__ void route_from_shared(int t, int E, int k, int norm_topk, con
             const float v = pr[e];
             if (v > bv) { bv = v; bi = e; } /* e ascending per lane: first max kept */
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
-        }
+        warp_amax(bv, bi);
         if (bi >= E) bi = 0; /* nothing left (NaN logits): a valid expert, no write past E */
         if (lane == i) { wsel = bv; isel = bi; }
         wsum += bv;
@@ -199,13 +199,7 @@ static __device__ void route_from_shared(int t, int E, int k, int norm_topk, con
         if (lane == 0) pr[bi] = -1.f;
         __syncwarp();
     }
-    if (lane < k) {
-        if (to_global) {
-            sc.ids[(int64_t)t * k + lane] = isel;
-            sc.wts[(int64_t)t * k + lane] = norm_topk ? wsel / wsum : wsel;
-        }
-        if (ids_s) ids_s[t * k + lane] = isel;
-    }
+    route_store(t, k, norm_topk, sc, ids_s, to_global, isel, wsel, wsum);
 }
 
 /* Token t with one warp: its router logits from global memory into pr, routed; the shared
@@ -868,8 +862,8 @@ __global__ void __launch_bounds__(COMBINE_THREADS)
  * so the residual and the normed row are bit-identical to combine + add_rmsnorm. */
 __global__ void __launch_bounds__(DS_NORM_THREADS)
     moe_combine_norm_kernel(int H, int k, int Is, moe_scratch sc, bf16 *__restrict__ residual,
-                            const float *__restrict__ norm_w, float eps, bf16 *__restrict__ normed,
-                            int regs) {
+                            const bf16 *__restrict__ pre, const float *__restrict__ norm_w,
+                            float eps, bf16 *__restrict__ normed, int regs) {
     __shared__ float w_s[32];
     __shared__ float red[32];
     const NormW nw = norm_w_load(norm_w, H, regs); /* weights, before the wait (cuda_launch.cuh) */
@@ -921,7 +915,8 @@ __global__ void __launch_bounds__(DS_NORM_THREADS)
         }
         unpack8(pack8(acc), d); /* rounded to bf16, as the unfused combine stores it */
     };
-    add_rmsnorm_row<true>(residual + (int64_t)t * H, combine8, norm_w, nw, eps, H,
+    add_rmsnorm_row<true>(residual + (int64_t)t * H, pre ? pre + (int64_t)t * H : pre, combine8,
+                          norm_w, nw, eps, H,
                           normed + (int64_t)t * H, red, regs);
 }
 
@@ -951,7 +946,15 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
 
     /* 1. router | shared gate_up | shared gate */
     const int64_t ldl = moe_ldl(E, Is);
-    if (T <= DS_CUDA_GEMV_MAX_ROWS) ds_cuda_gemv(ctx, a->w_in, NL, H, a->x, H, T, sc.L, ldl, 1);
+    if (a->pre_delta) { /* with the add + norm before the block (cuda_gemv_norm.cu) */
+        if (!a->residual || a->x_out != a->x) {
+            ds_cuda_check(ctx, cudaErrorInvalidValue, "moe: pre_delta needs residual and x_out == x",
+                          __FILE__, __LINE__);
+            return;
+        }
+        ds_cuda_gemv_add_norm(ctx, a->w_in, NL, H, a->residual, a->pre_delta, a->pre_norm_w, a->eps,
+                              a->x_out, T, sc.L, ldl);
+    } else if (T <= DS_CUDA_GEMV_MAX_ROWS) ds_cuda_gemv(ctx, a->w_in, NL, H, a->x, H, T, sc.L, ldl, 1);
     else ds_cuda_gemm_lt(ctx, a->w_in, NL, H, a->x, H, T, sc.L, ldl, 1); /* NL odd: split there */
     /* 2. route, 3. group: one launch for small steps (the fast kernel when the router logits
      * fit in shared memory), else a route grid and a group block with the ids staged in
@@ -1037,7 +1040,8 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
     /* 7. combine (+ the residual add and RMSNorm that follow the block) */
     if (a->residual) {
         ds_launch(ctx, moe_combine_norm_kernel, T, DS_NORM_THREADS, 0, H, k, Is, sc,
-                  (bf16 *)a->residual, a->norm_w, a->eps, (bf16 *)a->normed, ctx->norm_regs);
+                  (bf16 *)a->residual, (const bf16 *)a->pre_delta, a->norm_w, a->eps,
+                  (bf16 *)a->normed, ctx->norm_regs);
         DS_CU_LAUNCHED2(ctx, "moe_combine_norm_kernel", T, H);
         return;
     }

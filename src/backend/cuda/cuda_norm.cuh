@@ -38,17 +38,18 @@ static __device__ __forceinline__ NormW norm_w_load(const float *__restrict__ w,
     return n;
 }
 
-/* One block, one row of D (D % 8 == 0) bf16 values xr. ADD: xr += delta, where
- * load_delta(v, d) gives the 8 delta values of chunk v (columns 8v..8v+7) already rounded to
- * bf16 as the unfused path stores them; the sum is rounded to bf16 (the reference's bf16
- * residual stream) and written back. Then orow = xr · rsqrt(mean(xr²) + eps) · w. `red` is
- * shared scratch of ≥ 32 floats; nw = norm_w_load(w, D, use_regs). Both paths (registers or two passes
- * over memory) add the same values in the same order: the same bits. */
-template <bool ADD, class DeltaFn>
-static __device__ __forceinline__ void add_rmsnorm_row(bf16 *xr, DeltaFn load_delta,
-                                                       const float *__restrict__ w, const NormW &nw,
-                                                       float eps, int64_t D, bf16 *orow, float *red,
-                                                       int use_regs) {
+/* One block, one row of D (D % 8 == 0) values: orow = s · rsqrt(mean(s²) + eps) · w, where
+ * chunk_sum(v, f, first) gives the 8 values of chunk v (columns 8v..8v+7) of the row s as fp32
+ * — first: the first pass, which may also store them; !first: the same values again, for the
+ * memory path's second pass — and store_out(v, p) stores chunk v of the normed row (packed
+ * bf16). `red` is shared scratch of ≥ 32 floats; nw = norm_w_load(w, D, use_regs). Rows up to
+ * DS_NORM_REG_CHUNKS · 8 values a thread keep s in registers between the two passes (with
+ * use_regs); longer rows make two passes over memory. Both add the same values in the same
+ * order: the same bits. */
+template <class SumFn, class OutFn>
+static __device__ __forceinline__ void rmsnorm_row(SumFn chunk_sum, OutFn store_out,
+                                                   const float *__restrict__ w, const NormW &nw,
+                                                   float eps, int64_t D, float *red, int use_regs) {
     const int64_t nv = D / 8;
     float ss = 0.f;
     if (use_regs && nv <= (int64_t)DS_NORM_REG_CHUNKS * blockDim.x) {
@@ -57,16 +58,7 @@ static __device__ __forceinline__ void add_rmsnorm_row(bf16 *xr, DeltaFn load_de
         for (int j = 0; j < DS_NORM_REG_CHUNKS; j++) {
             const int64_t v = threadIdx.x + (int64_t)j * blockDim.x;
             if (v >= nv) continue;
-            unpack8(*reinterpret_cast<const uint4 *>(xr + v * 8), f[j]);
-            if (ADD) {
-                float d[8];
-                load_delta(v, d);
-#pragma unroll
-                for (int i = 0; i < 8; i++) f[j][i] += d[i];
-                uint4 p = pack8(f[j]);
-                *reinterpret_cast<uint4 *>(xr + v * 8) = p;
-                unpack8(p, f[j]); /* the rounded sum */
-            }
+            chunk_sum(v, f[j], true);
 #pragma unroll
             for (int i = 0; i < 8; i++) ss += f[j][i] * f[j][i];
         }
@@ -79,33 +71,57 @@ static __device__ __forceinline__ void add_rmsnorm_row(bf16 *xr, DeltaFn load_de
                                  nw.w[j][1].x, nw.w[j][1].y, nw.w[j][1].z, nw.w[j][1].w};
 #pragma unroll
             for (int i = 0; i < 8; i++) f[j][i] = f[j][i] * inv * wj[i];
-            *reinterpret_cast<uint4 *>(orow + v * 8) = pack8(f[j]);
+            store_out(v, pack8(f[j]));
         }
         return;
     }
     for (int64_t v = threadIdx.x; v < nv; v += blockDim.x) {
         float f[8];
-        unpack8(*reinterpret_cast<const uint4 *>(xr + v * 8), f);
-        if (ADD) {
-            float d[8];
-            load_delta(v, d);
-#pragma unroll
-            for (int i = 0; i < 8; i++) f[i] += d[i];
-            uint4 p = pack8(f);
-            *reinterpret_cast<uint4 *>(xr + v * 8) = p;
-            unpack8(p, f); /* the rounded sum */
-        }
+        chunk_sum(v, f, true);
 #pragma unroll
         for (int i = 0; i < 8; i++) ss += f[i] * f[i];
     }
     const float inv = rsqrtf(block_sum(ss, red) / (float)D + eps);
     for (int64_t v = threadIdx.x; v < nv; v += blockDim.x) {
         float f[8];
-        unpack8(*reinterpret_cast<const uint4 *>(xr + v * 8), f);
+        chunk_sum(v, f, false);
 #pragma unroll
         for (int i = 0; i < 8; i++) f[i] = f[i] * inv * w[v * 8 + i];
-        *reinterpret_cast<uint4 *>(orow + v * 8) = pack8(f);
+        store_out(v, pack8(f));
     }
+}
+
+/* f ← the 8 values of a + b, each rounded to bf16 (the reference's bf16 residual stream). */
+static __device__ __forceinline__ void add_rounded8(float f[8], const float d[8]) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) f[i] += d[i];
+    unpack8(pack8(f), f);
+}
+
+/* rmsnorm_row over the residual row xr [D] bf16. ADD: xr ← xr (+ pre, rounded, when pre is not
+ * NULL: a residual add folded in from before) + delta, rounded, where load_delta(v, d) gives the
+ * 8 delta values of chunk v already rounded to bf16 as the unfused path stores them; the sum is
+ * written back to xr. Then orow = rmsnorm(xr) · w. */
+template <bool ADD, class DeltaFn>
+static __device__ __forceinline__ void add_rmsnorm_row(bf16 *xr, const bf16 *pre, DeltaFn load_delta,
+                                                       const float *__restrict__ w, const NormW &nw,
+                                                       float eps, int64_t D, bf16 *orow, float *red,
+                                                       int use_regs) {
+    rmsnorm_row(
+        [&](int64_t v, float f[8], bool first) {
+            unpack8(*reinterpret_cast<const uint4 *>(xr + v * 8), f);
+            if (!ADD || !first) return; /* the second pass reads back the stored sum */
+            float d[8];
+            if (pre) {
+                unpack8(*reinterpret_cast<const uint4 *>(pre + v * 8), d);
+                add_rounded8(f, d);
+            }
+            load_delta(v, d);
+            add_rounded8(f, d);
+            *reinterpret_cast<uint4 *>(xr + v * 8) = pack8(f);
+        },
+        [&](int64_t v, uint4 p) { *reinterpret_cast<uint4 *>(orow + v * 8) = p; }, w, nw, eps, D,
+        red, use_regs);
 }
 
 #endif

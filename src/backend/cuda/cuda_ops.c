@@ -389,3 +389,33 @@ void ds_cuda_op_moe_add_rmsnorm(ds_backend *be, const ds_config *cfg, const ds_m
     a.normed = out->data;
     ds_cuda_moe(c, &a);
 }
+
+void ds_cuda_op_moe_sublayer(ds_backend *be, const ds_config *cfg, const ds_moe_weights *w,
+                             ds_tensor *residual, ds_tensor *delta, const ds_tensor *post_norm_w,
+                             const ds_tensor *next_norm_w, float eps, ds_tensor *out) {
+    ds_cuda_ctx *c = ds_cuda_ctx_of(be);
+    const int64_t T = n_rows(residual), H = last_dim(residual);
+    DS_ASSERT(delta->dtype == DS_DTYPE_BF16 && ds_tensor_numel(delta) == ds_tensor_numel(residual) &&
+              post_norm_w->dtype == DS_DTYPE_F32 && ds_tensor_numel(post_norm_w) == H &&
+              next_norm_w->dtype == DS_DTYPE_F32 && ds_tensor_numel(next_norm_w) == H &&
+              residual->dtype == DS_DTYPE_BF16 && out->dtype == DS_DTYPE_BF16 &&
+              ds_tensor_numel(out) >= ds_tensor_numel(residual));
+    if (!c->opt.fuse_norm || T > DS_CUDA_GEMV_MAX_ROWS || !ds_cuda_gemv_add_norm_ok(c, (int)T, H)) {
+        ds_cuda_op_add_rmsnorm(be, residual, delta, post_norm_w, eps, out);
+        ds_cuda_op_moe_add_rmsnorm(be, cfg, w, out, delta, residual, next_norm_w, eps, out);
+        return;
+    }
+    /* the add + norm inside the router launch (cuda_gemv_norm.cu): the delta stays unchanged
+     * for the combine, which adds it to the residual again */
+    const ds_tensor x = {out->data, DS_DTYPE_BF16, 2, {T, H, 1, 1}}; /* the MoE input: out's first T rows */
+    ds_cuda_moe_args a;
+    if (!moe_args(c, cfg, w, &x, delta, &a)) return;
+    a.residual = residual->data;
+    a.norm_w = next_norm_w->data;
+    a.eps = eps;
+    a.normed = out->data;
+    a.pre_delta = delta->data;
+    a.pre_norm_w = post_norm_w->data;
+    a.x_out = out->data;
+    ds_cuda_moe(c, &a);
+}

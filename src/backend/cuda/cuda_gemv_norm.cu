@@ -1,0 +1,135 @@
+/* cuda_gemv_norm.cu — a CUDA-core GEMV whose input is the residual add + RMSNorm of the step's
+ * previous output, computed by every block for itself, so the norm is not a launch of its own
+ * (ctx->gemv_norm, DS_CUDA_GEMV_NORM):
+ *
+ *   s = bf16(resid + delta)              [R, K]   (not stored: the next residual add redoes it)
+ *   x = bf16(rmsnorm(s) · norm_w)        [R, K]   (each block's shared memory; block (0, 0)
+ *                                                  also writes it to `normed` for later kernels)
+ *   out[R, N] = x · Wᵀ                   fp32
+ *
+ * Used for the MoE router of one-sequence decode steps (ds_cuda_moe, pre_delta): it saves the
+ * add + norm launch (~2.7 µs, ncu s10-run3) and one launch boundary per layer. Every block
+ * reads the two [R, K] rows (L2: the previous kernels just wrote them) and reduces them with the
+ * same rmsnorm_row as add_rmsnorm; the GEMV is gemv_kernel's (same rows per warp, split-K plan
+ * and chunk order), so the logits and the normed rows are the bits of add_rmsnorm followed by
+ * ds_cuda_gemv_cores. Nothing in the launch
+ * writes what another block reads: the residual stays unchanged (the combine + norm after the
+ * MoE adds delta again, cuda_moe.cu). */
+#include "cuda_gemv.cuh"
+#include "cuda_launch.cuh"
+#include "cuda_norm.cuh"
+
+/* xs [R, K] (shared) = bf16(rmsnorm(bf16(resid + delta)) · norm_w), row by row with
+ * add_rmsnorm's arithmetic; the writer block also stores it to normed. Block-wide (barriers). */
+static __device__ __forceinline__ void add_norm_rows(const bf16 *__restrict__ resid,
+                                                     const bf16 *__restrict__ delta,
+                                                     const float *__restrict__ norm_w, const NormW &nw,
+                                                     float eps, int64_t K, int R, bf16 *xs,
+                                                     bf16 *__restrict__ normed, bool writer, float *red) {
+    for (int r = 0; r < R; r++) {
+        const bf16 *hr = resid + r * K, *dr = delta + r * K;
+        bf16 *xr = xs + r * K, *orow = normed + r * K;
+        rmsnorm_row(
+            [&](int64_t v, float f[8], bool) {
+                float d[8];
+                unpack8(*reinterpret_cast<const uint4 *>(hr + v * 8), f);
+                unpack8(*reinterpret_cast<const uint4 *>(dr + v * 8), d);
+                add_rounded8(f, d);
+            },
+            [&](int64_t v, uint4 p) {
+                *reinterpret_cast<uint4 *>(xr + v * 8) = p;
+                if (writer) *reinterpret_cast<uint4 *>(orow + v * 8) = p;
+            },
+            norm_w, nw, eps, K, red, 1);
+    }
+    __syncthreads();
+}
+
+template <int R, int ROWS, int UNROLL>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    gemv_add_norm_kernel(const bf16 *__restrict__ W, int64_t N, int64_t K,
+                         const bf16 *__restrict__ resid, const bf16 *__restrict__ delta,
+                         const float *__restrict__ norm_w, float eps, bf16 *__restrict__ normed,
+                         float *__restrict__ out, int64_t ldo, int64_t k_per_split,
+                         float *__restrict__ ws, int *__restrict__ counters, int preload) {
+    extern __shared__ __align__(16) unsigned char x_smem[]; /* x [R, K] bf16 */
+    __shared__ float red[32];
+    bf16 *xs = reinterpret_cast<bf16 *>(x_smem);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t n0 = ((int64_t)blockIdx.x * GEMV_WARPS + warp) * ROWS;
+    const int64_t k0 = (int64_t)blockIdx.y * k_per_split;
+    const int64_t k1 = k0 + k_per_split < K ? k0 + k_per_split : K;
+    /* weights only before the wait (cuda_launch.cuh): the norm's, and each warp's first batch */
+    const NormW nw = norm_w_load(norm_w, K, 1);
+    WBatch<ROWS, UNROLL> first;
+    const bool pre = preload && n0 < N;
+    if (pre) {
+        const bf16 *wrow[ROWS];
+        gemv_rows<ROWS>(W, K, n0, N, wrow);
+        wbatch_load<ROWS, UNROLL, true>(wrow, k0 + lane * 8, k1, first);
+    }
+    pdl_enter();
+    add_norm_rows(resid, delta, norm_w, nw, eps, K, R, xs, normed, blockIdx.x == 0 && blockIdx.y == 0, red);
+    const XSharedBF16 x = {xs, K};
+    float acc[ROWS][R];
+#pragma unroll
+    for (int rr = 0; rr < ROWS; rr++)
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[rr][r] = 0.f;
+    if (pre) gemv_warp_partial<R, ROWS, UNROLL, true, XSharedBF16, true>(W, K, n0, N, x, k0, k1, acc, &first);
+    else if (n0 < N) gemv_warp_partial<R, ROWS, UNROLL, true>(W, K, n0, N, x, k0, k1, acc);
+    gemv_warp_reduce<R, ROWS>(acc);
+    gemv_block_store<R, ROWS>(acc, n0, N, out, ldo, ws, counters);
+}
+
+/* Shared memory of the normed rows; the launch stays within the default 48 KB. */
+static size_t gemv_norm_smem(int R, int64_t K) { return sizeof(bf16) * (size_t)R * (size_t)K; }
+
+/* Only where ds_cuda_gemv takes the CUDA cores (one-sequence steps), at the default rows per
+ * warp (the one instantiation). A tensor-core version for multi-sequence steps (the same
+ * prologue before gemv_tc_kernel's block) was slower: its 4 or 8 rows are normed one after
+ * another in every block, 19.6 µs a launch against 2.7 + 8.0 µs for the pair (ncu s11-run3),
+ * 5.106 / 7.702 vs 4.947 / 7.298 ms at batch 4 / 8. */
+extern "C" int ds_cuda_gemv_add_norm_ok(const ds_cuda_ctx *ctx, int R, int64_t K) {
+    const bool tc = ctx->opt.tc_gemv && (ctx->batch.n_seqs > 1 || ctx->tc_one_seq);
+    return ctx->gemv_norm && !tc && ctx->gemv_rows == 4 && R >= 1 && R <= 8 && K % 8 == 0 &&
+           K >= 8 && gemv_norm_smem(R, K) <= 48 * 1024;
+}
+
+template <int R>
+static void launch_add_norm(ds_cuda_ctx *ctx, dim3 grid, const bf16 *W, int64_t N, int64_t K,
+                            const bf16 *resid, const bf16 *delta, const float *norm_w, float eps,
+                            bf16 *normed, float *out, int64_t ldo, int64_t kps) {
+    ds_launch(ctx, gemv_add_norm_kernel<R, 4, 2>, grid, GEMV_WARPS * 32, gemv_norm_smem(R, K), W,
+              N, K, resid, delta, norm_w, eps, normed, out, ldo, kps, ctx->d_splitk_ws,
+              ctx->d_splitk_cnt, ctx->gemv_preload);
+}
+
+extern "C" void ds_cuda_gemv_add_norm(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K,
+                                      const void *resid, const void *delta, const float *norm_w,
+                                      float eps, void *normed, int R, float *out, int64_t ldo) {
+    if (N <= 0 || R <= 0) return;
+    if (!ds_cuda_gemv_add_norm_ok(ctx, R, K)) {
+        ds_cuda_check(ctx, cudaErrorInvalidValue, "gemv_add_norm: shape outside the built kernel",
+                      __FILE__, __LINE__);
+        return;
+    }
+    const bf16 *Wb = (const bf16 *)W, *h = (const bf16 *)resid, *d = (const bf16 *)delta;
+    bf16 *xn = (bf16 *)normed;
+    /* ds_cuda_gemv_cores' grid and split-K plan for the same shape: the same sums */
+    int64_t kps;
+    const int64_t bx = DS_DIV_UP(N, (int64_t)GEMV_WARPS * 4);
+    const int64_t splits = gemv_split_k(ctx, ctx->splitk_per_sm, bx, N, K, R, &kps);
+    const dim3 grid((unsigned)bx, (unsigned)splits);
+    switch (R) {
+    case 1: launch_add_norm<1>(ctx, grid, Wb, N, K, h, d, norm_w, eps, xn, out, ldo, kps); break;
+    case 2: launch_add_norm<2>(ctx, grid, Wb, N, K, h, d, norm_w, eps, xn, out, ldo, kps); break;
+    case 3: launch_add_norm<3>(ctx, grid, Wb, N, K, h, d, norm_w, eps, xn, out, ldo, kps); break;
+    case 4: launch_add_norm<4>(ctx, grid, Wb, N, K, h, d, norm_w, eps, xn, out, ldo, kps); break;
+    case 5: launch_add_norm<5>(ctx, grid, Wb, N, K, h, d, norm_w, eps, xn, out, ldo, kps); break;
+    case 6: launch_add_norm<6>(ctx, grid, Wb, N, K, h, d, norm_w, eps, xn, out, ldo, kps); break;
+    case 7: launch_add_norm<7>(ctx, grid, Wb, N, K, h, d, norm_w, eps, xn, out, ldo, kps); break;
+    default: launch_add_norm<8>(ctx, grid, Wb, N, K, h, d, norm_w, eps, xn, out, ldo, kps); break;
+    }
+    DS_CU_LAUNCHED2(ctx, splits > 1 ? "gemv_add_norm_kernel (split-K)" : "gemv_add_norm_kernel", N, K);
+}
