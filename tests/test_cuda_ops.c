@@ -467,6 +467,28 @@ static void linear_cuda_free(ds_linear *d) {
     for (int p = 0; p < d->n_parts; p++) g_cuda->ops->free(g_cuda, d->parts[p].data);
 }
 
+/* run_linear as a one-sequence step (the CUDA-core GEMV), with narrow matrices split in K at 4
+ * rows a warp and unsplit at 1 row a warp (DS_CUDA_GEMV_NARROW 0 / 1, cuda_gemv.cuh gemv_plan):
+ * both plans against the CPU. */
+static void run_linear_cores(const char *what, const ds_linear *wc, const ds_linear *wg, int R,
+                             test_rng *r) {
+#ifndef DS_HAVE_CUDA
+    run_linear(what, wc, wg, R, r, 0);
+#else
+    ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
+    const int saved_seqs = c->batch.n_seqs, saved_narrow = c->gemv_narrow;
+    c->batch.n_seqs = 1;
+    for (int narrow = 0; narrow <= 1; narrow++) {
+        char name[96];
+        snprintf(name, sizeof name, "%s, CUDA cores%s", what, narrow ? ", narrow plan" : "");
+        c->gemv_narrow = narrow;
+        run_linear(name, wc, wg, R, r, 0);
+    }
+    c->batch.n_seqs = saved_seqs;
+    c->gemv_narrow = saved_narrow;
+#endif
+}
+
 /* run_linear as a multi-sequence step (the tensor-core GEMV) with K split for 0 (never), 1 and
  * 2 blocks per SM (DS_CUDA_TC_SPLITK_PER_SM): each split plan against the CPU. */
 static void run_linear_tc_splits(const char *what, const ds_linear *wc, const ds_linear *wg, int R,
@@ -510,15 +532,17 @@ static void test_linear(void **state) {
     tmodel *w = calloc(1, sizeof *w);
     const int64_t parts[3] = {200, 40, 16}, narrow[1] = {64}, tail[1] = {1000}, wide[1] = {4096};
     ds_linear a = lin(w, &r, 3, parts, 2048), b = lin(w, &r, 1, narrow, 8192),
-              c = lin(w, &r, 1, tail, 520), d = lin(w, &r, 1, wide, 4096), e = lin(w, &r, 1, wide, 3000);
+              c = lin(w, &r, 1, tail, 520), d = lin(w, &r, 1, wide, 4096), e = lin(w, &r, 1, wide, 3000),
+              g = lin(w, &r, 1, wide, 2048);
     ds_linear ag = linear_to_cuda(&a), bg = linear_to_cuda(&b), cg = linear_to_cuda(&c),
-              dg = linear_to_cuda(&d), eg = linear_to_cuda(&e);
+              dg = linear_to_cuda(&d), eg = linear_to_cuda(&e), gg = linear_to_cuda(&g);
     for (int R = 1; R <= 8; R += 7) {
         run_linear("3 parts, unfused", &a, &ag, R, &r, 0);
         run_linear("narrow N (split-K)", &b, &bg, R, &r, 0);
         run_linear("K=520 (tail)", &c, &cg, R, &r, 0);
         run_linear("K=4096, 3 splits of 1536", &d, &dg, R, &r, 0);
         run_linear("K=3000, 3 splits with a tail", &e, &eg, R, &r, 0);
+        run_linear_cores("K=2048, 3 splits or 1 row a warp", &g, &gg, R, &r);
     }
     for (int R = 2; R <= 8; R += 6) { /* K % 256 == 0: the tensor-core kernel's shapes */
         run_linear_tc_splits("narrow N", &b, &bg, R, &r);
@@ -526,6 +550,7 @@ static void test_linear(void **state) {
     }
     linear_cuda_free(&dg);
     linear_cuda_free(&eg);
+    linear_cuda_free(&gg);
     run_linear("3 parts, unfused", &a, &ag, 20, &r, 0);
     { /* a row count that is not a multiple of 8 through cuBLASLt: the aligned rows, then the
        * rest (ds_cuda_gemm_lt, DS_CUDA_LT_SPLIT) */
@@ -959,7 +984,7 @@ static void moe_norm_fused_vs_pair(tmodel *m, int l, const ds_tensor *xg, int T,
  * residual and the normed rows bit for bit. One sequence and ≤ 8 rows: the add + norm before
  * the MoE folded into the router launch (DS_CUDA_GEMV_NORM; cuda_gemv_norm.cu), the delta left
  * unchanged; otherwise moe_sublayer's unfused fallback (its wiring of the two norms). */
-static void moe_sublayer_vs_pair(tmodel *m, int l, int T, int seqs, test_rng *r) {
+static void moe_sublayer_vs_pair(tmodel *m, int l, int T, int seqs, int small_chip, test_rng *r) {
     if (!g_cuda->ops->moe_sublayer) return;
     const int H = m->cfg.hidden;
     const size_t n = (size_t)T * H;
@@ -975,8 +1000,11 @@ static void moe_sublayer_vs_pair(tmodel *m, int l, int T, int seqs, test_rng *r)
     int fused = 0;
 #ifdef DS_HAVE_CUDA
     ds_cuda_ctx *cc = (ds_cuda_ctx *)g_cuda->impl;
-    const int saved_seqs = cc->batch.n_seqs;
+    const int saved_seqs = cc->batch.n_seqs, saved_sms = cc->sm_count;
     cc->batch.n_seqs = seqs;
+    /* small_chip: plans made for a 32-SM device, so that the router GEMV of these small shapes
+     * takes the narrow plan (1 row a warp, unsplit; gemv_plan) as the 35B-A3B router does */
+    if (small_chip) cc->sm_count = 32;
     fused = cc->opt.fuse_norm && T <= 8 && ds_cuda_gemv_add_norm_ok(cc, T, H);
     /* the test shapes fit the fused kernel: with the switches on it must be the path taken */
     if (seqs == 1 && T <= 8 && cc->opt.fuse_norm && cc->gemv_norm && cc->gemv_rows == 4 && !cc->tc_one_seq)
@@ -988,6 +1016,7 @@ static void moe_sublayer_vs_pair(tmodel *m, int l, int T, int seqs, test_rng *r)
     g_cuda->ops->moe_sublayer(g_cuda, &m->cfg, w, &tr2, &td2, post, next, 1e-6f, &to2);
 #ifdef DS_HAVE_CUDA
     cc->batch.n_seqs = saved_seqs;
+    cc->sm_count = saved_sms;
 #endif
     float *a = act_download(g_cuda, r1, DS_DTYPE_BF16, n), *b = act_download(g_cuda, r2, DS_DTYPE_BF16, n);
     float *c = act_download(g_cuda, o1, DS_DTYPE_BF16, n), *d = act_download(g_cuda, o2, DS_DTYPE_BF16, n);
@@ -997,9 +1026,10 @@ static void moe_sublayer_vs_pair(tmodel *m, int l, int T, int seqs, test_rng *r)
         diff += memcmp(&a[i], &b[i], 4) != 0 || memcmp(&c[i], &d[i], 4) != 0;
         dchanged += memcmp(&d_before[i], &d_after[i], 4) != 0;
     }
-    printf("  moe_sublayer (%s) vs add_rmsnorm + moe_add_rmsnorm, layer %d T=%d, %d sequence(s): "
+    printf("  moe_sublayer (%s%s) vs add_rmsnorm + moe_add_rmsnorm, layer %d T=%d, %d sequence(s): "
            "%zu of %zu values differ, delta changed at %zu\n",
-           fused ? "add + norm in the router launch" : "unfused", l, T, seqs, diff, 2 * n, dchanged);
+           fused ? "add + norm in the router launch" : "unfused", small_chip ? ", 32-SM plans" : "",
+           l, T, seqs, diff, 2 * n, dchanged);
     assert_int_equal(diff, 0);
     if (fused) assert_int_equal(dchanged, 0);
     float *bufs_h[] = {a, b, c, d, d_before, d_after, rv, dv};
@@ -1127,8 +1157,9 @@ static void test_moe(void **state) {
                 snprintf(name, sizeof name, "moe %s layer %d T=%d", SHAPES[si].name, l, T);
                 compare(name, &o, DS_DTYPE_BF16, TOL_FUSED);
                 moe_norm_fused_vs_pair(m, l, &xg, T, &r);
-                moe_sublayer_vs_pair(m, l, T, 1, &r);
-                if (T > 1) moe_sublayer_vs_pair(m, l, T, T, &r);
+                moe_sublayer_vs_pair(m, l, T, 1, 0, &r);
+                moe_sublayer_vs_pair(m, l, T, 1, 1, &r);
+                if (T > 1) moe_sublayer_vs_pair(m, l, T, T, 0, &r);
                 moe_variants_vs_default(m, l, &xg, T);
             }
             pair_free(&x);

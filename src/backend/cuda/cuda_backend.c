@@ -592,6 +592,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->norm_regs = !(nregs && atoi(nregs) == 0);
         const char *gnorm = getenv("DS_CUDA_GEMV_NORM");
         c->gemv_norm = !(gnorm && atoi(gnorm) == 0);
+        const char *narrow = getenv("DS_CUDA_GEMV_NARROW");
+        c->gemv_narrow = !(narrow && atoi(narrow) == 0);
         const char *spm = getenv("DS_CUDA_SPLITK_PER_SM"), *tspm = getenv("DS_CUDA_TC_SPLITK_PER_SM");
         c->splitk_per_sm = spm && atoi(spm) >= 1 && atoi(spm) <= 8 ? atoi(spm) : 2;
         /* tensor cores never split K: 0 / 1 / 2 blocks per SM at batch 4 4.760 / 4.824 / 4.956

@@ -109,12 +109,10 @@ extern "C" void ds_cuda_gemv_cores(ds_cuda_ctx *ctx, const void *W, int64_t N, i
                                    const void *x, int64_t ldx, int R, void *out, int64_t ldo,
                                    int out_f32) {
     if (N <= 0 || R <= 0) return;
-    const int rows = ctx->gemv_rows == 1 || ctx->gemv_rows == 4 ? ctx->gemv_rows : 2;
-    const int64_t rows_per_block = (int64_t)GEMV_WARPS * rows;
-    const int64_t bx = DS_DIV_UP(N, rows_per_block);
-    int64_t kps;
-    const int64_t splits = gemv_split_k(ctx, ctx->splitk_per_sm, bx, N, K, R, &kps);
-    dim3 grid((unsigned)bx, (unsigned)splits);
+    const GemvPlan p = gemv_plan(ctx, N, K, R);
+    const int rows = p.rows, splits = (int)p.splits;
+    const int64_t kps = p.kps;
+    dim3 grid((unsigned)p.bx, (unsigned)p.splits);
     const bf16 *Wb = (const bf16 *)W, *xb = (const bf16 *)x;
     if (out_f32) {
         float *o = (float *)out;

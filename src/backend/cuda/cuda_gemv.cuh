@@ -175,6 +175,33 @@ static inline int64_t gemv_split_k(const ds_cuda_ctx *ctx, int per_sm, int64_t b
     return splits;
 }
 
+/* Launch plan of the CUDA-core GEMV (gemv_kernel, and gemv_add_norm_kernel, which must sum in
+ * the same order): rows per warp (ctx->gemv_rows: 4, or 2 or 1), row blocks, K splits. A matrix
+ * too narrow to fill the chip at 4 rows a warp (split K) takes 1 row a warp unsplit when that
+ * gives a block per SM and each warp's row is one batch of loads (K ≤ 2048 at UNROLL 8)
+ * (ctx->gemv_narrow, DS_CUDA_GEMV_NARROW): the same bytes in flight a warp, no partials and no
+ * last-block sum. ncu s11-run6: the 35B-A3B router (1281 × 2048) 5.63 vs 6.97 µs; the 2048 ×
+ * 4096 out_proj, two batches a warp, 9.38 vs 8.73 µs — hence the K bound. */
+struct GemvPlan {
+    int rows;
+    int64_t bx, splits, kps;
+};
+
+static inline GemvPlan gemv_plan(const ds_cuda_ctx *ctx, int64_t N, int64_t K, int R) {
+    GemvPlan p;
+    p.rows = ctx->gemv_rows == 1 || ctx->gemv_rows == 4 ? ctx->gemv_rows : 2;
+    p.bx = DS_DIV_UP(N, (int64_t)GEMV_WARPS * p.rows);
+    p.splits = gemv_split_k(ctx, ctx->splitk_per_sm, p.bx, N, K, R, &p.kps);
+    const int64_t bx1 = DS_DIV_UP(N, (int64_t)GEMV_WARPS);
+    if (ctx->gemv_narrow && p.splits > 1 && p.rows != 1 && bx1 >= ctx->sm_count && K <= 256 * 8) {
+        p.rows = 1;
+        p.bx = bx1;
+        p.splits = 1;
+        p.kps = K;
+    }
+    return p;
+}
+
 template <typename T> static __device__ __forceinline__ void store_out(T *p, float v);
 template <> __device__ __forceinline__ void store_out<float>(float *p, float v) { *p = v; }
 template <> __device__ __forceinline__ void store_out<bf16>(bf16 *p, float v) {

@@ -10,8 +10,8 @@
  * Used for the MoE router of one-sequence decode steps (ds_cuda_moe, pre_delta): it saves the
  * add + norm launch (~2.7 µs, ncu s10-run3) and one launch boundary per layer. Every block
  * reads the two [R, K] rows (L2: the previous kernels just wrote them) and reduces them with the
- * same rmsnorm_row as add_rmsnorm; the GEMV is gemv_kernel's (same rows per warp, split-K plan
- * and chunk order), so the logits and the normed rows are the bits of add_rmsnorm followed by
+ * same rmsnorm_row as add_rmsnorm; the GEMV is gemv_kernel's (the same gemv_plan: rows per
+ * warp, split K, chunk order), so the logits and the normed rows are the bits of add_rmsnorm followed by
  * ds_cuda_gemv_cores. Nothing in the launch
  * writes what another block reads: the residual stays unchanged (the combine + norm after the
  * MoE adds delta again, cuda_moe.cu). */
@@ -97,12 +97,19 @@ extern "C" int ds_cuda_gemv_add_norm_ok(const ds_cuda_ctx *ctx, int R, int64_t K
 }
 
 template <int R>
-static void launch_add_norm(ds_cuda_ctx *ctx, dim3 grid, const bf16 *W, int64_t N, int64_t K,
+static void launch_add_norm(ds_cuda_ctx *ctx, const GemvPlan &p, const bf16 *W, int64_t N, int64_t K,
                             const bf16 *resid, const bf16 *delta, const float *norm_w, float eps,
-                            bf16 *normed, float *out, int64_t ldo, int64_t kps) {
-    ds_launch(ctx, gemv_add_norm_kernel<R, 4, 2>, grid, GEMV_WARPS * 32, gemv_norm_smem(R, K), W,
-              N, K, resid, delta, norm_w, eps, normed, out, ldo, kps, ctx->d_splitk_ws,
-              ctx->d_splitk_cnt, ctx->gemv_preload);
+                            bf16 *normed, float *out, int64_t ldo) {
+    const dim3 grid((unsigned)p.bx, (unsigned)p.splits);
+    /* gemv_kernel's instantiations for these rows per warp (cuda_gemv.cu) */
+    if (p.rows == 1)
+        ds_launch(ctx, gemv_add_norm_kernel<R, 1, 8>, grid, GEMV_WARPS * 32, gemv_norm_smem(R, K), W,
+                  N, K, resid, delta, norm_w, eps, normed, out, ldo, p.kps, ctx->d_splitk_ws,
+                  ctx->d_splitk_cnt, ctx->gemv_preload);
+    else
+        ds_launch(ctx, gemv_add_norm_kernel<R, 4, 2>, grid, GEMV_WARPS * 32, gemv_norm_smem(R, K), W,
+                  N, K, resid, delta, norm_w, eps, normed, out, ldo, p.kps, ctx->d_splitk_ws,
+                  ctx->d_splitk_cnt, ctx->gemv_preload);
 }
 
 extern "C" void ds_cuda_gemv_add_norm(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K,
@@ -116,20 +123,17 @@ extern "C" void ds_cuda_gemv_add_norm(ds_cuda_ctx *ctx, const void *W, int64_t N
     }
     const bf16 *Wb = (const bf16 *)W, *h = (const bf16 *)resid, *d = (const bf16 *)delta;
     bf16 *xn = (bf16 *)normed;
-    /* ds_cuda_gemv_cores' grid and split-K plan for the same shape: the same sums */
-    int64_t kps;
-    const int64_t bx = DS_DIV_UP(N, (int64_t)GEMV_WARPS * 4);
-    const int64_t splits = gemv_split_k(ctx, ctx->splitk_per_sm, bx, N, K, R, &kps);
-    const dim3 grid((unsigned)bx, (unsigned)splits);
+    /* ds_cuda_gemv_cores' plan for the same shape: the same sums */
+    const GemvPlan p = gemv_plan(ctx, N, K, R);
     switch (R) {
-    case 1: launch_add_norm<1>(ctx, grid, Wb, N, K, h, d, norm_w, eps, xn, out, ldo, kps); break;
-    case 2: launch_add_norm<2>(ctx, grid, Wb, N, K, h, d, norm_w, eps, xn, out, ldo, kps); break;
-    case 3: launch_add_norm<3>(ctx, grid, Wb, N, K, h, d, norm_w, eps, xn, out, ldo, kps); break;
-    case 4: launch_add_norm<4>(ctx, grid, Wb, N, K, h, d, norm_w, eps, xn, out, ldo, kps); break;
-    case 5: launch_add_norm<5>(ctx, grid, Wb, N, K, h, d, norm_w, eps, xn, out, ldo, kps); break;
-    case 6: launch_add_norm<6>(ctx, grid, Wb, N, K, h, d, norm_w, eps, xn, out, ldo, kps); break;
-    case 7: launch_add_norm<7>(ctx, grid, Wb, N, K, h, d, norm_w, eps, xn, out, ldo, kps); break;
-    default: launch_add_norm<8>(ctx, grid, Wb, N, K, h, d, norm_w, eps, xn, out, ldo, kps); break;
+    case 1: launch_add_norm<1>(ctx, p, Wb, N, K, h, d, norm_w, eps, xn, out, ldo); break;
+    case 2: launch_add_norm<2>(ctx, p, Wb, N, K, h, d, norm_w, eps, xn, out, ldo); break;
+    case 3: launch_add_norm<3>(ctx, p, Wb, N, K, h, d, norm_w, eps, xn, out, ldo); break;
+    case 4: launch_add_norm<4>(ctx, p, Wb, N, K, h, d, norm_w, eps, xn, out, ldo); break;
+    case 5: launch_add_norm<5>(ctx, p, Wb, N, K, h, d, norm_w, eps, xn, out, ldo); break;
+    case 6: launch_add_norm<6>(ctx, p, Wb, N, K, h, d, norm_w, eps, xn, out, ldo); break;
+    case 7: launch_add_norm<7>(ctx, p, Wb, N, K, h, d, norm_w, eps, xn, out, ldo); break;
+    default: launch_add_norm<8>(ctx, p, Wb, N, K, h, d, norm_w, eps, xn, out, ldo); break;
     }
-    DS_CU_LAUNCHED2(ctx, splits > 1 ? "gemv_add_norm_kernel (split-K)" : "gemv_add_norm_kernel", N, K);
+    DS_CU_LAUNCHED2(ctx, p.splits > 1 ? "gemv_add_norm_kernel (split-K)" : "gemv_add_norm_kernel", N, K);
 }

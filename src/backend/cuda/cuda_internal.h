@@ -232,6 +232,10 @@ typedef struct ds_cuda_ctx {
      * 0..8), for measurements (cuda_gemv.cuh gemv_split_k). Another value changes the order of
      * the sums, not their independence of the step's row count. */
     int splitk_per_sm, tc_splitk_per_sm;
+    /* CUDA-core GEMVs too narrow to fill the chip without split K at 4 rows a warp take 1 row a
+     * warp unsplit where that gives a block per SM (1, default; DS_CUDA_GEMV_NARROW=0: split,
+     * for before/after runs; cuda_gemv.cuh gemv_plan) */
+    int gemv_narrow;
 
     /* Optimisation switches (catalogue items; env at create, README "Switches"), 1 = on:
      * moe_fast_route   DS_OPT_MOE_FAST_ROUTE: decode routing from shared memory
