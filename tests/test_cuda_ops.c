@@ -981,9 +981,10 @@ static void moe_norm_fused_vs_pair(tmodel *m, int l, const ds_tensor *xg, int T,
 }
 
 /* moe_sublayer vs add_rmsnorm then moe_add_rmsnorm on CUDA, as a step of `seqs` sequences: the
- * residual and the normed rows bit for bit. One sequence and ≤ 8 rows: the add + norm before
- * the MoE folded into the router launch (DS_CUDA_GEMV_NORM; cuda_gemv_norm.cu), the delta left
- * unchanged; otherwise moe_sublayer's unfused fallback (its wiring of the two norms). */
+ * residual and the normed rows bit for bit. Where the router runs on the CUDA cores (one
+ * sequence; more when K % 256 ≠ 0) and ≤ 8 rows: the add + norm before the MoE folded into the
+ * router launch (DS_CUDA_GEMV_NORM, cuda_gemv_norm.cu), the delta left unchanged; otherwise
+ * moe_sublayer's unfused fallback (its wiring of the two norms). */
 static void moe_sublayer_vs_pair(tmodel *m, int l, int T, int seqs, int small_chip, test_rng *r) {
     if (!g_cuda->ops->moe_sublayer) return;
     const int H = m->cfg.hidden;
@@ -1006,8 +1007,9 @@ static void moe_sublayer_vs_pair(tmodel *m, int l, int T, int seqs, int small_ch
      * takes the narrow plan (1 row a warp, unsplit; gemv_plan) as the 35B-A3B router does */
     if (small_chip) cc->sm_count = 32;
     fused = cc->opt.fuse_norm && T <= 8 && ds_cuda_gemv_add_norm_ok(cc, T, H);
-    /* the test shapes fit the fused kernel: with the switches on it must be the path taken */
-    if (seqs == 1 && T <= 8 && cc->opt.fuse_norm && cc->gemv_norm && cc->gemv_rows == 4 && !cc->tc_one_seq)
+    /* the test shapes fit the fused kernels: with the switches on it must be the path taken */
+    if (T <= 8 && cc->opt.fuse_norm && cc->gemv_norm && cc->gemv_rows == 4 &&
+        ((seqs == 1 && !cc->tc_one_seq) || H % 256 != 0))
         assert_true(fused);
 #endif
     g_cuda->ops->add_rmsnorm(g_cuda, &tr1, &td1, post, 1e-6f, &to1);

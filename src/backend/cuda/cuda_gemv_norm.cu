@@ -10,8 +10,8 @@
  * Used for the MoE router of one-sequence decode steps (ds_cuda_moe, pre_delta): it saves the
  * add + norm launch (~2.7 µs, ncu s10-run3) and one launch boundary per layer. Every block
  * reads the two [R, K] rows (L2: the previous kernels just wrote them) and reduces them with the
- * same rmsnorm_row as add_rmsnorm; the GEMV is gemv_kernel's (the same gemv_plan: rows per
- * warp, split K, chunk order), so the logits and the normed rows are the bits of add_rmsnorm followed by
+ * arithmetic of add_rmsnorm (cuda_norm.cuh add_norm_rows, all rows at once); the GEMV is
+ * gemv_kernel's (the same gemv_plan: rows per warp, split K, chunk order), so the logits and the normed rows are the bits of add_rmsnorm followed by
  * ds_cuda_gemv_cores. Nothing in the launch
  * writes what another block reads: the residual stays unchanged (the combine + norm after the
  * MoE adds delta again, cuda_moe.cu). */
@@ -19,41 +19,16 @@
 #include "cuda_launch.cuh"
 #include "cuda_norm.cuh"
 
-/* xs [R, K] (shared) = bf16(rmsnorm(bf16(resid + delta)) · norm_w), row by row with
- * add_rmsnorm's arithmetic; the writer block also stores it to normed. Block-wide (barriers). */
-static __device__ __forceinline__ void add_norm_rows(const bf16 *__restrict__ resid,
-                                                     const bf16 *__restrict__ delta,
-                                                     const float *__restrict__ norm_w, const NormW &nw,
-                                                     float eps, int64_t K, int R, bf16 *xs,
-                                                     bf16 *__restrict__ normed, bool writer, float *red) {
-    for (int r = 0; r < R; r++) {
-        const bf16 *hr = resid + r * K, *dr = delta + r * K;
-        bf16 *xr = xs + r * K, *orow = normed + r * K;
-        rmsnorm_row(
-            [&](int64_t v, float f[8], bool) {
-                float d[8];
-                unpack8(*reinterpret_cast<const uint4 *>(hr + v * 8), f);
-                unpack8(*reinterpret_cast<const uint4 *>(dr + v * 8), d);
-                add_rounded8(f, d);
-            },
-            [&](int64_t v, uint4 p) {
-                *reinterpret_cast<uint4 *>(xr + v * 8) = p;
-                if (writer) *reinterpret_cast<uint4 *>(orow + v * 8) = p;
-            },
-            norm_w, nw, eps, K, red, 1);
-    }
-    __syncthreads();
-}
-
 template <int R, int ROWS, int UNROLL>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
+__global__ void __launch_bounds__(GEMV_WARPS * 32, 2) /* ≤ 128 registers: the router's 161-164
+                                                       * blocks in one wave at any R */
     gemv_add_norm_kernel(const bf16 *__restrict__ W, int64_t N, int64_t K,
                          const bf16 *__restrict__ resid, const bf16 *__restrict__ delta,
                          const float *__restrict__ norm_w, float eps, bf16 *__restrict__ normed,
                          float *__restrict__ out, int64_t ldo, int64_t k_per_split,
                          float *__restrict__ ws, int *__restrict__ counters, int preload) {
     extern __shared__ __align__(16) unsigned char x_smem[]; /* x [R, K] bf16 */
-    __shared__ float red[32];
+    __shared__ float red[R * 32];
     bf16 *xs = reinterpret_cast<bf16 *>(x_smem);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t n0 = ((int64_t)blockIdx.x * GEMV_WARPS + warp) * ROWS;
@@ -69,7 +44,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         wbatch_load<ROWS, UNROLL, true>(wrow, k0 + lane * 8, k1, first);
     }
     pdl_enter();
-    add_norm_rows(resid, delta, norm_w, nw, eps, K, R, xs, normed, blockIdx.x == 0 && blockIdx.y == 0, red);
+    add_norm_rows<R>(resid, delta, nw, eps, K, R, xs, normed, blockIdx.x == 0 && blockIdx.y == 0, red);
     const XSharedBF16 x = {xs, K};
     float acc[ROWS][R];
 #pragma unroll
@@ -85,15 +60,18 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 /* Shared memory of the normed rows; the launch stays within the default 48 KB. */
 static size_t gemv_norm_smem(int R, int64_t K) { return sizeof(bf16) * (size_t)R * (size_t)K; }
 
-/* Only where ds_cuda_gemv takes the CUDA cores (one-sequence steps), at the default rows per
- * warp (the one instantiation). A tensor-core version for multi-sequence steps (the same
- * prologue before gemv_tc_kernel's block) was slower: its 4 or 8 rows are normed one after
- * another in every block, 19.6 µs a launch against 2.7 + 8.0 µs for the pair (ncu s11-run3),
- * 5.106 / 7.702 vs 4.947 / 7.298 ms at batch 4 / 8. */
+/* Only where ds_cuda_gemv takes the CUDA cores (one-sequence steps; multi-sequence steps
+ * whose K is not a multiple of 256), at the default rows per warp (and its narrow plan); rows
+ * of ≤ 4096 values (add_norm_rows: two chunks a thread). A tensor-core form for multi-sequence
+ * steps (gemv_tc_kernel's block after add_norm_rows) was slower in the step although not in
+ * isolation: 4.798 / 7.237 vs 4.746 / 7.084 ms at batch 4 / 8, 10.1 µs a launch at batch 8
+ * (s11-run8; with the rows normed one after another, 19.6 µs and 5.106 / 7.702 ms, s11-run3):
+ * the separate norm launch overlaps its neighbours under PDL, the prologue does not. */
 extern "C" int ds_cuda_gemv_add_norm_ok(const ds_cuda_ctx *ctx, int R, int64_t K) {
-    const bool tc = ctx->opt.tc_gemv && (ctx->batch.n_seqs > 1 || ctx->tc_one_seq);
-    return ctx->gemv_norm && !tc && ctx->gemv_rows == 4 && R >= 1 && R <= 8 && K % 8 == 0 &&
-           K >= 8 && gemv_norm_smem(R, K) <= 48 * 1024;
+    const bool tc = ctx->opt.tc_gemv && (ctx->batch.n_seqs > 1 || ctx->tc_one_seq) && K % 256 == 0;
+    if (!ctx->gemv_norm || tc || ctx->gemv_rows != 4) return 0;
+    return R >= 1 && R <= 8 && K % 8 == 0 && K >= 8 && K <= DS_NORM_REG_CHUNKS * 8 * DS_NORM_THREADS &&
+           gemv_norm_smem(R, K) <= 48 * 1024;
 }
 
 template <int R>

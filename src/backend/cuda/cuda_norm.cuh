@@ -124,4 +124,90 @@ static __device__ __forceinline__ void add_rmsnorm_row(bf16 *xr, const bf16 *pre
         red, use_regs);
 }
 
+/* The residual add + RMSNorm of R ≤ RMAX rows into shared memory, for a GEMV that takes it as
+ * its input (cuda_gemv_norm.cu, cuda_gemv_tc.cu): xs [R, D] bf16 = bf16(rmsnorm(bf16(resid +
+ * delta)) · w), rows D apart; the writer block also stores it to normed. The bits of
+ * add_rmsnorm_row for every row — each thread sums its chunks v = tid, tid + blockDim in that
+ * order, warp sums, then the warps in order — but all rows at once: the loads of
+ * NORM_ROWS_INFLIGHT rows in flight together and one reduction barrier for all rows, where one
+ * rmsnorm_row per row costs R dependent round trips and 2R barriers. D ≤ DS_NORM_REG_CHUNKS ·
+ * 8 · blockDim.x, D % 8 == 0, blockDim.x == DS_NORM_THREADS; nw = norm_w_load(w, D, 1).
+ * Block-wide: xs is complete when it returns. `red` holds ≥ RMAX · 32 floats. */
+#define NORM_ROWS_INFLIGHT 4
+
+template <int RMAX>
+static __device__ __forceinline__ void add_norm_rows(const bf16 *__restrict__ resid,
+                                                     const bf16 *__restrict__ delta, const NormW &nw,
+                                                     float eps, int64_t D, int R, bf16 *xs,
+                                                     bf16 *__restrict__ normed, bool writer, float *red) {
+    constexpr int CH = DS_NORM_REG_CHUNKS, G = NORM_ROWS_INFLIGHT;
+    const int64_t nv = D / 8;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    float ss[RMAX];
+#pragma unroll
+    for (int r = 0; r < RMAX; r++) ss[r] = 0.f;
+    /* pass 1: the rounded sums into xs, each row's squares in this thread's chunk order */
+#pragma unroll
+    for (int r0 = 0; r0 < RMAX; r0 += G) {
+        if (r0 >= R) break;
+        uint4 hv[G][CH], dv[G][CH];
+#pragma unroll
+        for (int g = 0; g < G; g++)
+#pragma unroll
+            for (int j = 0; j < CH; j++) {
+                const int64_t v = threadIdx.x + (int64_t)j * blockDim.x, o = (int64_t)(r0 + g) * D + v * 8;
+                if (r0 + g < RMAX && r0 + g < R && v < nv) {
+                    hv[g][j] = *reinterpret_cast<const uint4 *>(resid + o);
+                    dv[g][j] = *reinterpret_cast<const uint4 *>(delta + o);
+                }
+            }
+#pragma unroll
+        for (int g = 0; g < G; g++)
+#pragma unroll
+            for (int j = 0; j < CH; j++) {
+                const int64_t v = threadIdx.x + (int64_t)j * blockDim.x;
+                if (!(r0 + g < RMAX && r0 + g < R && v < nv)) continue;
+                float f[8], d[8];
+                unpack8(hv[g][j], f);
+                unpack8(dv[g][j], d);
+                add_rounded8(f, d);
+                *reinterpret_cast<uint4 *>(xs + (int64_t)(r0 + g) * D + v * 8) = pack8(f);
+#pragma unroll
+                for (int i = 0; i < 8; i++) ss[r0 + g < RMAX ? r0 + g : 0] += f[i] * f[i];
+            }
+    }
+    /* one reduction for all rows: block_sum's order */
+#pragma unroll
+    for (int r = 0; r < RMAX; r++) {
+        if (r >= R) break;
+        const float s = warp_sum(ss[r]);
+        if (lane == 0) red[r * 32 + warp] = s;
+    }
+    __syncthreads();
+    /* pass 2: normalise in place (each thread its own chunks, as written in pass 1) */
+#pragma unroll
+    for (int r = 0; r < RMAX; r++) {
+        if (r >= R) break;
+        float tot = 0.f;
+        for (int i = 0; i < nwarps; i++) tot += red[r * 32 + i];
+        const float inv = rsqrtf(tot / (float)D + eps);
+#pragma unroll
+        for (int j = 0; j < CH; j++) {
+            const int64_t v = threadIdx.x + (int64_t)j * blockDim.x;
+            if (v >= nv) continue;
+            float f[8];
+            bf16 *xr = xs + (int64_t)r * D + v * 8;
+            unpack8(*reinterpret_cast<const uint4 *>(xr), f);
+            const float wj[8] = {nw.w[j][0].x, nw.w[j][0].y, nw.w[j][0].z, nw.w[j][0].w,
+                                 nw.w[j][1].x, nw.w[j][1].y, nw.w[j][1].z, nw.w[j][1].w};
+#pragma unroll
+            for (int i = 0; i < 8; i++) f[i] = f[i] * inv * wj[i];
+            const uint4 p = pack8(f);
+            *reinterpret_cast<uint4 *>(xr) = p;
+            if (writer) *reinterpret_cast<uint4 *>(normed + (int64_t)r * D + v * 8) = p;
+        }
+    }
+    __syncthreads();
+}
+
 #endif
