@@ -26,30 +26,14 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         const int64_t span = (k1 - k0) * 2; /* the last split may be shorter */
         prefetch_l2(W + (n0 + lane) * K + k0, (uint32_t)(pf_bytes < span ? pf_bytes : span));
     }
-    /* preload (ctx->gemv_preload, DS_CUDA_GEMV_PRELOAD): the warp's first batch of weights is
-     * loaded into registers before the wait, so a block that is resident while its predecessor
-     * finishes (after a small kernel: a norm, the GDN, a combine) has its first DRAM round trip
-     * behind it when the input becomes readable */
-    WBatch<ROWS, UNROLL> first;
-    const bool pre = preload && n0 < N;
-    if (pre) {
-        const bf16 *wrow[ROWS];
-        gemv_rows<ROWS>(W, K, n0, N, wrow);
-        wbatch_load<ROWS, UNROLL, true>(wrow, k0 + lane * 8, k1, first);
-    }
+    WBatch<ROWS, UNROLL> first; /* the first weights before the wait (gemv_preload) */
+    const bool pre = gemv_preload<ROWS, UNROLL>(W, K, n0, N, k0, k1, lane, preload, first);
     pdl_enter();
     XRows<R> xs;
 #pragma unroll
     for (int r = 0; r < R; r++) xs.base[r] = x + r * ldx;
-
     float acc[ROWS][R];
-#pragma unroll
-    for (int rr = 0; rr < ROWS; rr++)
-#pragma unroll
-        for (int r = 0; r < R; r++) acc[rr][r] = 0.f;
-    if (pre) gemv_warp_partial<R, ROWS, UNROLL, true, XRows<R>, true>(W, K, n0, N, xs, k0, k1, acc, &first);
-    else if (n0 < N) gemv_warp_partial<R, ROWS, UNROLL, true>(W, K, n0, N, xs, k0, k1, acc);
-    gemv_warp_reduce<R, ROWS>(acc);
+    gemv_warp_sums<R, ROWS, UNROLL>(W, K, n0, N, xs, k0, k1, pre, first, acc);
 
     gemv_block_store<R, ROWS>(acc, n0, N, out, ldo, ws, counters);
 }

@@ -151,6 +151,39 @@ static __device__ __forceinline__ void gemv_warp_reduce(float acc[ROWS][R]) {
         for (int r = 0; r < R; r++) acc[rr][r] = warp_sum(acc[rr][r]);
 }
 
+/* A GEMV kernel's warp before its PDL wait (ctx->gemv_preload, DS_CUDA_GEMV_PRELOAD): its first
+ * batch of weights into registers, so that a block resident while its predecessor finishes (a
+ * norm, the GDN, a combine) has its first DRAM round trip behind it when the input becomes
+ * readable. Returns whether *first holds it (preload and the warp has rows). */
+template <int ROWS, int UNROLL>
+static __device__ __forceinline__ bool gemv_preload(const bf16 *__restrict__ W, int64_t K, int64_t n0,
+                                                    int64_t N, int64_t k0, int64_t k1, int lane,
+                                                    int preload, WBatch<ROWS, UNROLL> &first) {
+    const bool pre = preload && n0 < N;
+    if (pre) {
+        const bf16 *wrow[ROWS];
+        gemv_rows<ROWS>(W, K, n0, N, wrow);
+        wbatch_load<ROWS, UNROLL, true>(wrow, k0 + lane * 8, k1, first);
+    }
+    return pre;
+}
+
+/* After the wait: the warp's sums acc[rr][r] over [k0, k1) of rows n0.. with input xs, reduced
+ * across the warp (every lane holds them); pre / first from gemv_preload. */
+template <int R, int ROWS, int UNROLL, class XS>
+static __device__ __forceinline__ void gemv_warp_sums(const bf16 *__restrict__ W, int64_t K, int64_t n0,
+                                                      int64_t N, const XS &xs, int64_t k0, int64_t k1,
+                                                      bool pre, const WBatch<ROWS, UNROLL> &first,
+                                                      float acc[ROWS][R]) {
+#pragma unroll
+    for (int rr = 0; rr < ROWS; rr++)
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[rr][r] = 0.f;
+    if (pre) gemv_warp_partial<R, ROWS, UNROLL, true, XS, true>(W, K, n0, N, xs, k0, k1, acc, &first);
+    else if (n0 < N) gemv_warp_partial<R, ROWS, UNROLL, true>(W, K, n0, N, xs, k0, k1, acc);
+    gemv_warp_reduce<R, ROWS>(acc);
+}
+
 /* Split-K plan of a GEMV launch with bx row blocks: split K when they cannot fill per_sm
  * blocks per SM (ctx->splitk_per_sm or ctx->tc_splitk_per_sm; 0: never), into at most 16
  * splits of ≥ 512 (K ≥ 1024), each a multiple of 256 wide (*kps), within the partials workspace and the tile counters; returns the split count. R enters only through the

@@ -37,23 +37,12 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, 2) /* ≤ 128 registers: the 
     /* weights only before the wait (cuda_launch.cuh): the norm's, and each warp's first batch */
     const NormW nw = norm_w_load(norm_w, K, 1);
     WBatch<ROWS, UNROLL> first;
-    const bool pre = preload && n0 < N;
-    if (pre) {
-        const bf16 *wrow[ROWS];
-        gemv_rows<ROWS>(W, K, n0, N, wrow);
-        wbatch_load<ROWS, UNROLL, true>(wrow, k0 + lane * 8, k1, first);
-    }
+    const bool pre = gemv_preload<ROWS, UNROLL>(W, K, n0, N, k0, k1, lane, preload, first);
     pdl_enter();
     add_norm_rows<R>(resid, delta, nw, eps, K, R, xs, normed, blockIdx.x == 0 && blockIdx.y == 0, red);
     const XSharedBF16 x = {xs, K};
     float acc[ROWS][R];
-#pragma unroll
-    for (int rr = 0; rr < ROWS; rr++)
-#pragma unroll
-        for (int r = 0; r < R; r++) acc[rr][r] = 0.f;
-    if (pre) gemv_warp_partial<R, ROWS, UNROLL, true, XSharedBF16, true>(W, K, n0, N, x, k0, k1, acc, &first);
-    else if (n0 < N) gemv_warp_partial<R, ROWS, UNROLL, true>(W, K, n0, N, x, k0, k1, acc);
-    gemv_warp_reduce<R, ROWS>(acc);
+    gemv_warp_sums<R, ROWS, UNROLL>(W, K, n0, N, x, k0, k1, pre, first, acc);
     gemv_block_store<R, ROWS>(acc, n0, N, out, ldo, ws, counters);
 }
 
