@@ -11,10 +11,10 @@
  * add + norm launch (~2.7 µs, ncu s10-run3) and one launch boundary per layer. Every block
  * reads the two [R, K] rows (L2: the previous kernels just wrote them) and reduces them with the
  * arithmetic of add_rmsnorm (cuda_norm.cuh add_norm_rows, all rows at once); the GEMV is
- * gemv_kernel's (the same gemv_plan: rows per warp, split K, chunk order), so the logits and the normed rows are the bits of add_rmsnorm followed by
- * ds_cuda_gemv_cores. Nothing in the launch
- * writes what another block reads: the residual stays unchanged (the combine + norm after the
- * MoE adds delta again, cuda_moe.cu). */
+ * gemv_kernel's (the same gemv_plan: rows per warp, split K, chunk order), so the logits and
+ * the normed rows are the bits of add_rmsnorm followed by ds_cuda_gemv_cores. Nothing in the
+ * launch writes what another block reads: the residual stays unchanged (the combine + norm
+ * after the MoE adds delta again, cuda_moe.cu). */
 #include "cuda_gemv.cuh"
 #include "cuda_launch.cuh"
 #include "cuda_norm.cuh"
