@@ -3,7 +3,6 @@
  * The fuzz target is compiled in (it is one function) so the seed corpus and thousands of
  * deterministic mutations run through exactly what libFuzzer would call; the sanitizer build
  * turns any out-of-bounds read into a failure. */
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -332,16 +331,10 @@ static void test_unsupported_requested(void **state) {
 
 /* ---- fuzz replay ---------------------------------------------------------------------------- */
 
-static uint64_t rng_next(uint64_t *s) {
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    return *s;
-}
-
 /* Runs `seed` and ~n mutations of it through the fuzz entry point. Each input lives in an
  * allocation of exactly its size. Returns the number of inputs the parser accepted. */
-static int replay_mutations(const uint8_t *seed, size_t len, int n, uint64_t rs) {
+static int replay_mutations(const uint8_t *seed, size_t len, int n, uint64_t seed_rs) {
+    test_rng rs = {seed_rs};
     int accepted = 0;
     uint8_t *buf = malloc(len ? len : 1);
     memcpy(buf, seed, len);
@@ -356,24 +349,24 @@ static int replay_mutations(const uint8_t *seed, size_t len, int n, uint64_t rs)
     static const char tokens[] = "\"{}[],:-0915e.Ex \\";
     for (int i = 0; i < n; i++) {
         memcpy(buf, seed, len);
-        int kind = (int)(rng_next(&rs) % 4);
-        int edits = 1 + (int)(rng_next(&rs) % 3);
+        int kind = (int)(test_rng_next(&rs) % 4);
+        int edits = 1 + (int)(test_rng_next(&rs) % 3);
         for (int k = 0; k < edits && len > 0; k++) {
-            size_t at = (size_t)(rng_next(&rs) % len);
+            size_t at = (size_t)(test_rng_next(&rs) % len);
             if (kind == 0) {
-                buf[at] ^= (uint8_t)(1u << (rng_next(&rs) % 8));
+                buf[at] ^= (uint8_t)(1u << (test_rng_next(&rs) % 8));
             } else if (kind == 1) {
-                buf[at] = (uint8_t)tokens[rng_next(&rs) % (sizeof tokens - 1)];
+                buf[at] = (uint8_t)tokens[test_rng_next(&rs) % (sizeof tokens - 1)];
             } else if (kind == 2 && len >= 8) {
-                uint64_t h = rng_next(&rs);
+                uint64_t h = test_rng_next(&rs);
                 uint64_t cur = 0;
                 for (int b = 7; b >= 0; b--) cur = (cur << 8) | seed[b];
                 /* random, near the truth, or at the edges */
                 uint64_t choice[4] = {h, cur + (h % 17) - 8, len - 8 - (h % 4), h >> (h % 64)};
-                uint64_t v = choice[rng_next(&rs) % 4];
+                uint64_t v = choice[test_rng_next(&rs) % 4];
                 for (int b = 0; b < 8; b++) buf[b] = (uint8_t)(v >> (8 * b));
             } else {
-                buf[at] = (uint8_t)rng_next(&rs);
+                buf[at] = (uint8_t)test_rng_next(&rs);
             }
         }
         ds_st_file *f = NULL;
@@ -388,45 +381,33 @@ static int replay_mutations(const uint8_t *seed, size_t len, int n, uint64_t rs)
     return accepted;
 }
 
+typedef struct corpus_stats {
+    int accepted_mutants, total_inputs;
+} corpus_stats;
+
+static void replay_seed(const char *path, const uint8_t *seed, size_t len, int index, void *ctx) {
+    corpus_stats *st = ctx;
+    ds_st_file *f = NULL;
+    ds_error err = {0};
+    /* every seed is a valid file: a seed the parser rejects would be a parser bug */
+    if (ds_st_parse(seed, len, path, &f, &err) != DS_OK) {
+        fprintf(stderr, "seed %s rejected: %s\n", path, err.msg);
+        fail();
+    }
+    ds_st_close(f);
+    st->accepted_mutants += replay_mutations(seed, len, 3000, 0x9E3779B97F4A7C15ull + (uint64_t)index * 7919);
+    st->total_inputs += 3000;
+}
+
 static void test_fuzz_corpus(void **state) {
     (void)state;
-    const char *dir_path = "fuzz/corpus_safetensors";
-    DIR *d = opendir(dir_path);
-    assert_non_null(d); /* tests run from the repository root */
-    struct dirent *de;
-    int files = 0, accepted_seeds = 0, total_inputs = 0, accepted_mutants = 0;
-    uint64_t rs = 0x9E3779B97F4A7C15ull;
-    while ((de = readdir(d))) {
-        if (de->d_name[0] == '.') continue;
-        char path[1024];
-        snprintf(path, sizeof path, "%s/%s", dir_path, de->d_name);
-        size_t len = 0;
-        char *data = test_read_file(path, &len);
-        assert_non_null(data);
-        uint8_t *exact = malloc(len ? len : 1);
-        memcpy(exact, data, len);
-        free(data);
-        ds_st_file *f = NULL;
-        ds_error err = {0};
-        /* every seed is a valid file: a seed the parser rejects would be a parser bug */
-        if (ds_st_parse(exact, len, path, &f, &err) != DS_OK) {
-            fprintf(stderr, "seed %s rejected: %s\n", path, err.msg);
-            fail();
-        }
-        accepted_seeds++;
-        ds_st_close(f);
-        accepted_mutants += replay_mutations(exact, len, 3000, rs + (uint64_t)files * 7919);
-        total_inputs += 3000;
-        free(exact);
-        files++;
-    }
-    closedir(d);
+    corpus_stats st = {0, 0};
+    const int files = test_for_each_file("fuzz/corpus_safetensors", replay_seed, &st);
     assert_true(files >= 5);
-    assert_int_equal(accepted_seeds, files);
     /* mutations of tensor bytes keep a file valid: the accept path must be exercised too */
-    assert_true(accepted_mutants > 0 && accepted_mutants < total_inputs);
-    printf("fuzz replay: %d seeds, %d mutated inputs, %d accepted\n", files, total_inputs,
-           accepted_mutants);
+    assert_true(st.accepted_mutants > 0 && st.accepted_mutants < st.total_inputs);
+    printf("fuzz replay: %d seeds, %d mutated inputs, %d accepted\n", files, st.total_inputs,
+           st.accepted_mutants);
 }
 
 int main(void) {

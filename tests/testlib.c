@@ -1,8 +1,10 @@
 #include "testlib.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend/cpu/cpu_backend.h"
 #include "model/loader.h"
@@ -80,11 +82,38 @@ float *test_load_ref_f32(const char *file, size_t n) {
     return test_load_f32(test_data_path(rel), n);
 }
 
-float test_rng_uniform(test_rng *r) {
+uint64_t test_rng_next(test_rng *r) {
     r->s ^= r->s << 13;
     r->s ^= r->s >> 7;
     r->s ^= r->s << 17;
-    return (float)((r->s >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+    return r->s;
+}
+
+float test_rng_uniform(test_rng *r) {
+    return (float)((test_rng_next(r) >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+int test_for_each_file(const char *dir_path, test_file_fn fn, void *ctx) {
+    DIR *d = opendir(dir_path);
+    if (!d) fail_msg("missing directory %s", dir_path);
+    struct dirent *de;
+    int files = 0;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.') continue;
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", dir_path, de->d_name);
+        size_t len = 0;
+        char *data = test_read_file(path, &len);
+        if (!data) fail_msg("cannot read %s", path);
+        uint8_t *exact = malloc(len ? len : 1); /* ASan sees any read past the end */
+        memcpy(exact, data, len);
+        free(data);
+        fn(path, exact, len, files, ctx);
+        free(exact);
+        files++;
+    }
+    closedir(d);
+    return files;
 }
 
 double test_rel_l2(const float *a, const float *ref, size_t n) {

@@ -45,7 +45,14 @@ void test_model_close(test_model *f);
 
 /* Deterministic xorshift RNG for random test inputs. */
 typedef struct test_rng { uint64_t s; } test_rng;
+uint64_t test_rng_next(test_rng *r);
 float test_rng_uniform(test_rng *r); /* [-1, 1) */
+
+/* Calls fn for every file of dir_path (names starting with '.' skipped; the test fails when
+ * the directory is missing), its bytes in an allocation of exactly their size; index counts
+ * from 0. Returns the number of files. For seed corpora (fuzz/corpus_*). */
+typedef void (*test_file_fn)(const char *path, const uint8_t *data, size_t len, int index, void *ctx);
+int test_for_each_file(const char *dir_path, test_file_fn fn, void *ctx);
 double test_rel_l2(const float *a, const float *ref, size_t n);
 
 /* A new buffer of backend be in its activation dtype (F32 or BF16) holding vals [n]. */

@@ -68,7 +68,8 @@ typedef struct ds_oai_request {
     int *stop_ids;                /* owned */
 } ds_oai_request;
 
-/* Parses and validates a body. False with *e filled (status 400) on any problem. */
+/* Parses and validates a body. False with *e filled (status 400) on any problem. *r is to be
+ * freed with ds_oai_request_free either way (it may hold part of the body). */
 bool ds_oai_parse(ds_oai_kind kind, const char *body, size_t len, ds_oai_request *r,
                   ds_oai_error *e);
 
