@@ -361,7 +361,8 @@ static void test_runner_bans(void **state) {
 /* ---- 3. engine ------------------------------------------------------------------------------ */
 
 #define EN_REQ 4
-#define EN_MAX_OUT 48
+#define MAX_OUT 48
+#include "engine_harness.h" /* result, solo_run, drain_soft */
 
 typedef struct en_spec {
     int32_t prompt[32];
@@ -370,55 +371,17 @@ typedef struct en_spec {
     ds_sampling_params params;
 } en_spec;
 
-typedef struct en_result {
-    int32_t toks[EN_MAX_OUT];
-    int n;
-    ds_finish_reason reason;
-    int stop_token;
-} en_result;
-
 /* One request alone through ds_session with the host sampler (the logits path). */
-static void solo_run(fixture *f, const en_spec *sp, en_result *out) {
-    const int V = f->cfg.vocab;
+static void solo_alone(fixture *f, const en_spec *sp, result *out) {
     ds_error err = {0};
     ds_session ss;
     if (ds_session_init(&ss, &f->model, 1, 128, &err) != DS_OK) fail_msg("session: %s", err.msg);
-    ds_sampler smp;
-    if (ds_sampler_init(&smp, &sp->params, V, f->cfg.eos_ids, f->cfg.n_eos, &err) != DS_OK ||
-        ds_sampler_add_prompt(&smp, sp->prompt, sp->n_prompt, &err) != DS_OK)
-        fail_msg("sampler: %s", err.msg);
-    float *logits = malloc((size_t)V * sizeof(float));
-    assert_non_null(logits);
-    ds_session_reset(&ss, 0);
-    if (ds_session_feed(&ss, 0, sp->prompt, sp->n_prompt, false, logits, &err) != DS_OK)
-        fail_msg("feed: %s", err.msg);
-    memset(out, 0, sizeof *out);
-    out->stop_token = -1;
-    for (;;) {
-        ds_sample_result res;
-        if (ds_sampler_sample(&smp, logits, out->n, &res, &err) != DS_OK ||
-            ds_sampler_accept(&smp, res.token, &err) != DS_OK)
-            fail_msg("sample: %s", err.msg);
-        assert_true(out->n < EN_MAX_OUT);
-        out->toks[out->n++] = res.token;
-        int stop = -1;
-        ds_finish_reason reason = ds_sampler_finish_reason(&smp, res.token, out->n, &stop);
-        if (reason != DS_FINISH_NONE) {
-            out->reason = reason;
-            out->stop_token = stop;
-            break;
-        }
-        int32_t t = res.token;
-        if (ds_session_feed(&ss, 0, &t, 1, false, logits, &err) != DS_OK)
-            fail_msg("feed: %s", err.msg);
-    }
-    free(logits);
-    ds_sampler_free(&smp);
+    solo_run(f, &ss, sp->prompt, sp->n_prompt, &sp->params, out);
     ds_session_free(&ss);
 }
 
 /* All requests submitted at once to one engine, then drained in order. */
-static void engine_run(fixture *f, en_spec *w, int n, en_result *out, ds_engine_stats *st) {
+static void engine_run(fixture *f, en_spec *w, int n, result *out, ds_engine_stats *st) {
     ds_engine_opts o;
     ds_engine_opts_default(&o);
     o.max_num_seqs = 4;
@@ -435,25 +398,15 @@ static void engine_run(fixture *f, en_spec *w, int n, en_result *out, ds_engine_
         if (ds_engine_submit(e, &d, &reqs[i], &err) != DS_OK) fail_msg("submit: %s", err.msg);
     }
     for (int i = 0; i < n; i++) {
-        memset(&out[i], 0, sizeof out[i]);
-        out[i].stop_token = -1;
-        ds_request_event ev;
-        while (ds_request_next(reqs[i], &ev, -1)) {
-            assert_true(out[i].n + ev.n_tokens <= EN_MAX_OUT);
-            memcpy(out[i].toks + out[i].n, ev.tokens, sizeof(int32_t) * (size_t)ev.n_tokens);
-            out[i].n += ev.n_tokens;
-            if (ev.finished) {
-                out[i].reason = ev.reason;
-                out[i].stop_token = ev.stop_token;
-            }
-        }
+        drain_soft(reqs[i], w[i].n_prompt, &out[i]);
+        if (out[i].err[0]) fail_msg("request %d: %s", i, out[i].err);
         ds_request_release(reqs[i]);
     }
     ds_engine_get_stats(e, st);
     ds_engine_destroy(e);
 }
 
-static void expect_same(const char *what, const en_result *a, const en_result *b, int n) {
+static void expect_same(const char *what, const result *a, const result *b, int n) {
     for (int i = 0; i < n; i++) {
         int k = 0;
         while (k < a[i].n && k < b[i].n && a[i].toks[k] == b[i].toks[k]) k++;
@@ -484,11 +437,11 @@ static void test_engine_masks_equal_logits_path(void **state) {
     random_spec(&g, &w[2], 4, 36);
     random_spec(&g, &w[3], 9, 16);
     /* the plain greedy continuations, so that the bans below hit tokens greedy would emit */
-    en_result base[EN_REQ];
+    result base[EN_REQ];
     for (int i = 0; i < EN_REQ; i++) {
         en_spec s = w[i];
         s.params.ignore_eos = true;
-        solo_run(&f, &s, &base[i]);
+        solo_alone(&f, &s, &base[i]);
     }
     /* 0: min_tokens 14, its greedy tokens 2, 5 and 9 are stop ids; 1: no min_tokens (plain
      * greedy next to banned rows); 2: min_tokens 30 with ignore_eos, stop id = its token 3;
@@ -507,10 +460,10 @@ static void test_engine_masks_equal_logits_path(void **state) {
     w[3].stop_ids[1] = base[3].toks[4];
     w[3].params.n_stop_token_ids = 2;
 
-    en_result solo[EN_REQ], on[EN_REQ], off[EN_REQ];
+    result solo[EN_REQ], on[EN_REQ], off[EN_REQ];
     for (int i = 0; i < EN_REQ; i++) {
         w[i].params.stop_token_ids = w[i].stop_ids;
-        solo_run(&f, &w[i], &solo[i]);
+        solo_alone(&f, &w[i], &solo[i]);
     }
     ds_engine_stats st_on, st_off;
     engine_run(&f, w, EN_REQ, on, &st_on);
@@ -552,8 +505,8 @@ static void test_engine_steady_batch_uploads_once(void **state) {
     random_spec(&g, &w, 6, 30);
     w.params.min_tokens = 20;
     w.params.ignore_eos = true;
-    en_result solo, on;
-    solo_run(&f, &w, &solo);
+    result solo, on;
+    solo_alone(&f, &w, &solo);
     ds_engine_stats st;
     engine_run(&f, &w, 1, &on, &st);
     expect_same("engine vs solo", &on, &solo, 1);
