@@ -20,7 +20,6 @@
 #include "../fuzz/fuzz_config.c"
 #undef LLVMFuzzerTestOneInput
 
-typedef int (*fuzz_fn)(const uint8_t *data, size_t size);
 /* Whether the parser behind a target accepts the input (for the seed and accept counts);
  * verbose: say why not on stderr. */
 typedef int (*accept_fn)(const uint8_t *data, size_t size, int verbose);
@@ -52,15 +51,10 @@ static int config_accepts(const uint8_t *data, size_t size, int verbose) {
  * digits, random bytes, a span deleted or doubled) through `one`, each input in an allocation of
  * exactly its size. `keep` bytes at the front are never mutated (the endpoint selector). Returns
  * how many mutants the parser accepted. */
-static int replay_mutations(fuzz_fn one, accept_fn accepts, const uint8_t *seed, size_t len,
+static int replay_mutations(test_fuzz_fn one, accept_fn accepts, const uint8_t *seed, size_t len,
                             size_t keep, int n, uint64_t seed_rs) {
     test_rng rs = {seed_rs};
-    for (size_t cut = 0; cut < len; cut += 1 + len / 64) {
-        uint8_t *t = malloc(cut ? cut : 1);
-        memcpy(t, seed, cut);
-        one(t, cut);
-        free(t);
-    }
+    test_fuzz_truncations(one, seed, len);
     static const char tokens[] = "\"{}[],:-0915e.E \\ntfu";
     int accepted = 0;
     uint8_t *buf = malloc(2 * len + 1);
@@ -100,7 +94,7 @@ static int replay_mutations(fuzz_fn one, accept_fn accepts, const uint8_t *seed,
 }
 
 typedef struct corpus_run {
-    fuzz_fn one;
+    test_fuzz_fn one;
     accept_fn accepts;
     size_t keep;
     int mutations, accepted_mutants, total;
@@ -118,7 +112,7 @@ static void replay_seed(const char *path, const uint8_t *seed, size_t len, int i
     c->total += c->mutations;
 }
 
-static void replay_corpus(const char *dir_path, fuzz_fn one, accept_fn accepts, size_t keep,
+static void replay_corpus(const char *dir_path, test_fuzz_fn one, accept_fn accepts, size_t keep,
                           int mutations) {
     corpus_run c = {one, accepts, keep, mutations, 0, 0};
     const int files = test_for_each_file(dir_path, replay_seed, &c); /* run from the repo root */

@@ -339,13 +339,7 @@ static int replay_mutations(const uint8_t *seed, size_t len, int n, uint64_t see
     uint8_t *buf = malloc(len ? len : 1);
     memcpy(buf, seed, len);
     LLVMFuzzerTestOneInput(buf, len);
-    /* truncations */
-    for (size_t cut = 0; cut < len; cut += 1 + len / 64) {
-        uint8_t *t = malloc(cut ? cut : 1);
-        memcpy(t, seed, cut);
-        LLVMFuzzerTestOneInput(t, cut);
-        free(t);
-    }
+    test_fuzz_truncations(LLVMFuzzerTestOneInput, seed, len);
     static const char tokens[] = "\"{}[],:-0915e.Ex \\";
     for (int i = 0; i < n; i++) {
         memcpy(buf, seed, len);

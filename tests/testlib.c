@@ -93,6 +93,15 @@ float test_rng_uniform(test_rng *r) {
     return (float)((test_rng_next(r) >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
 }
 
+void test_fuzz_truncations(test_fuzz_fn one, const uint8_t *seed, size_t len) {
+    for (size_t cut = 0; cut < len; cut += 1 + len / 64) {
+        uint8_t *t = malloc(cut ? cut : 1);
+        memcpy(t, seed, cut);
+        one(t, cut);
+        free(t);
+    }
+}
+
 int test_for_each_file(const char *dir_path, test_file_fn fn, void *ctx) {
     DIR *d = opendir(dir_path);
     if (!d) fail_msg("missing directory %s", dir_path);

@@ -53,6 +53,10 @@ float test_rng_uniform(test_rng *r); /* [-1, 1) */
  * from 0. Returns the number of files. For seed corpora (fuzz/corpus_*). */
 typedef void (*test_file_fn)(const char *path, const uint8_t *data, size_t len, int index, void *ctx);
 int test_for_each_file(const char *dir_path, test_file_fn fn, void *ctx);
+/* Runs a fuzz target's entry point on ~64 prefixes of seed [0, len) (lengths 0, 1 + len/64, …),
+ * each in an allocation of exactly its size. */
+typedef int (*test_fuzz_fn)(const uint8_t *data, size_t size);
+void test_fuzz_truncations(test_fuzz_fn one, const uint8_t *seed, size_t len);
 double test_rel_l2(const float *a, const float *ref, size_t n);
 
 /* A new buffer of backend be in its activation dtype (F32 or BF16) holding vals [n]. */

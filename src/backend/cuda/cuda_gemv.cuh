@@ -186,7 +186,8 @@ static __device__ __forceinline__ void gemv_warp_sums(const bf16 *__restrict__ W
 
 /* Split-K plan of a GEMV launch with bx row blocks: split K when they cannot fill per_sm
  * blocks per SM (ctx->splitk_per_sm or ctx->tc_splitk_per_sm; 0: never), into at most 16
- * splits of ≥ 512 (K ≥ 1024), each a multiple of 256 wide (*kps), within the partials workspace and the tile counters; returns the split count. R enters only through the
+ * splits of ≥ 512 (K ≥ 1024), each a multiple of 256 wide (*kps), within the partials
+ * workspace and the tile counters; returns the split count. R enters only through the
  * workspace bound (splits · R · N floats), which Qwen3.5's decode shapes stay far below, so a
  * row's sums do not depend on the step's row count there. */
 static inline int64_t gemv_split_k(const ds_cuda_ctx *ctx, int per_sm, int64_t bx, int64_t N, int64_t K,

@@ -59,8 +59,8 @@ static size_t gemv_norm_smem(int R, int64_t K) { return sizeof(bf16) * (size_t)R
 extern "C" int ds_cuda_gemv_add_norm_ok(const ds_cuda_ctx *ctx, int R, int64_t K) {
     const bool tc = ctx->opt.tc_gemv && (ctx->batch.n_seqs > 1 || ctx->tc_one_seq) && K % 256 == 0;
     if (!ctx->gemv_norm || tc || ctx->gemv_rows != 4) return 0;
-    return R >= 1 && R <= 8 && K % 8 == 0 && K >= 8 && K <= DS_NORM_REG_CHUNKS * 8 * DS_NORM_THREADS &&
-           gemv_norm_smem(R, K) <= 48 * 1024;
+    return R >= 1 && R <= DS_CUDA_GEMV_MAX_ROWS && K % 8 == 0 && K >= 8 &&
+           K <= DS_NORM_REG_CHUNKS * 8 * DS_NORM_THREADS && gemv_norm_smem(R, K) <= 48 * 1024;
 }
 
 template <int R>

@@ -435,12 +435,11 @@ typedef struct ds_cuda_moe_args {
     float eps;
     void *normed;
     /* the residual add + RMSNorm before the block folded into the router launch (NULL: x is
-     * the input; else residual is set too, and T must pass ds_cuda_gemv_add_norm_ok):
-     * x_out [T, H] = rmsnorm(bf16(residual + pre_delta)) · pre_norm_w, written by the router
-     * launch and read as x by the experts; the combine adds pre_delta to the residual too */
+     * the input; else residual is set too, and T must pass ds_cuda_gemv_add_norm_ok): then x
+     * is an output, x [T, H] = rmsnorm(bf16(residual + pre_delta)) · pre_norm_w written by the
+     * router launch and read by the experts; the combine adds pre_delta to the residual too */
     const void *pre_delta;        /* [T, H] bf16, the mixer's output */
     const float *pre_norm_w;      /* [H] */
-    void *x_out;                  /* [T, H] bf16, the same buffer as x */
 } ds_cuda_moe_args;
 void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a);
 /* Bytes of MoE scratch needed for DS_CUDA_MAX_TOKENS tokens of this shape. */

@@ -83,9 +83,6 @@ extern "C" size_t ds_cuda_moe_scratch_bytes(int H, int E, int top_k, int I, int 
 
 /* ---- 2. route ------------------------------------------------------------------------------ */
 
-/* Routes token t with one warp from its E router logits in shared memory (pr, overwritten):
- * softmax (fp32), top-k by repeated warp argmax (ties → lowest expert id), renormalised
- * weights → sc.ids / sc.wts, and ids_s (may be NULL), a shared copy of the k expert ids. */
 /* Lane i < k holds the i-th selection (isel, its probability wsel); wsum is the sum of the k
  * selected probabilities (the same in every lane). Writes sc.ids / sc.wts (to_global; weights
  * renormalised when norm_topk) and ids_s (when not NULL). */
@@ -160,6 +157,9 @@ static __device__ __forceinline__ void route_in_registers(int t, int E, int k, i
     route_store(t, k, norm_topk, sc, ids_s, to_global, isel, wsel, wsum);
 }
 
+/* Routes token t with one warp from its E router logits in shared memory (pr, overwritten):
+ * softmax (fp32), top-k by repeated warp argmax (ties → lowest expert id), renormalised
+ * weights → sc.ids / sc.wts, and ids_s (may be NULL), a shared copy of the k expert ids. */
 static __device__ void route_from_shared(int t, int E, int k, int norm_topk, const moe_scratch &sc,
                                          float *pr, int32_t *ids_s, bool to_global = true,
                                          bool regs = false) {
@@ -947,13 +947,13 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
     /* 1. router | shared gate_up | shared gate */
     const int64_t ldl = moe_ldl(E, Is);
     if (a->pre_delta) { /* with the add + norm before the block (cuda_gemv_norm.cu) */
-        if (!a->residual || a->x_out != a->x) {
-            ds_cuda_check(ctx, cudaErrorInvalidValue, "moe: pre_delta needs residual and x_out == x",
+        if (!a->residual) {
+            ds_cuda_check(ctx, cudaErrorInvalidValue, "moe: pre_delta needs residual",
                           __FILE__, __LINE__);
             return;
         }
         ds_cuda_gemv_add_norm(ctx, a->w_in, NL, H, a->residual, a->pre_delta, a->pre_norm_w, a->eps,
-                              a->x_out, T, sc.L, ldl);
+                              (void *)a->x, T, sc.L, ldl); /* x is written here */
     } else if (T <= DS_CUDA_GEMV_MAX_ROWS) ds_cuda_gemv(ctx, a->w_in, NL, H, a->x, H, T, sc.L, ldl, 1);
     else ds_cuda_gemm_lt(ctx, a->w_in, NL, H, a->x, H, T, sc.L, ldl, 1); /* NL odd: split there */
     /* 2. route, 3. group: one launch for small steps (the fast kernel when the router logits

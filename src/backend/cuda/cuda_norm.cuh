@@ -38,6 +38,15 @@ static __device__ __forceinline__ NormW norm_w_load(const float *__restrict__ w,
     return n;
 }
 
+/* f ← f · inv · w over this thread's chunk j of the norm weights held in nw (the register
+ * path's scaling, shared by rmsnorm_row and add_norm_rows so that both give the same bits). */
+static __device__ __forceinline__ void norm_scale8(float f[8], float inv, const NormW &nw, int j) {
+    const float wj[8] = {nw.w[j][0].x, nw.w[j][0].y, nw.w[j][0].z, nw.w[j][0].w,
+                         nw.w[j][1].x, nw.w[j][1].y, nw.w[j][1].z, nw.w[j][1].w};
+#pragma unroll
+    for (int i = 0; i < 8; i++) f[i] = f[i] * inv * wj[i];
+}
+
 /* One block, one row of D (D % 8 == 0) values: orow = s · rsqrt(mean(s²) + eps) · w, where
  * chunk_sum(v, f, first) gives the 8 values of chunk v (columns 8v..8v+7) of the row s as fp32
  * — first: the first pass, which may also store them; !first: the same values again, for the
@@ -67,10 +76,7 @@ static __device__ __forceinline__ void rmsnorm_row(SumFn chunk_sum, OutFn store_
         for (int j = 0; j < DS_NORM_REG_CHUNKS; j++) {
             const int64_t v = threadIdx.x + (int64_t)j * blockDim.x;
             if (v >= nv) continue;
-            const float wj[8] = {nw.w[j][0].x, nw.w[j][0].y, nw.w[j][0].z, nw.w[j][0].w,
-                                 nw.w[j][1].x, nw.w[j][1].y, nw.w[j][1].z, nw.w[j][1].w};
-#pragma unroll
-            for (int i = 0; i < 8; i++) f[j][i] = f[j][i] * inv * wj[i];
+            norm_scale8(f[j], inv, nw, j);
             store_out(v, pack8(f[j]));
         }
         return;
@@ -125,7 +131,7 @@ static __device__ __forceinline__ void add_rmsnorm_row(bf16 *xr, const bf16 *pre
 }
 
 /* The residual add + RMSNorm of R ≤ RMAX rows into shared memory, for a GEMV that takes it as
- * its input (cuda_gemv_norm.cu, cuda_gemv_tc.cu): xs [R, D] bf16 = bf16(rmsnorm(bf16(resid +
+ * its input (cuda_gemv_norm.cu): xs [R, D] bf16 = bf16(rmsnorm(bf16(resid +
  * delta)) · w), rows D apart; the writer block also stores it to normed. The bits of
  * add_rmsnorm_row for every row — each thread sums its chunks v = tid, tid + blockDim in that
  * order, warp sums, then the warps in order — but all rows at once: the loads of
@@ -198,10 +204,7 @@ static __device__ __forceinline__ void add_norm_rows(const bf16 *__restrict__ re
             float f[8];
             bf16 *xr = xs + (int64_t)r * D + v * 8;
             unpack8(*reinterpret_cast<const uint4 *>(xr), f);
-            const float wj[8] = {nw.w[j][0].x, nw.w[j][0].y, nw.w[j][0].z, nw.w[j][0].w,
-                                 nw.w[j][1].x, nw.w[j][1].y, nw.w[j][1].z, nw.w[j][1].w};
-#pragma unroll
-            for (int i = 0; i < 8; i++) f[i] = f[i] * inv * wj[i];
+            norm_scale8(f, inv, nw, j);
             const uint4 p = pack8(f);
             *reinterpret_cast<uint4 *>(xr) = p;
             if (writer) *reinterpret_cast<uint4 *>(normed + (int64_t)r * D + v * 8) = p;

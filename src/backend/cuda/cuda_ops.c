@@ -400,7 +400,7 @@ void ds_cuda_op_moe_sublayer(ds_backend *be, const ds_config *cfg, const ds_moe_
               next_norm_w->dtype == DS_DTYPE_F32 && ds_tensor_numel(next_norm_w) == H &&
               residual->dtype == DS_DTYPE_BF16 && out->dtype == DS_DTYPE_BF16 &&
               ds_tensor_numel(out) >= ds_tensor_numel(residual));
-    if (!c->opt.fuse_norm || T > DS_CUDA_GEMV_MAX_ROWS || !ds_cuda_gemv_add_norm_ok(c, (int)T, H)) {
+    if (!c->opt.fuse_norm || !ds_cuda_gemv_add_norm_ok(c, (int)T, H)) {
         ds_cuda_op_add_rmsnorm(be, residual, delta, post_norm_w, eps, out);
         ds_cuda_op_moe_add_rmsnorm(be, cfg, w, out, delta, residual, next_norm_w, eps, out);
         return;
@@ -416,6 +416,5 @@ void ds_cuda_op_moe_sublayer(ds_backend *be, const ds_config *cfg, const ds_moe_
     a.normed = out->data;
     a.pre_delta = delta->data;
     a.pre_norm_w = post_norm_w->data;
-    a.x_out = out->data;
     ds_cuda_moe(c, &a);
 }
