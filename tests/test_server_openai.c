@@ -62,6 +62,8 @@ static const bad_case BAD[] = {
     {C, "{\"prompt\": \"x\", \"stop\": [\"a\", 1]}", "stop"},
     {C, "{\"prompt\": \"x\", \"stop_token_ids\": [\"a\"]}", "stop_token_ids"},
     {C, "{\"prompt\": \"x\", \"seed\": \"7\"}", "seed"},
+    {C, "{\"prompt\": \"x\", \"seed\": 1e20}", "seed"},
+    {C, "{\"prompt\": \"x\", \"seed\": -1e19}", "seed"},
     {C, "{\"prompt\": \"x\", \"logprobs\": true}", "logprobs"},
     {C, "{\"prompt\": \"x\", \"model\": 3}", "model"},
     {C, "{\"prompt\": \"x\", \"ignore_eos\": \"yes\"}", "ignore_eos"},
@@ -162,6 +164,29 @@ static void test_defaults_and_mapping(void **state) {
     assert_true(r.stream);
     assert_true(r.include_usage);
     ds_oai_request_free(&r);
+}
+
+/* Seeds take both int64 (OpenAI) and uint64 values; the ones past INT64_MAX must not pass
+ * through an int64 conversion (undefined behaviour the fuzzer found under UBSan). */
+static void test_seed_range(void **state) {
+    (void)state;
+    static const struct {
+        const char *body;
+        uint64_t seed;
+    } cases[] = {
+        {"{\"prompt\": \"x\", \"seed\": 15163516585596478351}", 15163516585596477440ull},
+        {"{\"prompt\": \"x\", \"seed\": 9300000000000000000}", 9300000000000000000ull},
+        {"{\"prompt\": \"x\", \"seed\": -1}", UINT64_MAX},
+        {"{\"prompt\": \"x\", \"seed\": 0}", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ds_oai_request r;
+        ds_oai_error e;
+        assert_true(ds_oai_parse(C, cases[i].body, strlen(cases[i].body), &r, &e));
+        assert_true(r.sp.has_seed);
+        assert_true(r.sp.seed == cases[i].seed);
+        ds_oai_request_free(&r);
+    }
 }
 
 static void test_chat_parse(void **state) {
@@ -334,6 +359,13 @@ static void test_generation_config_defaults(void **state) {
     assert_int_equal(ds_oai_defaults_load(dir, &d, &err), DS_ERR_FORMAT);
     assert_non_null(strstr(err.msg, "generation_config.json"));
     assert_non_null(strstr(err.msg, "temperature"));
+    /* a top_k no int holds is refused, not converted */
+    f = fopen(path, "w");
+    fputs("{\"top_k\": 1e30}", f);
+    fclose(f);
+    memset(&err, 0, sizeof err);
+    assert_int_equal(ds_oai_defaults_load(dir, &d, &err), DS_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "top_k"));
     remove(path);
     rmdir(dir);
 }
@@ -342,6 +374,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_defaults_and_mapping),
+        cmocka_unit_test(test_seed_range),
         cmocka_unit_test(test_chat_parse),
         cmocka_unit_test(test_error_json),
         cmocka_unit_test(test_utf8_lossy),

@@ -67,9 +67,10 @@ static const cJSON *field(const cJSON *obj, const char *name) {
     return v && !cJSON_IsNull(v) ? v : NULL;
 }
 
-/* Integral JSON number in [lo, hi]. */
-static bool get_int64(const cJSON *obj, const char *name, double lo, double hi, int64_t *out,
-                      bool *present, ds_oai_error *e) {
+/* Integral JSON number in [lo, hi], kept as a double: the caller converts it to a type that
+ * holds [lo, hi] (converting an out-of-range double is undefined behaviour). */
+static bool get_integral(const cJSON *obj, const char *name, double lo, double hi, double *out,
+                         bool *present, ds_oai_error *e) {
     const cJSON *v = field(obj, name);
     if (present) *present = v != NULL;
     if (!v) return true;
@@ -78,15 +79,15 @@ static bool get_int64(const cJSON *obj, const char *name, double lo, double hi, 
     if (!isfinite(d) || d != floor(d))
         return bad(e, name, "%s must be an integer, got %g", name, d);
     if (d < lo || d > hi) return bad(e, name, "%s must be in [%.0f, %.0f], got %.0f", name, lo, hi, d);
-    *out = (int64_t)d;
+    *out = d;
     return true;
 }
 
 static bool get_int(const cJSON *obj, const char *name, int lo, int hi, int *out, bool *present,
                     ds_oai_error *e) {
-    int64_t v = 0;
+    double v = 0;
     bool have = false;
-    if (!get_int64(obj, name, lo, hi, &v, &have, e)) return false;
+    if (!get_integral(obj, name, lo, hi, &v, &have, e)) return false;
     if (present) *present = have;
     if (have) *out = (int)v;
     return true;
@@ -418,13 +419,14 @@ static bool parse_sampling(const cJSON *root, ds_oai_request *r, ds_oai_error *e
         sp->max_tokens = mt;
     }
 
-    int64_t seed = 0;
+    /* Seeds are int64 in OpenAI's API and uint64 in some clients: accept both ranges; a
+     * negative seed keeps its two's-complement bits. */
+    double seed = 0;
     bool seed_given = false;
-    if (!get_int64(root, "seed", -9.2e18, 1.8e19, &seed, &seed_given, e)) return false;
+    if (!get_integral(root, "seed", -9.2e18, 1.8e19, &seed, &seed_given, e)) return false;
     if (seed_given) {
-        const cJSON *v = field(root, "seed");
         sp->has_seed = true;
-        sp->seed = v->valuedouble >= 9.2e18 ? (uint64_t)v->valuedouble : (uint64_t)seed;
+        sp->seed = seed < 0 ? (uint64_t)(int64_t)seed : (uint64_t)seed;
     }
 
     int n = 1;
@@ -501,6 +503,11 @@ ds_status ds_oai_defaults_load(const char *model_dir, ds_oai_defaults *d, ds_err
         if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
             cJSON_Delete(root);
             return ds_error_set(err, DS_ERR_FORMAT, "%s: %s must be a number", path, names[i]);
+        }
+        double value = v->valuedouble;
+        if (i == 2 && !(value >= INT_MIN && value <= INT_MAX)) {
+            cJSON_Delete(root); /* (int) of a double out of range is undefined behaviour */
+            return ds_error_set(err, DS_ERR_FORMAT, "%s: top_k = %g is out of range", path, value);
         }
         float x = (float)v->valuedouble;
         switch (i) {
