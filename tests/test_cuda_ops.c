@@ -984,8 +984,12 @@ static void moe_norm_fused_vs_pair(tmodel *m, int l, const ds_tensor *xg, int T,
  * residual and the normed rows bit for bit. Where the router runs on the CUDA cores (one
  * sequence; more when K % 256 ≠ 0) and ≤ 8 rows: the add + norm before the MoE folded into the
  * router launch (DS_CUDA_GEMV_NORM, cuda_gemv_norm.cu), the delta left unchanged; otherwise
- * moe_sublayer's unfused fallback (its wiring of the two norms). */
-static void moe_sublayer_vs_pair(tmodel *m, int l, int T, int seqs, int small_chip, test_rng *r) {
+ * moe_sublayer's unfused fallback (its wiring of the two norms). With may_defer: one-token
+ * steps leave the last norm to linear_rmsnorm (the combine in the down launch,
+ * DS_CUDA_MOE_DOWN_COMBINE), whose normed rows and projection (the layer's own mixer input
+ * projection) must then equal the pair's normed rows and linear over them. */
+static void moe_sublayer_vs_pair(tmodel *m, int l, int T, int seqs, int small_chip, bool may_defer,
+                                 test_rng *r) {
     if (!g_cuda->ops->moe_sublayer) return;
     const int H = m->cfg.hidden;
     const size_t n = (size_t)T * H;
@@ -998,7 +1002,7 @@ static void moe_sublayer_vs_pair(tmodel *m, int l, int T, int seqs, int small_ch
               to1 = view2(o1, DS_DTYPE_BF16, T, H), to2 = view2(o2, DS_DTYPE_BF16, T, H);
     const ds_tensor *post = &m->dev_cuda.layers[l].post_norm, *next = &m->dev_cuda.layers[l].input_norm;
     const ds_moe_weights *w = &m->dev_cuda.layers[l].moe;
-    int fused = 0;
+    int fused = 0, expect_defer = 0;
 #ifdef DS_HAVE_CUDA
     ds_cuda_ctx *cc = (ds_cuda_ctx *)g_cuda->impl;
     const int saved_seqs = cc->batch.n_seqs, saved_sms = cc->sm_count;
@@ -1011,11 +1015,30 @@ static void moe_sublayer_vs_pair(tmodel *m, int l, int T, int seqs, int small_ch
     if (T <= 8 && cc->opt.fuse_norm && cc->gemv_norm && cc->gemv_rows == 4 &&
         ((seqs == 1 && !cc->tc_one_seq) || H % 256 != 0))
         assert_true(fused);
+    expect_defer = fused && may_defer && T == 1 && cc->moe_down_combine;
 #endif
     g_cuda->ops->add_rmsnorm(g_cuda, &tr1, &td1, post, 1e-6f, &to1);
     g_cuda->ops->moe_add_rmsnorm(g_cuda, &m->cfg, w, &to1, &td1, &tr1, next, 1e-6f, &to1);
     float *d_before = act_download(g_cuda, d2, DS_DTYPE_BF16, n);
-    g_cuda->ops->moe_sublayer(g_cuda, &m->cfg, w, &tr2, &td2, post, next, 1e-6f, &to2);
+    const bool deferred =
+        g_cuda->ops->moe_sublayer(g_cuda, &m->cfg, w, &tr2, &td2, post, next, 1e-6f, &to2, may_defer);
+    assert_int_equal(deferred, expect_defer);
+    size_t pdiff = 0;
+    if (deferred) { /* the norm through the layer's input projection */
+        const ds_layer_weights *L = &m->dev_cuda.layers[l];
+        const ds_linear *pw = L->type == DS_LAYER_LINEAR_ATTN ? &L->gdn.in_proj : &L->attn.qkv;
+        const size_t np = (size_t)T * pw->n_out;
+        void *p1 = act_poisoned(g_cuda, DS_DTYPE_BF16, np), *p2 = act_poisoned(g_cuda, DS_DTYPE_BF16, np);
+        ds_tensor tp1 = view2(p1, DS_DTYPE_BF16, T, pw->n_out), tp2 = view2(p2, DS_DTYPE_BF16, T, pw->n_out);
+        g_cuda->ops->linear(g_cuda, &to1, pw, &tp1);
+        g_cuda->ops->linear_rmsnorm(g_cuda, &tr2, next, 1e-6f, &to2, pw, &tp2);
+        float *q1 = act_download(g_cuda, p1, DS_DTYPE_BF16, np), *q2 = act_download(g_cuda, p2, DS_DTYPE_BF16, np);
+        for (size_t i = 0; i < np; i++) pdiff += memcmp(&q1[i], &q2[i], 4) != 0;
+        free(q1);
+        free(q2);
+        g_cuda->ops->free(g_cuda, p1);
+        g_cuda->ops->free(g_cuda, p2);
+    }
 #ifdef DS_HAVE_CUDA
     cc->batch.n_seqs = saved_seqs;
     cc->sm_count = saved_sms;
@@ -1028,11 +1051,13 @@ static void moe_sublayer_vs_pair(tmodel *m, int l, int T, int seqs, int small_ch
         diff += memcmp(&a[i], &b[i], 4) != 0 || memcmp(&c[i], &d[i], 4) != 0;
         dchanged += memcmp(&d_before[i], &d_after[i], 4) != 0;
     }
-    printf("  moe_sublayer (%s%s) vs add_rmsnorm + moe_add_rmsnorm, layer %d T=%d, %d sequence(s): "
-           "%zu of %zu values differ, delta changed at %zu\n",
+    printf("  moe_sublayer (%s%s%s) vs add_rmsnorm + moe_add_rmsnorm%s, layer %d T=%d, %d "
+           "sequence(s): %zu of %zu values differ, delta changed at %zu, projection differs at %zu\n",
            fused ? "add + norm in the router launch" : "unfused", small_chip ? ", 32-SM plans" : "",
-           l, T, seqs, diff, 2 * n, dchanged);
+           deferred ? ", combine in the down launch, then linear_rmsnorm" : "",
+           deferred ? " + linear" : "", l, T, seqs, diff, 2 * n, dchanged, pdiff);
     assert_int_equal(diff, 0);
+    assert_int_equal(pdiff, 0);
     if (fused) assert_int_equal(dchanged, 0);
     float *bufs_h[] = {a, b, c, d, d_before, d_after, rv, dv};
     for (int i = 0; i < 8; i++) free(bufs_h[i]);
@@ -1122,6 +1147,8 @@ static void test_moe(void **state) {
         tmodel *m = calloc(1, sizeof *m);
         model_build(m, fs, 2);
         const int H = m->cfg.hidden;
+        /* a one-token step with Is ≠ I: the shared expert's warp in the down + combine launch */
+        moe_sublayer_vs_pair(m, 0, 1, 1, 0, true, &r);
         const int Ts[] = {8, 37, 300};
         for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
             const int T = Ts[i];
@@ -1159,9 +1186,11 @@ static void test_moe(void **state) {
                 snprintf(name, sizeof name, "moe %s layer %d T=%d", SHAPES[si].name, l, T);
                 compare(name, &o, DS_DTYPE_BF16, TOL_FUSED);
                 moe_norm_fused_vs_pair(m, l, &xg, T, &r);
-                moe_sublayer_vs_pair(m, l, T, 1, 0, &r);
-                moe_sublayer_vs_pair(m, l, T, 1, 1, &r);
-                if (T > 1) moe_sublayer_vs_pair(m, l, T, T, 0, &r);
+                for (int defer = 0; defer < 2; defer++) {
+                    moe_sublayer_vs_pair(m, l, T, 1, 0, defer, &r);
+                    moe_sublayer_vs_pair(m, l, T, 1, 1, defer, &r);
+                }
+                if (T > 1) moe_sublayer_vs_pair(m, l, T, T, 0, true, &r);
                 moe_variants_vs_default(m, l, &xg, T);
             }
             pair_free(&x);

@@ -154,10 +154,17 @@ typedef struct ds_backend_ops {
     /* The FFN half of a MoE layer: residual += delta (the mixer's output);
      * out = rmsnorm(residual)·post_norm_w (the MoE's input); residual += moe(out);
      * out = rmsnorm(residual)·next_norm_w — the same bits as add_rmsnorm then moe_add_rmsnorm.
-     * delta is scratch afterwards. */
-    void (*moe_sublayer)(ds_backend *be, const ds_config *cfg, const ds_moe_weights *w,
+     * delta is scratch afterwards. With may_defer_norm (only when linear_rmsnorm exists) the
+     * backend may leave the last norm out: it returns true when out does not hold
+     * rmsnorm(residual)·next_norm_w, which the caller then gets from linear_rmsnorm. */
+    bool (*moe_sublayer)(ds_backend *be, const ds_config *cfg, const ds_moe_weights *w,
                          ds_tensor *residual, ds_tensor *delta, const ds_tensor *post_norm_w,
-                         const ds_tensor *next_norm_w, float eps, ds_tensor *out);
+                         const ds_tensor *next_norm_w, float eps, ds_tensor *out,
+                         bool may_defer_norm);
+    /* normed = rmsnorm(residual)·norm_w; out = normed · Wᵀ — the same bits as rmsnorm then
+     * linear (a backend folds the norm into the projection's launch where it can). */
+    void (*linear_rmsnorm)(ds_backend *be, const ds_tensor *residual, const ds_tensor *norm_w,
+                           float eps, ds_tensor *normed, const ds_linear *w, ds_tensor *out);
 
     /* Seeded random weights of realistic scale for cfg, created directly in backend memory, so
      * full-size shapes can be benchmarked without a checkpoint (NULL: the model code generates

@@ -33,8 +33,21 @@ static void ffn_forward(ds_model *m, const ds_layer_weights *L, int64_t T) {
     op->linear(m->be, &a, &L->mlp.down, &y);
 }
 
+/* The mixer's input projection proj = x · Wᵀ, where x = normed holds RMSNorm_in(h) — or, when
+ * norm_pending, does not yet: then the projection computes it from h (linear_rmsnorm). */
+static void input_projection(ds_model *m, const ds_layer_weights *L, bool norm_pending,
+                             ds_tensor *x, const ds_linear *w, ds_tensor *proj) {
+    const ds_backend_ops *op = m->be->ops;
+    if (!norm_pending) {
+        op->linear(m->be, x, w, proj);
+        return;
+    }
+    ds_tensor h = rows_view(&m->s.resid, x->ne[0], m->cfg.hidden);
+    op->linear_rmsnorm(m->be, &h, &L->input_norm, (float)m->cfg.rms_eps, x, w, proj);
+}
+
 static void mixer_forward(ds_model *m, ds_cache *cache, int layer, const ds_layer_weights *L,
-                          int64_t T) {
+                          int64_t T, bool norm_pending) {
     const ds_backend_ops *op = m->be->ops;
     const ds_config *c = &m->cfg;
     ds_tensor x = rows_view(&m->s.normed, T, c->hidden);
@@ -42,13 +55,13 @@ static void mixer_forward(ds_model *m, ds_cache *cache, int layer, const ds_laye
     if (L->type == DS_LAYER_LINEAR_ATTN) {
         ds_tensor proj = rows_view(&m->s.proj, T, L->gdn.in_proj.n_out); /* [T, qkv|z|b|a] */
         ds_tensor o = rows_view(&m->s.core, T, (int64_t)c->gdn_v_heads * c->gdn_v_dim);
-        op->linear(m->be, &x, &L->gdn.in_proj, &proj);
+        input_projection(m, L, norm_pending, &x, &L->gdn.in_proj, &proj);
         op->gdn(m->be, cache, layer, c, &L->gdn, &proj, &o);
         op->linear(m->be, &o, &L->gdn.out, &y);
     } else {
         ds_tensor qkv = rows_view(&m->s.proj, T, L->attn.qkv.n_out); /* [T, q|gate, k, v] */
         ds_tensor o = rows_view(&m->s.core, T, (int64_t)c->n_heads * c->head_dim);
-        op->linear(m->be, &x, &L->attn.qkv, &qkv);
+        input_projection(m, L, norm_pending, &x, &L->attn.qkv, &qkv);
         op->attention(m->be, cache, layer, c, &L->attn, &qkv, &o);
         op->linear(m->be, &o, &L->attn.o, &y);
     }
@@ -72,16 +85,24 @@ ds_status ds_model_forward(ds_model *m, ds_cache *cache, const ds_batch *b, ds_e
     op->embed(m->be, &m->w.embed, &h);
     op->rmsnorm(m->be, &h, &m->w.layers[0].input_norm, eps, &xn);
 
+    /* xn does not hold RMSNorm_in(h) yet: the backend left it to the next layer's input
+     * projection (moe_sublayer, may_defer_norm) */
+    bool norm_pending = false;
     for (int l = 0; l < c->n_layers; l++) {
         const ds_layer_weights *L = &m->w.layers[l];
-        mixer_forward(m, cache, l, L, T);
+        mixer_forward(m, cache, l, L, T, norm_pending);
+        norm_pending = false;
         if (m->allreduce) m->allreduce(m->allreduce_ctx, &d); /* tensor parallel: Σ ranks */
         const ds_tensor *next_norm =
             l + 1 < c->n_layers ? &m->w.layers[l + 1].input_norm : &m->w.final_norm;
         if (c->is_moe && op->moe_sublayer && !m->allreduce) {
             /* the add + norm, the MoE block and the add + norm after it, fused where the
-             * backend can (the first add + norm into the router launch) */
-            op->moe_sublayer(m->be, c, &L->moe, &h, &d, &L->post_norm, next_norm, eps, &xn);
+             * backend can (the first add + norm into the router launch; the last one into
+             * the next layer's input projection — not after the last layer, whose norm the
+             * lm_head reads) */
+            const bool may_defer = op->linear_rmsnorm && l + 1 < c->n_layers;
+            norm_pending = op->moe_sublayer(m->be, c, &L->moe, &h, &d, &L->post_norm, next_norm,
+                                            eps, &xn, may_defer);
             continue;
         }
         op->add_rmsnorm(m->be, &h, &d, &L->post_norm, eps, &xn);

@@ -508,6 +508,7 @@ static const ds_backend_ops cuda_ops = {
     .moe = ds_cuda_op_moe,
     .moe_add_rmsnorm = ds_cuda_op_moe_add_rmsnorm,
     .moe_sublayer = ds_cuda_op_moe_sublayer,
+    .linear_rmsnorm = ds_cuda_op_linear_rmsnorm,
     .logits = ds_cuda_op_logits,
     .argmax = ds_cuda_op_argmax,
     .dummy_weights = ds_cuda_dummy_weights,
@@ -592,6 +593,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->norm_regs = !(nregs && atoi(nregs) == 0);
         const char *gnorm = getenv("DS_CUDA_GEMV_NORM");
         c->gemv_norm = !(gnorm && atoi(gnorm) == 0);
+        const char *dcomb = getenv("DS_CUDA_MOE_DOWN_COMBINE");
+        c->moe_down_combine = !(dcomb && atoi(dcomb) == 0);
         const char *narrow = getenv("DS_CUDA_GEMV_NARROW");
         c->gemv_narrow = !(narrow && atoi(narrow) == 0);
         const char *spm = getenv("DS_CUDA_SPLITK_PER_SM"), *tspm = getenv("DS_CUDA_TC_SPLITK_PER_SM");

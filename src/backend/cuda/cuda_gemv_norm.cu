@@ -2,13 +2,17 @@
  * previous output, computed by every block for itself, so the norm is not a launch of its own
  * (ctx->gemv_norm, DS_CUDA_GEMV_NORM):
  *
- *   s = bf16(resid + delta)              [R, K]   (not stored: the next residual add redoes it)
+ *   s = bf16(resid + delta)              [R, K]   (not stored: the next residual add redoes it;
+ *                                                  delta NULL: s = resid)
  *   x = bf16(rmsnorm(s) · norm_w)        [R, K]   (each block's shared memory; block (0, 0)
  *                                                  also writes it to `normed` for later kernels)
  *   out[R, N] = x · Wᵀ                   fp32
  *
  * Used for the MoE router of one-sequence decode steps (ds_cuda_moe, pre_delta): it saves the
- * add + norm launch (~2.7 µs, ncu s10-run3) and one launch boundary per layer. Every block
+ * add + norm launch (~2.7 µs, ncu s10-run3) and one launch boundary per layer; and, without
+ * delta, for the next layer's input projection after a MoE block whose down launch did the
+ * combine + residual add (ds_cuda_op_linear_rmsnorm; the norm needs the whole row, which no
+ * block of that launch holds). Every block
  * reads the two [R, K] rows (L2: the previous kernels just wrote them) and reduces them with the
  * arithmetic of add_rmsnorm (cuda_norm.cuh add_norm_rows, all rows at once); the GEMV is
  * gemv_kernel's (the same gemv_plan: rows per warp, split K, chunk order), so the logits and
@@ -19,13 +23,16 @@
 #include "cuda_launch.cuh"
 #include "cuda_norm.cuh"
 
-template <int R, int ROWS, int UNROLL>
-__global__ void __launch_bounds__(GEMV_WARPS * 32, 2) /* ≤ 128 registers: the router's 161-164
-                                                       * blocks in one wave at any R */
+/* ≤ 128 registers (2 blocks an SM): the router's 161-164 blocks in one wave at any R; one row
+ * ≤ 80 (3 an SM, 396 on an H200): also the 35B-A3B GDN in_proj's 386 blocks after a MoE block
+ * (92 registers at 2 an SM made it two waves) */
+#define GEMV_NORM_MIN_BLOCKS(R) ((R) == 1 ? 3 : 2)
+template <int R, int ROWS, int UNROLL, typename OutT>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_NORM_MIN_BLOCKS(R))
     gemv_add_norm_kernel(const bf16 *__restrict__ W, int64_t N, int64_t K,
                          const bf16 *__restrict__ resid, const bf16 *__restrict__ delta,
                          const float *__restrict__ norm_w, float eps, bf16 *__restrict__ normed,
-                         float *__restrict__ out, int64_t ldo, int64_t k_per_split,
+                         OutT *__restrict__ out, int64_t ldo, int64_t k_per_split,
                          float *__restrict__ ws, int *__restrict__ counters, int preload) {
     extern __shared__ __align__(16) unsigned char x_smem[]; /* x [R, K] bf16 */
     __shared__ float red[R * 32];
@@ -63,25 +70,42 @@ extern "C" int ds_cuda_gemv_add_norm_ok(const ds_cuda_ctx *ctx, int R, int64_t K
            K <= DS_NORM_REG_CHUNKS * 8 * DS_NORM_THREADS && gemv_norm_smem(R, K) <= 48 * 1024;
 }
 
-template <int R>
+template <int R, typename OutT>
 static void launch_add_norm(ds_cuda_ctx *ctx, const GemvPlan &p, const bf16 *W, int64_t N, int64_t K,
                             const bf16 *resid, const bf16 *delta, const float *norm_w, float eps,
-                            bf16 *normed, float *out, int64_t ldo) {
+                            bf16 *normed, OutT *out, int64_t ldo) {
     const dim3 grid((unsigned)p.bx, (unsigned)p.splits);
     /* gemv_kernel's instantiations for these rows per warp (cuda_gemv.cu) */
     if (p.rows == 1)
-        ds_launch(ctx, gemv_add_norm_kernel<R, 1, 8>, grid, GEMV_WARPS * 32, gemv_norm_smem(R, K), W,
-                  N, K, resid, delta, norm_w, eps, normed, out, ldo, p.kps, ctx->d_splitk_ws,
+        ds_launch(ctx, gemv_add_norm_kernel<R, 1, 8, OutT>, grid, GEMV_WARPS * 32, gemv_norm_smem(R, K),
+                  W, N, K, resid, delta, norm_w, eps, normed, out, ldo, p.kps, ctx->d_splitk_ws,
                   ctx->d_splitk_cnt, ctx->gemv_preload);
     else
-        ds_launch(ctx, gemv_add_norm_kernel<R, 4, 2>, grid, GEMV_WARPS * 32, gemv_norm_smem(R, K), W,
-                  N, K, resid, delta, norm_w, eps, normed, out, ldo, p.kps, ctx->d_splitk_ws,
+        ds_launch(ctx, gemv_add_norm_kernel<R, 4, 2, OutT>, grid, GEMV_WARPS * 32, gemv_norm_smem(R, K),
+                  W, N, K, resid, delta, norm_w, eps, normed, out, ldo, p.kps, ctx->d_splitk_ws,
                   ctx->d_splitk_cnt, ctx->gemv_preload);
+}
+
+template <typename OutT>
+static void launch_add_norm_rows(ds_cuda_ctx *ctx, const GemvPlan &p, int R, const bf16 *W, int64_t N,
+                                 int64_t K, const bf16 *h, const bf16 *d, const float *norm_w,
+                                 float eps, bf16 *xn, OutT *out, int64_t ldo) {
+    switch (R) {
+    case 1: launch_add_norm<1>(ctx, p, W, N, K, h, d, norm_w, eps, xn, out, ldo); break;
+    case 2: launch_add_norm<2>(ctx, p, W, N, K, h, d, norm_w, eps, xn, out, ldo); break;
+    case 3: launch_add_norm<3>(ctx, p, W, N, K, h, d, norm_w, eps, xn, out, ldo); break;
+    case 4: launch_add_norm<4>(ctx, p, W, N, K, h, d, norm_w, eps, xn, out, ldo); break;
+    case 5: launch_add_norm<5>(ctx, p, W, N, K, h, d, norm_w, eps, xn, out, ldo); break;
+    case 6: launch_add_norm<6>(ctx, p, W, N, K, h, d, norm_w, eps, xn, out, ldo); break;
+    case 7: launch_add_norm<7>(ctx, p, W, N, K, h, d, norm_w, eps, xn, out, ldo); break;
+    default: launch_add_norm<8>(ctx, p, W, N, K, h, d, norm_w, eps, xn, out, ldo); break;
+    }
 }
 
 extern "C" void ds_cuda_gemv_add_norm(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K,
                                       const void *resid, const void *delta, const float *norm_w,
-                                      float eps, void *normed, int R, float *out, int64_t ldo) {
+                                      float eps, void *normed, int R, void *out, int64_t ldo,
+                                      int out_f32) {
     if (N <= 0 || R <= 0) return;
     if (!ds_cuda_gemv_add_norm_ok(ctx, R, K)) {
         ds_cuda_check(ctx, cudaErrorInvalidValue, "gemv_add_norm: shape outside the built kernel",
@@ -92,15 +116,7 @@ extern "C" void ds_cuda_gemv_add_norm(ds_cuda_ctx *ctx, const void *W, int64_t N
     bf16 *xn = (bf16 *)normed;
     /* ds_cuda_gemv_cores' plan for the same shape: the same sums */
     const GemvPlan p = gemv_plan(ctx, N, K, R);
-    switch (R) {
-    case 1: launch_add_norm<1>(ctx, p, Wb, N, K, h, d, norm_w, eps, xn, out, ldo); break;
-    case 2: launch_add_norm<2>(ctx, p, Wb, N, K, h, d, norm_w, eps, xn, out, ldo); break;
-    case 3: launch_add_norm<3>(ctx, p, Wb, N, K, h, d, norm_w, eps, xn, out, ldo); break;
-    case 4: launch_add_norm<4>(ctx, p, Wb, N, K, h, d, norm_w, eps, xn, out, ldo); break;
-    case 5: launch_add_norm<5>(ctx, p, Wb, N, K, h, d, norm_w, eps, xn, out, ldo); break;
-    case 6: launch_add_norm<6>(ctx, p, Wb, N, K, h, d, norm_w, eps, xn, out, ldo); break;
-    case 7: launch_add_norm<7>(ctx, p, Wb, N, K, h, d, norm_w, eps, xn, out, ldo); break;
-    default: launch_add_norm<8>(ctx, p, Wb, N, K, h, d, norm_w, eps, xn, out, ldo); break;
-    }
+    if (out_f32) launch_add_norm_rows(ctx, p, R, Wb, N, K, h, d, norm_w, eps, xn, (float *)out, ldo);
+    else launch_add_norm_rows(ctx, p, R, Wb, N, K, h, d, norm_w, eps, xn, (bf16 *)out, ldo);
     DS_CU_LAUNCHED2(ctx, p.splits > 1 ? "gemv_add_norm_kernel (split-K)" : "gemv_add_norm_kernel", N, K);
 }

@@ -82,9 +82,12 @@ void ds_cuda_op_gdn(ds_backend *be, ds_cache *c, int layer, const ds_config *cfg
                     const ds_gdn_weights *w, const ds_tensor *proj, ds_tensor *out);
 void ds_cuda_op_moe(ds_backend *be, const ds_config *cfg, const ds_moe_weights *w,
                     const ds_tensor *x, ds_tensor *out);
-void ds_cuda_op_moe_sublayer(ds_backend *be, const ds_config *cfg, const ds_moe_weights *w,
+bool ds_cuda_op_moe_sublayer(ds_backend *be, const ds_config *cfg, const ds_moe_weights *w,
                              ds_tensor *residual, ds_tensor *delta, const ds_tensor *post_norm_w,
-                             const ds_tensor *next_norm_w, float eps, ds_tensor *out);
+                             const ds_tensor *next_norm_w, float eps, ds_tensor *out,
+                             bool may_defer_norm);
+void ds_cuda_op_linear_rmsnorm(ds_backend *be, const ds_tensor *residual, const ds_tensor *norm_w,
+                               float eps, ds_tensor *normed, const ds_linear *w, ds_tensor *out);
 void ds_cuda_op_moe_add_rmsnorm(ds_backend *be, const ds_config *cfg, const ds_moe_weights *w,
                                 const ds_tensor *x, ds_tensor *delta, ds_tensor *residual,
                                 const ds_tensor *norm_w, float eps, ds_tensor *out);

@@ -227,6 +227,11 @@ typedef struct ds_cuda_ctx {
      * it in every block instead of a launch of its own (1, default; DS_CUDA_GEMV_NORM=0: the
      * add_rmsnorm launch, for before/after runs; cuda_gemv_norm.cu). Same bits. */
     int gemv_norm;
+    /* one-token MoE steps do the combine + residual add in the down launch and leave the norm
+     * to the next layer's input projection (ds_cuda_op_linear_rmsnorm) instead of a combine +
+     * norm launch (1, default; DS_CUDA_MOE_DOWN_COMBINE=0: the combine launch, for before/after
+     * runs; cuda_moe.cu moe_down_combine_kernel). Same bits. */
+    int moe_down_combine;
     /* GEMV split-K: K is split until a launch has this many blocks per SM — CUDA-core GEMV 2
      * (DS_CUDA_SPLITK_PER_SM, 1..8), tensor-core GEMV 0 = never (DS_CUDA_TC_SPLITK_PER_SM,
      * 0..8), for measurements (cuda_gemv.cuh gemv_split_k). Another value changes the order of
@@ -336,14 +341,15 @@ void ds_cuda_argmax_gemv_tc(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t 
 void ds_cuda_gemv_cores(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K, const void *x,
                         int64_t ldx, int R, void *out, int64_t ldo, int out_f32);
 /* ds_cuda_gemv_cores with its input the residual add + RMSNorm of the previous outputs
- * (cuda_gemv_norm.cu): x = bf16(rmsnorm(bf16(resid + delta)) · norm_w) [R, K], written to
- * normed by one block; out [R, N] fp32 = x · Wᵀ. resid and delta are only read. Only where
- * ds_cuda_gemv_add_norm_ok(ctx, R, K) (this step's GEMV on the CUDA cores, R ≤ 8, x within
- * 48 KB of shared memory, ctx->gemv_norm): the same bits as add_rmsnorm + ds_cuda_gemv then. */
+ * (cuda_gemv_norm.cu): x = bf16(rmsnorm(bf16(resid + delta)) · norm_w) [R, K] (delta NULL:
+ * rmsnorm(resid)), written to normed by one block; out [R, N] (fp32 when out_f32, else bf16) =
+ * x · Wᵀ. resid and delta are only read. Only where ds_cuda_gemv_add_norm_ok(ctx, R, K) (this
+ * step's GEMV on the CUDA cores, R ≤ 8, x within 48 KB of shared memory, ctx->gemv_norm): the
+ * same bits as add_rmsnorm (or rmsnorm) + ds_cuda_gemv then. */
 int ds_cuda_gemv_add_norm_ok(const ds_cuda_ctx *ctx, int R, int64_t K);
 void ds_cuda_gemv_add_norm(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K,
                            const void *resid, const void *delta, const float *norm_w, float eps,
-                           void *normed, int R, float *out, int64_t ldo);
+                           void *normed, int R, void *out, int64_t ldo, int out_f32);
 /* Same contract through cuBLASLt (any R). */
 void ds_cuda_gemm_lt(ds_cuda_ctx *ctx, const void *W, int64_t N, int64_t K, const void *x,
                      int64_t ldx, int R, void *out, int64_t ldo, int out_f32);
@@ -429,7 +435,9 @@ typedef struct ds_cuda_moe_args {
     const void *w_sh_down;        /* [H, Is] or NULL */
     void *out;                    /* [T, H] bf16 (unused when residual is set) */
     /* fused residual add + RMSNorm (DS_OPT_FUSED_NORM; residual NULL: plain out):
-     * residual [T, H] bf16 += the MoE output; normed [T, H] bf16 = rmsnorm(residual)·norm_w */
+     * residual [T, H] bf16 += the MoE output; normed [T, H] bf16 = rmsnorm(residual)·norm_w.
+     * normed NULL: the residual add only, in the down launch (moe_down_combine_kernel), the
+     * norm left to the caller; only where ds_cuda_moe_down_combine_ok */
     void *residual;
     const float *norm_w;          /* [H] */
     float eps;
@@ -442,6 +450,10 @@ typedef struct ds_cuda_moe_args {
     const float *pre_norm_w;      /* [H] */
 } ds_cuda_moe_args;
 void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a);
+/* Whether a MoE step of this shape can do its combine + residual add in the down launch and
+ * leave the norm to the caller (args.normed NULL): one-token steps, k + 1 ≤ 16,
+ * ctx->moe_down_combine (DS_CUDA_MOE_DOWN_COMBINE) and DS_OPT_FUSED_NORM. */
+int ds_cuda_moe_down_combine_ok(const ds_cuda_ctx *ctx, int T, int H, int k, int I, int Is);
 /* Bytes of MoE scratch needed for DS_CUDA_MAX_TOKENS tokens of this shape. */
 size_t ds_cuda_moe_scratch_bytes(int H, int E, int top_k, int I, int Is);
 

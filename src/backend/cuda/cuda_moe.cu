@@ -765,6 +765,64 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
     });
 }
 
+/* One-token steps whose MoE output goes into the residual (ctx->moe_down_combine,
+ * DS_CUDA_MOE_DOWN_COMBINE): the down projection and the combine + residual add in one launch,
+ * so the combine is not a launch of its own. Block b owns output rows b·ROWS..: warp i < k
+ * computes them for routing slot i (expert ids[i], input SiLU(g)·u of assignment i), warp k the
+ * shared expert's; then one thread a row sums the k + 1 values in moe_combine_norm_kernel's
+ * order (slots in order, then the shared expert; rounded to bf16) and adds it to the residual
+ * (pre first when set, each add rounded: add_rmsnorm_row's arithmetic). Each row's dot products
+ * are moe_chunk's and shared_down_chunk's (gemv_warp_partial at the same ROWS, same order), so
+ * the residual is bit-identical to down + moe_combine_norm_kernel. The RMSNorm that follows is
+ * left to the next launch (a GEMV with the norm as its prologue, cuda_gemv_norm.cu): it needs
+ * the whole row, which no block here holds. Block: k + (w_sh ? 1 : 0) ≤ MOE_DC_MAX_WARPS warps.
+ * The shared warp's first batch of weights is loaded before the PDL wait (not routed). */
+#define MOE_DC_MAX_WARPS 16
+template <int ROWS, int UNROLL>
+__global__ void __launch_bounds__(MOE_DC_MAX_WARPS * 32)
+    moe_down_combine_kernel(const bf16 *__restrict__ Wall, int H, int I, int k, moe_scratch sc,
+                            const bf16 *__restrict__ w_sh, int Is, bf16 *__restrict__ residual,
+                            const bf16 *__restrict__ pre, int preload) {
+    __shared__ float y_s[MOE_DC_MAX_WARPS][ROWS]; /* [slot (k routed, then shared), row] */
+    __shared__ float w_s[MOE_DC_MAX_WARPS];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t n0 = (int64_t)blockIdx.x * ROWS;
+    const bool shared_warp = w_sh && warp == k;
+    WBatch<ROWS, UNROLL> first;
+    const bool pre_loaded = shared_warp && gemv_preload<ROWS, UNROLL>(w_sh, Is, n0, H, 0, Is, lane, preload, first);
+    pdl_enter(); /* cuda_launch.cuh: weights only before this */
+    float acc[ROWS][1];
+    if (warp < k) {
+        if (lane == 0) w_s[warp] = sc.wts[warp];
+        XSiluMul<1> xs;
+        xs.I = I;
+        xs.base[0] = sc.h + (int64_t)warp * 2 * I; /* T = 1: assignment i is slot i */
+#pragma unroll
+        for (int rr = 0; rr < ROWS; rr++) acc[rr][0] = 0.f;
+        gemv_warp_partial<1, ROWS, UNROLL, true>(Wall + (int64_t)sc.ids[warp] * H * I, I, n0, H, xs,
+                                                 0, I, acc);
+        gemv_warp_reduce<1, ROWS>(acc);
+    } else if (shared_warp) {
+        XRows<1> xs;
+        xs.base[0] = sc.sh_act;
+        gemv_warp_sums<1, ROWS, UNROLL>(w_sh, Is, n0, H, xs, 0, Is, pre_loaded, first, acc);
+    }
+    if (lane == 0 && (warp < k || shared_warp)) {
+#pragma unroll
+        for (int rr = 0; rr < ROWS; rr++) y_s[warp][rr] = acc[rr][0];
+    }
+    __syncthreads();
+    const int64_t n = n0 + threadIdx.x;
+    if (threadIdx.x >= ROWS || n >= H) return;
+    float s = 0.f;
+    for (int i = 0; i < k; i++) s = fmaf(w_s[i], y_s[i][threadIdx.x], s);
+    if (w_sh) s = fmaf(sc.sg[0], y_s[k][threadIdx.x], s);
+    const float out = __bfloat162float(__float2bfloat16_rn(s)); /* the combine's stored value */
+    float f = __bfloat162float(residual[n]);
+    if (pre) f = __bfloat162float(__float2bfloat16_rn(f + __bfloat162float(pre[n])));
+    residual[n] = __float2bfloat16_rn(f + out);
+}
+
 /* Launches the expert kernel with the chunk bound RMAX = the largest of 8, 4, 2, 1 not above T
  * (no expert has more assignments than there are tokens), and not above ctx->moe_rmax (decode-
  * sized steps) or ctx->moe_rmax_prefill (occupancy, see cuda_internal.h). */
@@ -929,9 +987,19 @@ extern "C" void ds_cuda_moe_init(ds_cuda_ctx *ctx) {
     ds_cuda_moe_gemm_init(ctx);
 }
 
+extern "C" int ds_cuda_moe_down_combine_ok(const ds_cuda_ctx *ctx, int T, int H, int k, int I, int Is) {
+    return ctx->moe_down_combine && ctx->opt.fuse_norm && T == 1 && k >= 1 &&
+           k + (Is > 0 ? 1 : 0) <= MOE_DC_MAX_WARPS && H % 8 == 0 && I % 8 == 0 && Is % 8 == 0;
+}
+
 extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
     const int T = a->T;
     if (T <= 0) return;
+    if (a->residual && !a->normed && !ds_cuda_moe_down_combine_ok(ctx, T, a->H, a->top_k, a->I, a->Is)) {
+        ds_cuda_check(ctx, cudaErrorInvalidValue, "moe: no normed output needs the down + combine launch",
+                      __FILE__, __LINE__);
+        return;
+    }
     if (T > DS_CUDA_MAX_TOKENS || a->E > MOE_MAX_E || a->top_k > 32 || a->top_k > a->E || a->H % 8 || a->I % 8 ||
         a->Is % 8) {
         ds_cuda_check(ctx, cudaErrorInvalidValue, "moe: shape outside the built kernels", __FILE__,
@@ -953,7 +1021,7 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
             return;
         }
         ds_cuda_gemv_add_norm(ctx, a->w_in, NL, H, a->residual, a->pre_delta, a->pre_norm_w, a->eps,
-                              (void *)a->x, T, sc.L, ldl); /* x is written here */
+                              (void *)a->x, T, sc.L, ldl, 1); /* x is written here */
     } else if (T <= DS_CUDA_GEMV_MAX_ROWS) ds_cuda_gemv(ctx, a->w_in, NL, H, a->x, H, T, sc.L, ldl, 1);
     else ds_cuda_gemm_lt(ctx, a->w_in, NL, H, a->x, H, T, sc.L, ldl, 1); /* NL odd: split there */
     /* 2. route, 3. group: one launch for small steps (the fast kernel when the router logits
@@ -1014,6 +1082,14 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
         const bf16 *pf_down = pf_on ? (const bf16 *)a->w_down : (const bf16 *)NULL;
         if (ctx->moe_gu_rows == 4) launch_gate_up<4, 2>(ctx, a, sc, nblk, route_fused, pf_down);
         else launch_gate_up<2, 4>(ctx, a, sc, nblk, route_fused, pf_down);
+        if (a->residual && !a->normed) { /* 5-7 in one launch, the norm left to the caller */
+            const int warps = k + (Is > 0 ? 1 : 0);
+            ds_launch(ctx, moe_down_combine_kernel<4, 2>, DS_DIV_UP(H, 4), warps * 32, 0,
+                      (const bf16 *)a->w_down, H, I, k, sc, (const bf16 *)a->w_sh_down, Is,
+                      (bf16 *)a->residual, (const bf16 *)a->pre_delta, ctx->gemv_preload);
+            DS_CU_LAUNCHED2(ctx, "moe_down_combine_kernel", T, H);
+            return;
+        }
         const bf16 *w_sh = fuse_sh ? (const bf16 *)a->w_sh_down : (const bf16 *)NULL;
         const bf16 *pf_sh = pf_on ? (const bf16 *)a->w_sh_down : (const bf16 *)NULL;
         /* rows per warp of the down launch (0 = by step size: 16 rows read 16 KB per warp, fewer

@@ -132,7 +132,7 @@ static __device__ __forceinline__ void add_rmsnorm_row(bf16 *xr, const bf16 *pre
 
 /* The residual add + RMSNorm of R ≤ RMAX rows into shared memory, for a GEMV that takes it as
  * its input (cuda_gemv_norm.cu): xs [R, D] bf16 = bf16(rmsnorm(bf16(resid +
- * delta)) · w), rows D apart; the writer block also stores it to normed. The bits of
+ * delta)) · w), rows D apart (delta NULL: the norm of resid alone); the writer block also stores it to normed. The bits of
  * add_rmsnorm_row for every row — each thread sums its chunks v = tid, tid + blockDim in that
  * order, warp sums, then the warps in order — but all rows at once: the loads of
  * NORM_ROWS_INFLIGHT rows in flight together and one reduction barrier for all rows, where one
@@ -164,7 +164,7 @@ static __device__ __forceinline__ void add_norm_rows(const bf16 *__restrict__ re
                 const int64_t v = threadIdx.x + (int64_t)j * blockDim.x, o = (int64_t)(r0 + g) * D + v * 8;
                 if (r0 + g < RMAX && r0 + g < R && v < nv) {
                     hv[g][j] = *reinterpret_cast<const uint4 *>(resid + o);
-                    dv[g][j] = *reinterpret_cast<const uint4 *>(delta + o);
+                    if (delta) dv[g][j] = *reinterpret_cast<const uint4 *>(delta + o);
                 }
             }
 #pragma unroll
@@ -175,8 +175,10 @@ static __device__ __forceinline__ void add_norm_rows(const bf16 *__restrict__ re
                 if (!(r0 + g < RMAX && r0 + g < R && v < nv)) continue;
                 float f[8], d[8];
                 unpack8(hv[g][j], f);
-                unpack8(dv[g][j], d);
-                add_rounded8(f, d);
+                if (delta) {
+                    unpack8(dv[g][j], d);
+                    add_rounded8(f, d);
+                }
                 *reinterpret_cast<uint4 *>(xs + (int64_t)(r0 + g) * D + v * 8) = pack8(f);
 #pragma unroll
                 for (int i = 0; i < 8; i++) ss[r0 + g < RMAX ? r0 + g : 0] += f[i] * f[i];

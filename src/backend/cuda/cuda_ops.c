@@ -390,9 +390,10 @@ void ds_cuda_op_moe_add_rmsnorm(ds_backend *be, const ds_config *cfg, const ds_m
     ds_cuda_moe(c, &a);
 }
 
-void ds_cuda_op_moe_sublayer(ds_backend *be, const ds_config *cfg, const ds_moe_weights *w,
+bool ds_cuda_op_moe_sublayer(ds_backend *be, const ds_config *cfg, const ds_moe_weights *w,
                              ds_tensor *residual, ds_tensor *delta, const ds_tensor *post_norm_w,
-                             const ds_tensor *next_norm_w, float eps, ds_tensor *out) {
+                             const ds_tensor *next_norm_w, float eps, ds_tensor *out,
+                             bool may_defer_norm) {
     ds_cuda_ctx *c = ds_cuda_ctx_of(be);
     const int64_t T = n_rows(residual), H = last_dim(residual);
     DS_ASSERT(delta->dtype == DS_DTYPE_BF16 && ds_tensor_numel(delta) == ds_tensor_numel(residual) &&
@@ -403,18 +404,43 @@ void ds_cuda_op_moe_sublayer(ds_backend *be, const ds_config *cfg, const ds_moe_
     if (!c->opt.fuse_norm || !ds_cuda_gemv_add_norm_ok(c, (int)T, H)) {
         ds_cuda_op_add_rmsnorm(be, residual, delta, post_norm_w, eps, out);
         ds_cuda_op_moe_add_rmsnorm(be, cfg, w, out, delta, residual, next_norm_w, eps, out);
-        return;
+        return false;
     }
     /* the add + norm inside the router launch (cuda_gemv_norm.cu): the delta stays unchanged
      * for the combine, which adds it to the residual again */
     const ds_tensor x = {out->data, DS_DTYPE_BF16, 2, {T, H, 1, 1}}; /* the MoE input: out's first T rows */
     ds_cuda_moe_args a;
-    if (!moe_args(c, cfg, w, &x, delta, &a)) return;
+    if (!moe_args(c, cfg, w, &x, delta, &a)) return false;
+    /* the norm after the block deferred to the next layer's input projection: the combine +
+     * residual add in the down launch, the norm in that projection's launch (its GEMV takes
+     * the norm as a prologue only on the CUDA cores, the same rule as the router's) */
+    const bool defer = may_defer_norm && ds_cuda_moe_down_combine_ok(c, a.T, a.H, a.top_k, a.I, a.Is);
     a.residual = residual->data;
     a.norm_w = next_norm_w->data;
     a.eps = eps;
-    a.normed = out->data;
+    a.normed = defer ? NULL : out->data;
     a.pre_delta = delta->data;
     a.pre_norm_w = post_norm_w->data;
     ds_cuda_moe(c, &a);
+    return defer;
+}
+
+void ds_cuda_op_linear_rmsnorm(ds_backend *be, const ds_tensor *residual, const ds_tensor *norm_w,
+                               float eps, ds_tensor *normed, const ds_linear *w, ds_tensor *out) {
+    ds_cuda_ctx *c = ds_cuda_ctx_of(be);
+    const int64_t R = n_rows(residual), K = last_dim(residual);
+    DS_ASSERT(residual->dtype == DS_DTYPE_BF16 && normed->dtype == DS_DTYPE_BF16 &&
+              out->dtype == DS_DTYPE_BF16 && norm_w->dtype == DS_DTYPE_F32 &&
+              ds_tensor_numel(norm_w) == K && w->n_in == K && last_dim(out) == w->n_out &&
+              n_rows(out) >= R && ds_tensor_numel(normed) >= ds_tensor_numel(residual));
+    const ds_tensor *wp = &w->parts[0];
+    if (R >= 1 && R <= DS_CUDA_GEMV_MAX_ROWS && w->n_parts == 1 && wp->ne[1] == K &&
+        ds_cuda_gemv_add_norm_ok(c, (int)R, K) && ((uintptr_t)wp->data % 16) == 0) {
+        ds_cuda_gemv_add_norm(c, wp->data, w->n_out, K, residual->data, NULL, norm_w->data, eps,
+                              normed->data, (int)R, out->data, w->n_out, 0);
+        return;
+    }
+    ds_cuda_op_rmsnorm(be, residual, norm_w, eps, normed);
+    const ds_tensor x = {normed->data, DS_DTYPE_BF16, 2, {R, K, 1, 1}};
+    linear_any(c, &x, w, out, 0, 0);
 }
