@@ -1005,8 +1005,11 @@ static void moe_sublayer_vs_pair(tmodel *m, int l, int T, int seqs, int small_ch
     int fused = 0, expect_defer = 0;
 #ifdef DS_HAVE_CUDA
     ds_cuda_ctx *cc = (ds_cuda_ctx *)g_cuda->impl;
-    const int saved_seqs = cc->batch.n_seqs, saved_sms = cc->sm_count;
+    const int saved_seqs = cc->batch.n_seqs, saved_sms = cc->sm_count,
+              saved_dc = cc->moe_down_combine;
     cc->batch.n_seqs = seqs;
+    /* the down + combine launch whatever its default (DS_CUDA_MOE_DOWN_COMBINE) */
+    if (may_defer) cc->moe_down_combine = 1;
     /* small_chip: plans made for a 32-SM device, so that the router GEMV of these small shapes
      * takes the narrow plan (1 row a warp, unsplit; gemv_plan) as the 35B-A3B router does */
     if (small_chip) cc->sm_count = 32;
@@ -1042,6 +1045,7 @@ static void moe_sublayer_vs_pair(tmodel *m, int l, int T, int seqs, int small_ch
 #ifdef DS_HAVE_CUDA
     cc->batch.n_seqs = saved_seqs;
     cc->sm_count = saved_sms;
+    cc->moe_down_combine = saved_dc;
 #endif
     float *a = act_download(g_cuda, r1, DS_DTYPE_BF16, n), *b = act_download(g_cuda, r2, DS_DTYPE_BF16, n);
     float *c = act_download(g_cuda, o1, DS_DTYPE_BF16, n), *d = act_download(g_cuda, o2, DS_DTYPE_BF16, n);

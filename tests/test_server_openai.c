@@ -351,21 +351,20 @@ static void test_generation_config_defaults(void **state) {
     assert_true(fabsf(r.sp.top_p - 0.5f) < 1e-6f);
     assert_true(r.sp.min_p == 0.0f);
     ds_oai_request_free(&r);
-    /* a malformed file names itself */
-    f = fopen(path, "w");
-    fputs("{\"temperature\": \"hot\"}", f);
-    fclose(f);
-    memset(&err, 0, sizeof err);
-    assert_int_equal(ds_oai_defaults_load(dir, &d, &err), DS_ERR_FORMAT);
-    assert_non_null(strstr(err.msg, "generation_config.json"));
-    assert_non_null(strstr(err.msg, "temperature"));
-    /* a top_k no int holds is refused, not converted */
-    f = fopen(path, "w");
-    fputs("{\"top_k\": 1e30}", f);
-    fclose(f);
-    memset(&err, 0, sizeof err);
-    assert_int_equal(ds_oai_defaults_load(dir, &d, &err), DS_ERR_FORMAT);
-    assert_non_null(strstr(err.msg, "top_k"));
+    /* a malformed file names itself and the field; a top_k no int holds is refused, not
+     * converted */
+    static const struct {
+        const char *text, *field;
+    } bad_files[] = {{"{\"temperature\": \"hot\"}", "temperature"}, {"{\"top_k\": 1e30}", "top_k"}};
+    for (size_t i = 0; i < sizeof bad_files / sizeof bad_files[0]; i++) {
+        f = fopen(path, "w");
+        fputs(bad_files[i].text, f);
+        fclose(f);
+        memset(&err, 0, sizeof err);
+        assert_int_equal(ds_oai_defaults_load(dir, &d, &err), DS_ERR_FORMAT);
+        assert_non_null(strstr(err.msg, "generation_config.json"));
+        assert_non_null(strstr(err.msg, bad_files[i].field));
+    }
     remove(path);
     rmdir(dir);
 }

@@ -6,6 +6,7 @@
 #   test_cuda_model.log  whole model vs the transformers fixtures, graph replay vs eager,
 #                        dummy weights on the device
 #   test_cuda_model_off.log  the same with every DS_OPT_* switch off
+#   test_cuda_model_env.log  the same with DS_GPU_MODEL_ENV's switches (when set)
 #   bench.jsonl          deltaserve bench, Qwen3.5-35B-A3B dummy weights, batch 1/4/8,
 #                        graphs on then off (one JSON line per batch size and mode)
 #   bench.log            the two bench runs' tables and start-up reports
@@ -66,6 +67,14 @@ if want model; then
     log "test_cuda_model (switches off: $ALL_OFF)"
     timeout 120 env "${offenv[@]}" "${DSENV[@]}" "$BIN/test_cuda_model" > "$OUT/test_cuda_model_off.log" 2>&1
     rc=$?; log "test_cuda_model (off) rc=$rc"; [ $rc -eq 0 ] || rc_all=1
+    # switches still off by default that a run must check (DS_GPU_MODEL_ENV, e.g.
+    # "DS_CUDA_MOE_DOWN_COMBINE=1"): the whole model once more with them on
+    if [ -n "${DS_GPU_MODEL_ENV:-}" ]; then
+        read -ra menv <<< "$DS_GPU_MODEL_ENV"
+        log "test_cuda_model ($DS_GPU_MODEL_ENV)"
+        timeout 120 env "${menv[@]}" "${DSENV[@]}" "$BIN/test_cuda_model" > "$OUT/test_cuda_model_env.log" 2>&1
+        rc=$?; log "test_cuda_model ($DS_GPU_MODEL_ENV) rc=$rc"; [ $rc -eq 0 ] || rc_all=1
+    fi
 fi
 
 # MTP on CUDA alone (spec_checks.sh runs it too, with the speculative benches)
