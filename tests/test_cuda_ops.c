@@ -1018,7 +1018,14 @@ static void moe_sublayer_vs_pair(tmodel *m, int l, int T, int seqs, int small_ch
     if (T <= 8 && cc->opt.fuse_norm && cc->gemv_norm && cc->gemv_rows == 4 &&
         ((seqs == 1 && !cc->tc_one_seq) || H % 256 != 0))
         assert_true(fused);
-    expect_defer = fused && may_defer && T == 1 && cc->moe_down_combine;
+    {
+        const ds_moe_weights *mw = &m->dev_cuda.layers[l].moe;
+        const int I = (int)(mw->experts[0].gate_up.n_out / 2);
+        const int Is = mw->has_shared ? (int)(mw->shared.gate_up.n_out / 2) : 0;
+        expect_defer = fused && may_defer && ds_cuda_moe_down_combine_ok(cc, T, H, m->cfg.top_k, I, Is);
+        /* with the default switches every one-token step of these shapes must take it */
+        if (fused && may_defer && T == 1 && cc->opt.moe_fuse_shared) assert_true(expect_defer);
+    }
 #endif
     g_cuda->ops->add_rmsnorm(g_cuda, &tr1, &td1, post, 1e-6f, &to1);
     g_cuda->ops->moe_add_rmsnorm(g_cuda, &m->cfg, w, &to1, &td1, &tr1, next, 1e-6f, &to1);

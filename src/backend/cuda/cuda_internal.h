@@ -452,7 +452,8 @@ typedef struct ds_cuda_moe_args {
 void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a);
 /* Whether a MoE step of this shape can do its combine + residual add in the down launch and
  * leave the norm to the caller (args.normed NULL): one-token steps, k + 1 ≤ 16,
- * ctx->moe_down_combine (DS_CUDA_MOE_DOWN_COMBINE) and DS_OPT_FUSED_NORM. */
+ * ctx->moe_down_combine (DS_CUDA_MOE_DOWN_COMBINE), DS_OPT_FUSED_NORM and, with a shared
+ * expert, DS_OPT_SHARED_EXPERT. */
 int ds_cuda_moe_down_combine_ok(const ds_cuda_ctx *ctx, int T, int H, int k, int I, int Is);
 /* Bytes of MoE scratch needed for DS_CUDA_MAX_TOKENS tokens of this shape. */
 size_t ds_cuda_moe_scratch_bytes(int H, int E, int top_k, int I, int Is);

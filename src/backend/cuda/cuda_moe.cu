@@ -988,7 +988,10 @@ extern "C" void ds_cuda_moe_init(ds_cuda_ctx *ctx) {
 }
 
 extern "C" int ds_cuda_moe_down_combine_ok(const ds_cuda_ctx *ctx, int T, int H, int k, int I, int Is) {
-    return ctx->moe_down_combine && ctx->opt.fuse_norm && T == 1 && k >= 1 &&
+    /* the shared expert's down runs in this launch: only where it may share the routed
+     * experts' launch (DS_OPT_SHARED_EXPERT), so that switch's ablation keeps its meaning */
+    return ctx->moe_down_combine && ctx->opt.fuse_norm && (Is == 0 || ctx->opt.moe_fuse_shared) &&
+           T == 1 && k >= 1 &&
            k + (Is > 0 ? 1 : 0) <= MOE_DC_MAX_WARPS && H % 8 == 0 && I % 8 == 0 && Is % 8 == 0;
 }
 
