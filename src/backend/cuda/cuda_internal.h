@@ -203,7 +203,7 @@ typedef struct ds_cuda_ctx {
     int route_batched;
     /* decode routing (E ≤ 256) with each lane's probabilities in registers (1, default;
      * DS_CUDA_ROUTE_REGS=0: rescanned from shared memory every argmax round, for before/after
-     * runs; cuda_moe.cu route_in_registers). Same ids and weights. */
+     * runs; cuda_moe_route.cuh route_in_registers). Same ids and weights. */
     int route_regs;
     /* the GDN decode kernel reads its state before its PDL wait (1, default; DS_CUDA_GDN_EARLY=0:
      * after, for before/after runs; cuda_gdn.cu) */
@@ -213,7 +213,7 @@ typedef struct ds_cuda_ctx {
     int gemv_preload;
     /* the expert down launch of decode steps of 2+ tokens stages SiLU(g)·u in shared memory
      * (1, default; DS_CUDA_MOE_DOWN_STAGED=0: the per-warp loader, for before/after runs;
-     * cuda_moe.cu moe_down_staged_kernel) */
+     * cuda_moe_experts.cuh moe_down_staged_kernel) */
     int moe_down_staged;
     /* the lm_head of multi-sequence steps (logits and fused argmax) on tensor cores (1, default;
      * DS_CUDA_LM_HEAD_TC=0: the CUDA cores, for before/after runs; ds_cuda_lm_head_tc) */
@@ -230,7 +230,7 @@ typedef struct ds_cuda_ctx {
     /* one-token MoE steps do the combine + residual add in the down launch and leave the norm
      * to the next layer's input projection (ds_cuda_op_linear_rmsnorm) instead of a combine +
      * norm launch (DS_CUDA_MOE_DOWN_COMBINE=1; 0, default, until a GPU run has checked and
-     * measured it: cuda_moe.cu moe_down_combine_kernel). Same bits by construction. */
+     * measured it: cuda_moe_experts.cuh moe_down_combine_kernel). Same bits by construction. */
     int moe_down_combine;
     /* GEMV split-K: K is split until a launch has this many blocks per SM — CUDA-core GEMV 2
      * (DS_CUDA_SPLITK_PER_SM, 1..8), tensor-core GEMV 0 = never (DS_CUDA_TC_SPLITK_PER_SM,

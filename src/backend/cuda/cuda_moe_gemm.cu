@@ -1,8 +1,8 @@
 /* cuda_moe_gemm.cu — the routed experts of prefill-sized MoE steps as a grouped GEMM on tensor
  * cores (bf16 in, fp32 accumulate; DS_OPT_MOE_GEMM).
  *
- * Why: the expert GEMV (cuda_moe.cu) serves at most RMAX assignments per pass over an expert's
- * weights and multiplies on CUDA cores. A 512-token prefill chunk gives each of the 256 experts
+ * Why: the expert GEMV (cuda_moe_experts.cuh) serves at most RMAX assignments per pass over an
+ * expert's weights and multiplies on CUDA cores. A 512-token prefill chunk gives each of the 256 experts
  * of Qwen3.5-35B-A3B ~16 assignments, so every expert's weights were streamed 4 times from L2
  * and every FMA ran on the FP32 pipes: 194 of the chunk's 255 ms were the two expert launches.
  * Here a block computes a 64-assignment × 128-column tile of one expert with mma (WMMA

@@ -8,7 +8,8 @@
 
 #include "cuda_internal.h"
 
-/* The assignments grouped by expert, on the device (written by cuda_moe.cu's group step). */
+/* The assignments grouped by expert, on the device (written by the group step,
+ * cuda_moe_route.cuh). */
 typedef struct ds_moe_groups {
     const int32_t *n_act;  /* [1] number of active experts */
     const int32_t *act;    /* [E] active expert ids, ascending */
