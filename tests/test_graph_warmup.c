@@ -403,6 +403,7 @@ static void test_warmup_off(void **state) {
 typedef struct req {
     int32_t prompt[24];
     int n_prompt, max_tokens;
+    int bias_id; /* ≥ 0: logit_bias {bias_id: +100}, which must take every greedy choice */
 } req;
 
 typedef struct outcome {
@@ -423,6 +424,7 @@ static void make_reqs(req *w, int n, int vocab) {
             w[i].prompt[t] = v < 0 ? 0 : v >= vocab ? vocab - 1 : v;
         }
         w[i].max_tokens = 8 + 4 * i; /* staggered ends: every batch size from n down to 1 */
+        w[i].bias_id = -1;
     }
 }
 
@@ -442,6 +444,11 @@ static void run_engine(fixture *f, const ds_engine_opts *o, const req *w, int n,
         d.params.temperature = 0.0f;
         d.params.ignore_eos = true;
         d.params.max_tokens = w[i].max_tokens;
+        const ds_logit_bias bias = {w[i].bias_id, 100.0f};
+        if (w[i].bias_id >= 0) {
+            d.params.logit_bias = &bias;
+            d.params.n_logit_bias = 1;
+        }
         if (ds_engine_submit(e, &d, &rq[i], &err) != DS_OK) fail_msg("submit: %s", err.msg);
     }
     for (int i = 0; i < n; i++) {
@@ -579,6 +586,40 @@ static void test_engine_verify(void **state) {
     fixture_close(&f);
 }
 
+/* A greedy request with logit_bias needs its logits (catalogue items 7, 9: the fused argmax
+ * paths are for plain argmax requests only): on a backend with the fused head and graphs,
+ * decoding and speculative verification alike, the biased request gets its forced token every
+ * step while its neighbours get the tokens they get without it in the batch. */
+static void test_engine_logit_bias(void **state) {
+    (void)state;
+    enum { N = 3, FORCED = 7 };
+    fake_reset(NULL, 0);
+    fixture f;
+    fixture_open(&f, "tiny-moe-mtp", true);
+    req w[N];
+    make_reqs(w, N, f.cfg.vocab);
+    for (int k = 0; k <= 2; k += 2) {
+        ds_engine_opts o;
+        engine_opts(&o, N, k);
+        outcome plain, biased;
+        run_engine(&f, &o, w, N, &plain);
+        w[1].bias_id = FORCED;
+        run_engine(&f, &o, w, N, &biased);
+        w[1].bias_id = -1;
+        int forced = 0;
+        for (int t = 0; t < biased.n[1]; t++) forced += biased.toks[1][t] == FORCED;
+        print_message("k = %d: %d of %d tokens forced; plain run's fused calls %d\n", k, forced,
+                      biased.n[1], plain.runtime_fused_calls);
+        assert_true(plain.runtime_fused_calls > 0); /* the fused path was in play */
+        assert_int_equal(forced, biased.n[1]);
+        assert_int_equal(biased.n[0], plain.n[0]);
+        assert_memory_equal(biased.toks[0], plain.toks[0], (size_t)plain.n[0] * 4);
+        assert_int_equal(biased.n[2], plain.n[2]);
+        assert_memory_equal(biased.toks[2], plain.toks[2], (size_t)plain.n[2] * 4);
+    }
+    fixture_close(&f);
+}
+
 int main(void) {
     unsetenv("DS_SERVE_GRAPHS");
     unsetenv("DS_OPT_SPEC_GRAPHS");
@@ -589,6 +630,7 @@ int main(void) {
         cmocka_unit_test(test_warmup_off),
         cmocka_unit_test(test_engine_decode),
         cmocka_unit_test(test_engine_verify),
+        cmocka_unit_test(test_engine_logit_bias),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

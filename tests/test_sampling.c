@@ -756,6 +756,18 @@ static void test_validation(void **state) {
     BAD(p.frequency_penalty = -2.01f, "frequency_penalty");
     BAD(p.repetition_penalty = 0.0f, "repetition_penalty");
     BAD(p.repetition_penalty = -1.0f, "repetition_penalty");
+    {
+        static const ds_logit_bias out_of_vocab[1] = {{1000, 1.0f}}, negative[1] = {{-1, 1.0f}},
+                                   too_big[1] = {{3, 100.5f}}, nan_bias[1] = {{3, NAN}},
+                                   twice[2] = {{3, 1.0f}, {3, 2.0f}};
+        BAD((p.logit_bias = out_of_vocab, p.n_logit_bias = 1), "logit_bias");
+        BAD((p.logit_bias = negative, p.n_logit_bias = 1), "logit_bias");
+        BAD((p.logit_bias = too_big, p.n_logit_bias = 1), "logit_bias");
+        BAD((p.logit_bias = nan_bias, p.n_logit_bias = 1), "logit_bias");
+        BAD((p.logit_bias = twice, p.n_logit_bias = 2), "logit_bias");
+        BAD((p.logit_bias = NULL, p.n_logit_bias = 1), "logit_bias");
+        BAD(p.n_logit_bias = -1, "logit_bias");
+    }
     BAD(p.max_tokens = 0, "max_tokens");
     BAD(p.max_tokens = -5, "max_tokens");
     BAD(p.min_tokens = -1, "min_tokens");
@@ -816,6 +828,49 @@ static void test_validation(void **state) {
     ds_sampler_free(&s);
 }
 
+/* ---- logit_bias ---------------------------------------------------------------------------- */
+
+/* Added to the logits before the penalties (vLLM order: a repetition penalty then divides the
+ * biased logit), so it can force or ban a greedy choice; the reported logprobs stay raw. */
+static void test_logit_bias(void **state) {
+    (void)state;
+    const ds_logit_bias bias[2] = {{2, 3.0f}, {0, -100.0f}};
+    ds_sampling_params p;
+    ds_sampling_params_init(&p);
+    p.temperature = 0;
+    p.logit_bias = bias;
+    p.n_logit_bias = 2;
+    p.repetition_penalty = 2.0f;
+    p.logprobs = 1;
+    ds_sampler s;
+    init_ok(&s, &p, 4, NULL, 0);
+    ds_error err = {0};
+    const int32_t prompt[1] = {2};
+    assert_int_equal(ds_sampler_add_prompt(&s, prompt, 1, &err), DS_OK);
+    float x[4] = {1.0f, 0.2f, 0.9f, 0.1f};
+    ds_sampler_apply_logit_bias(&s, x);
+    ds_sampler_apply_penalties(&s, x);
+    expect_probs(x, (double[]){1.0 - 100.0, 0.2, (0.9 + 3.0) / 2.0, 0.1}, 4);
+    float y[4] = {1.0f, 0.2f, 0.9f, 0.1f};
+    ds_sample_result res;
+    assert_int_equal(ds_sampler_sample(&s, y, 0, &res, &err), DS_OK);
+    assert_int_equal(res.token, 2); /* 1.95 beats 0.2; token 0 banned */
+    assert_int_equal(res.top_ids[0], 0); /* the raw distribution's top token */
+    ds_sampler_free(&s);
+    /* sampled: a −100 bias leaves no measurable mass */
+    p.temperature = 1.0f;
+    p.repetition_penalty = 1.0f;
+    p.logprobs = -1;
+    p.has_seed = true;
+    p.seed = 7;
+    init_ok(&s, &p, 4, NULL, 0);
+    for (int i = 0; i < 200; i++) {
+        float z[4] = {1.0f, 0.2f, 0.9f, 0.1f};
+        assert_int_not_equal(sample_ok(&s, z, 4, 0, NULL), 0);
+    }
+    ds_sampler_free(&s);
+}
+
 static void test_params_clone_is_deep(void **state) {
     (void)state;
     int ids[2] = {3, 4};
@@ -833,6 +888,14 @@ static void test_params_clone_is_deep(void **state) {
     s0[0] = 'X';
     assert_int_equal(c.stop_token_ids[0], 3);
     assert_string_equal(c.stop[0], "stop");
+    ds_sampling_params_free(&c);
+    ds_logit_bias bias[1] = {{5, 1.5f}};
+    p.logit_bias = bias;
+    p.n_logit_bias = 1;
+    assert_int_equal(ds_sampling_params_clone(&c, &p, &err), DS_OK);
+    bias[0].id = 6;
+    assert_int_equal(c.logit_bias[0].id, 5);
+    assert_int_equal(c.n_logit_bias, 1);
     ds_sampling_params_free(&c);
     ds_sampling_params_free(&p); /* not owned: no-op */
     assert_int_equal(ids[1], 4);
@@ -859,6 +922,7 @@ int main(void) {
         cmocka_unit_test(test_logprobs_are_raw_log_softmax),
         cmocka_unit_test(test_nan_and_all_masked),
         cmocka_unit_test(test_validation),
+        cmocka_unit_test(test_logit_bias),
         cmocka_unit_test(test_params_clone_is_deep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

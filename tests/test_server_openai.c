@@ -90,12 +90,18 @@ static const bad_case BAD[] = {
     {C, "{\"prompt\": \"x\", \"stop\": [\"\"]}", "stop"},
     {H, "{" MSG ", \"top_logprobs\": 21, \"logprobs\": true}", "top_logprobs"},
     {H, "{" MSG ", \"top_logprobs\": 2}", "top_logprobs"},
+    {C, "{\"prompt\": \"x\", \"logit_bias\": [5]}", "logit_bias"},
+    {C, "{\"prompt\": \"x\", \"logit_bias\": {\"abc\": 1}}", "logit_bias"},
+    {C, "{\"prompt\": \"x\", \"logit_bias\": {\"-5\": 1}}", "logit_bias"},
+    {C, "{\"prompt\": \"x\", \"logit_bias\": {\"\": 1}}", "logit_bias"},
+    {C, "{\"prompt\": \"x\", \"logit_bias\": {\"12345678901\": 1}}", "logit_bias"},
+    {C, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": \"1\"}}", "logit_bias"},
+    {C, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": 1, \"5\": 2}}", "logit_bias"},
     /* unsupported */
     {C, "{\"prompt\": \"x\", \"n\": 2}", "n"},
     {C, "{\"prompt\": \"x\", \"n\": 0}", "n"},
     {C, "{\"prompt\": \"x\", \"best_of\": 3}", "best_of"},
     {C, "{\"prompt\": \"x\", \"suffix\": \"y\"}", "suffix"},
-    {C, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": 10}}", "logit_bias"},
     {C, "{\"prompt\": \"x\", \"echo\": true, \"logprobs\": 1}", "echo"},
     {C, "{\"prompt\": \"x\", \"stream_options\": {\"include_usage\": true}}", "stream_options"},
     {H, "{" MSG ", \"tool_choice\": \"required\"}", "tool_choice"},
@@ -163,6 +169,28 @@ static void test_defaults_and_mapping(void **state) {
     assert_int_equal(r.sp.logprobs, 3);
     assert_true(r.stream);
     assert_true(r.include_usage);
+    ds_oai_request_free(&r);
+}
+
+/* logit_bias: ids from decimal keys, biases clamped to [-100, 100] as vLLM does, an empty
+ * object the same as none. */
+static void test_logit_bias(void **state) {
+    (void)state;
+    ds_oai_request r;
+    ds_oai_error e;
+    const char *b = "{\"prompt\": \"x\", \"logit_bias\": {\"7\": 2.5, \"0\": -1e9, \"151645\": 300}}";
+    assert_true(ds_oai_parse(C, b, strlen(b), &r, &e));
+    assert_int_equal(r.sp.n_logit_bias, 3);
+    assert_int_equal(r.sp.logit_bias[0].id, 7);
+    assert_true(r.sp.logit_bias[0].bias == 2.5f);
+    assert_int_equal(r.sp.logit_bias[1].id, 0);
+    assert_true(r.sp.logit_bias[1].bias == -100.0f);
+    assert_int_equal(r.sp.logit_bias[2].id, 151645);
+    assert_true(r.sp.logit_bias[2].bias == 100.0f);
+    ds_oai_request_free(&r);
+    b = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"logit_bias\": {}}";
+    assert_true(ds_oai_parse(H, b, strlen(b), &r, &e));
+    assert_int_equal(r.sp.n_logit_bias, 0);
     ds_oai_request_free(&r);
 }
 
@@ -374,6 +402,7 @@ int main(void) {
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_defaults_and_mapping),
         cmocka_unit_test(test_seed_range),
+        cmocka_unit_test(test_logit_bias),
         cmocka_unit_test(test_chat_parse),
         cmocka_unit_test(test_error_json),
         cmocka_unit_test(test_utf8_lossy),

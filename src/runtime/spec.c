@@ -54,7 +54,7 @@ bool ds_spec_request_ok(const ds_sampling_params *p) {
 bool ds_spec_argmax_banned_suffices(const ds_sampler *s) {
     const ds_sampling_params *p = &s->params;
     return ds_sampling_params_is_greedy(p) && p->logprobs < 0 && p->presence_penalty == 0.0f &&
-           p->frequency_penalty == 0.0f && p->repetition_penalty == 1.0f;
+           p->frequency_penalty == 0.0f && p->repetition_penalty == 1.0f && p->n_logit_bias == 0;
 }
 
 bool ds_spec_argmax_suffices(const ds_sampler *s, int n_generated) {

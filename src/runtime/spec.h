@@ -59,10 +59,11 @@ double ds_spec_pos_rate(const ds_spec_stats *s, int i);
 bool ds_spec_request_ok(const ds_sampling_params *p);
 
 /* True when the target's argmax ids alone decide rows n_generated.. of a greedy request: greedy,
- * no penalties, no logprobs, min_tokens already reached (catalogue item 9). */
+ * no penalties, no logit_bias, no logprobs, min_tokens already reached (catalogue item 9). */
 bool ds_spec_argmax_suffices(const ds_sampler *s, int n_generated);
 /* The same before min_tokens is reached, given that the ids ds_spec_min_tokens_bans lists are
- * excluded from the argmax (catalogue item 6): greedy, no penalties, no logprobs. */
+ * excluded from the argmax (catalogue item 6): greedy, no penalties, no logit_bias, no
+ * logprobs. */
 bool ds_spec_argmax_banned_suffices(const ds_sampler *s);
 /* The ids the sampler bans while a request is below its min_tokens (ds_sampler_apply_min_tokens:
  * its EOS ids, then its stop_token_ids), at most cap of them into ids; returns how many. */

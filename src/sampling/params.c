@@ -71,6 +71,24 @@ ds_status ds_sampling_params_validate(const ds_sampling_params *p, int vocab, ds
                        vocab > 0 ? vocab : 0);
     }
 
+    if (p->n_logit_bias < 0 || p->n_logit_bias > DS_SAMPLING_MAX_LOGIT_BIAS)
+        return BAD("logit_bias: at most %d entries are allowed, got %d", DS_SAMPLING_MAX_LOGIT_BIAS,
+                   p->n_logit_bias);
+    if (p->n_logit_bias > 0 && !p->logit_bias)
+        return BAD("logit_bias: %d entries announced but no array given", p->n_logit_bias);
+    for (int i = 0; i < p->n_logit_bias; i++) {
+        const ds_logit_bias *b = &p->logit_bias[i];
+        if (b->id < 0 || (vocab > 0 && b->id >= vocab))
+            return BAD("logit_bias: token id %d is outside the vocabulary [0, %d)", b->id,
+                       vocab > 0 ? vocab : 0);
+        if (!(b->bias >= -DS_SAMPLING_MAX_BIAS && b->bias <= DS_SAMPLING_MAX_BIAS))
+            return BAD("logit_bias: the bias of token %d must be in [-100, 100], got %g", b->id,
+                       (double)b->bias);
+        for (int j = 0; j < i; j++) /* ≤ 1024 entries: the quadratic check is cheap */
+            if (p->logit_bias[j].id == b->id)
+                return BAD("logit_bias: token id %d appears more than once", b->id);
+    }
+
     if (p->n_stop < 0 || p->n_stop > DS_SAMPLING_MAX_STOP)
         return BAD("stop: at most %d stop strings are allowed, got %d", DS_SAMPLING_MAX_STOP,
                    p->n_stop);
@@ -95,16 +113,25 @@ ds_status ds_sampling_params_clone(ds_sampling_params *dst, const ds_sampling_pa
     *dst = *src;
     dst->stop_token_ids = NULL;
     dst->stop = NULL;
+    dst->logit_bias = NULL;
     dst->owns_arrays = true;
     int n_ids = src->n_stop_token_ids > 0 ? src->n_stop_token_ids : 0;
     int n_stop = src->n_stop > 0 ? src->n_stop : 0;
+    int n_bias = src->n_logit_bias > 0 ? src->n_logit_bias : 0;
     dst->n_stop_token_ids = n_ids;
     dst->n_stop = n_stop;
+    dst->n_logit_bias = n_bias;
     if (n_ids > 0) {
         int *ids = malloc((size_t)n_ids * sizeof *ids);
         if (!ids) goto nomem;
         memcpy(ids, src->stop_token_ids, (size_t)n_ids * sizeof *ids);
         dst->stop_token_ids = ids;
+    }
+    if (n_bias > 0) {
+        ds_logit_bias *b = malloc((size_t)n_bias * sizeof *b);
+        if (!b) goto nomem;
+        memcpy(b, src->logit_bias, (size_t)n_bias * sizeof *b);
+        dst->logit_bias = b;
     }
     if (n_stop > 0) {
         char **strs = calloc((size_t)n_stop, sizeof *strs);
@@ -127,6 +154,7 @@ nomem:
 void ds_sampling_params_free(ds_sampling_params *p) {
     if (!p->owns_arrays) return;
     free((void *)p->stop_token_ids);
+    free((void *)p->logit_bias);
     if (p->stop) {
         char **strs = (char **)p->stop;
         for (int i = 0; i < p->n_stop; i++) free(strs[i]);
@@ -134,6 +162,8 @@ void ds_sampling_params_free(ds_sampling_params *p) {
     }
     p->stop_token_ids = NULL;
     p->stop = NULL;
+    p->logit_bias = NULL;
+    p->n_logit_bias = 0;
     p->n_stop_token_ids = 0;
     p->n_stop = 0;
     p->owns_arrays = false;

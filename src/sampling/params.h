@@ -17,6 +17,14 @@
 #define DS_SAMPLING_MAX_STOP_IDS 128  /* stop_token_ids per request */
 #define DS_SAMPLING_GREEDY_EPS 1e-5f  /* temperature below this → greedy (vLLM _SAMPLING_EPS) */
 #define DS_SAMPLING_MIN_TEMP 1e-2f    /* temperatures in [EPS, MIN_TEMP) run at MIN_TEMP (vLLM) */
+#define DS_SAMPLING_MAX_LOGIT_BIAS 1024 /* logit_bias entries per request */
+#define DS_SAMPLING_MAX_BIAS 100.0f   /* |bias| bound: vLLM clamps each bias to [-100, 100] */
+
+/* One logit_bias entry: bias added to the logit of token id before any other processing. */
+typedef struct ds_logit_bias {
+    int id;
+    float bias;
+} ds_logit_bias;
 
 typedef struct ds_sampling_params {
     float temperature;        /* ≥ 0; < DS_SAMPLING_GREEDY_EPS = greedy */
@@ -37,6 +45,9 @@ typedef struct ds_sampling_params {
     int n_stop;
     bool include_stop_str_in_output;
     int logprobs;             /* -1 = none; 0 = chosen token only; N = also the top N */
+    const ds_logit_bias *logit_bias; /* [n_logit_bias] distinct ids, |bias| ≤ DS_SAMPLING_MAX_BIAS;
+                                        added to the logits before the penalties (vLLM order) */
+    int n_logit_bias;
 
     bool owns_arrays;         /* set by ds_sampling_params_clone; read by _free */
 } ds_sampling_params;
@@ -47,10 +58,10 @@ void ds_sampling_params_init(ds_sampling_params *p);
 
 /* Checks every field; on a bad value returns DS_ERR_INVALID_ARG with a message that starts with
  * the field name ("top_p must be in (0, 1], got 0"). `vocab` > 0 also range-checks
- * stop_token_ids. */
+ * stop_token_ids and logit_bias ids. */
 ds_status ds_sampling_params_validate(const ds_sampling_params *p, int vocab, ds_error *err);
 
-/* Deep copy: dst owns copies of stop_token_ids and stop strings (free with
+/* Deep copy: dst owns copies of stop_token_ids, stop strings and logit_bias (free with
  * ds_sampling_params_free). dst may not alias src. */
 ds_status ds_sampling_params_clone(ds_sampling_params *dst, const ds_sampling_params *src,
                                    ds_error *err);

@@ -109,6 +109,13 @@ ds_finish_reason ds_sampler_finish_reason(const ds_sampler *s, int token, int n_
     return DS_FINISH_NONE;
 }
 
+/* vLLM's LogitBiasLogitsProcessor: runs before the penalties (vLLM v1 Sampler order). The ids
+ * are distinct and in the vocabulary (validated at init). */
+void ds_sampler_apply_logit_bias(const ds_sampler *s, float *logits) {
+    for (int i = 0; i < s->params.n_logit_bias; i++)
+        logits[s->params.logit_bias[i].id] += s->params.logit_bias[i].bias;
+}
+
 /* vLLM apply_penalties: repetition over prompt ∪ output (divide positive logits, multiply
  * negative ones), then frequency · count and presence · [count > 0] over the output only. */
 void ds_sampler_apply_penalties(const ds_sampler *s, float *logits) {
@@ -184,11 +191,12 @@ static int argmax_first(const float *x, int n, float m) {
     return -1;
 }
 
-/* The shared front half of sample and probs: penalties, min_tokens, then either the greedy
- * token (*greedy_token >= 0) or the sampling distribution in d. */
+/* The shared front half of sample and probs: logit_bias, penalties, min_tokens, then either
+ * the greedy token (*greedy_token >= 0) or the sampling distribution in d. */
 static ds_status process(ds_sampler *s, float *logits, int n_generated, int *greedy_token,
                          ds_dist *d, ds_error *err) {
     const int n = s->vocab;
+    ds_sampler_apply_logit_bias(s, logits);
     ds_sampler_apply_penalties(s, logits);
     ds_sampler_apply_min_tokens(s, logits, n_generated);
     int n_live;

@@ -13,7 +13,7 @@
  *   ds_sampler_free(&s);
  *
  * Order inside ds_sampler_sample (vLLM v1 Sampler): raw logprobs for reporting (log_softmax of
- * the untouched logits) → repetition, frequency, presence penalties → EOS/stop ids banned while
+ * the untouched logits) → logit_bias → repetition, frequency, presence penalties → EOS/stop ids banned while
  * n_generated < min_tokens → greedy argmax (lowest id on ties) if temperature < 1e-5, else
  * divide by temperature → min_p → top_k → top_p → draw from the renormalised survivors with
  * the request's own RNG. Sampling does not record the token: ds_sampler_accept does, so a
@@ -100,6 +100,7 @@ ds_status ds_sampler_probs(ds_sampler *s, float *logits, int n_generated, ds_err
 
 /* The individual stages, exposed for the runner (e.g. penalties before a device-side argmax)
  * and for tests. Both are in place on logits [vocab]. */
+void ds_sampler_apply_logit_bias(const ds_sampler *s, float *logits);
 void ds_sampler_apply_penalties(const ds_sampler *s, float *logits);
 void ds_sampler_apply_min_tokens(const ds_sampler *s, float *logits, int n_generated);
 /* Whether ds_sampler_apply_min_tokens masks token at n_generated (an EOS or stop_token_id while

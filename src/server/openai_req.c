@@ -382,6 +382,46 @@ static bool parse_stop(const cJSON *root, ds_oai_request *r, ds_oai_error *e) {
     return true;
 }
 
+/* logit_bias: {"<token id>": bias, ...} (OpenAI: ids as decimal strings, bias in [-100, 100];
+ * vLLM clamps the bias to that range, so do we). Ids are range-checked against the vocabulary
+ * when the engine validates the request; duplicates (the same key twice) are refused there. */
+static bool parse_logit_bias(const cJSON *root, ds_oai_request *r, ds_oai_error *e) {
+    const cJSON *lb = field(root, "logit_bias");
+    if (!lb) return true;
+    if (!cJSON_IsObject(lb))
+        return bad(e, "logit_bias", "logit_bias must be an object mapping token ids to biases");
+    const int n = cJSON_GetArraySize(lb);
+    if (n > DS_SAMPLING_MAX_LOGIT_BIAS)
+        return bad(e, "logit_bias", "logit_bias: at most %d entries are allowed, got %d",
+                   DS_SAMPLING_MAX_LOGIT_BIAS, n);
+    if (n == 0) return true;
+    r->logit_bias = malloc((size_t)n * sizeof *r->logit_bias);
+    if (!r->logit_bias) {
+        ds_oai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        return false;
+    }
+    int i = 0;
+    for (const cJSON *c = lb->child; c; c = c->next, i++) {
+        const char *key = c->string ? c->string : "";
+        size_t len = strlen(key);
+        bool digits = len >= 1 && len <= 9; /* ≤ 999 999 999: no overflow below */
+        for (size_t j = 0; digits && j < len; j++) digits = key[j] >= '0' && key[j] <= '9';
+        if (!digits)
+            return bad(e, "logit_bias", "logit_bias keys must be token ids (decimal integers), "
+                                        "got \"%.40s\"", key);
+        if (!cJSON_IsNumber(c) || !isfinite(c->valuedouble))
+            return bad(e, "logit_bias", "logit_bias[\"%s\"] must be a number", key);
+        const double b = c->valuedouble;
+        r->logit_bias[i].id = atoi(key);
+        r->logit_bias[i].bias = (float)(b < -DS_SAMPLING_MAX_BIAS  ? -DS_SAMPLING_MAX_BIAS
+                                        : b > DS_SAMPLING_MAX_BIAS ? DS_SAMPLING_MAX_BIAS
+                                                                   : b);
+    }
+    r->sp.logit_bias = r->logit_bias;
+    r->sp.n_logit_bias = n;
+    return true;
+}
+
 static bool parse_sampling(const cJSON *root, ds_oai_request *r, ds_oai_error *e) {
     ds_sampling_params *sp = &r->sp;
     if (!get_float(root, "temperature", &sp->temperature, e) ||
@@ -436,10 +476,7 @@ static bool parse_sampling(const cJSON *root, ds_oai_request *r, ds_oai_error *e
     int best_of = 1;
     if (!get_int(root, "best_of", INT_MIN, INT_MAX, &best_of, NULL, e)) return false;
     if (best_of != 1) return bad(e, "best_of", "best_of other than 1 is not supported");
-    const cJSON *lb = field(root, "logit_bias");
-    if (lb && (!cJSON_IsObject(lb) || lb->child))
-        return bad(e, "logit_bias", "logit_bias is not supported");
-    if (!parse_stop(root, r, e)) return false;
+    if (!parse_logit_bias(root, r, e) || !parse_stop(root, r, e)) return false;
 
     if (!get_bool(root, "stream", &r->stream, e)) return false;
     const cJSON *so = field(root, "stream_options");
@@ -584,6 +621,7 @@ void ds_oai_request_free(ds_oai_request *r) {
     free(r->messages);
     free(r->prompt_ids);
     free(r->stop_ids);
+    free(r->logit_bias);
     cJSON_Delete(r->prompt_tools);
     cJSON_Delete(r->root);
     memset(r, 0, sizeof *r);

@@ -63,9 +63,10 @@ typedef struct ds_oai_request {
     int logprobs;                 /* -1 none, else top-N alternatives per token */
     bool skip_special_tokens;     /* vLLM extension, default true */
     bool return_token_ids;        /* vLLM extension: token_ids / prompt_token_ids in the output */
-    ds_sampling_params sp;        /* stop / stop_token_ids point into the arrays below */
+    ds_sampling_params sp;        /* its stop / id / bias arrays point into the fields below */
     const char *stops[DS_SAMPLING_MAX_STOP];
     int *stop_ids;                /* owned */
+    ds_logit_bias *logit_bias;    /* owned */
 } ds_oai_request;
 
 /* Parses and validates a body. False with *e filled (status 400) on any problem. *r is to be

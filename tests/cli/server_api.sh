@@ -196,6 +196,13 @@ if [ -n "$STOP" ]; then
   post /v1/completions "{\"prompt\":[$PROMPT_IDS],\"max_tokens\":24,\"temperature\":0,\"stop\":$SS,\"include_stop_str_in_output\":true}"
   check "stop string kept with include_stop_str_in_output" [ "$(js 'd.choices[0].text' <"$tmp/out")" = "$(echo "$STOP" | js 'd.pre+d.s')" ]
 fi
+# logit_bias: +100 on one id takes every greedy choice (the request leaves the fused argmax
+# path); the others' text is unchanged by a bias on an id they never pick
+FORCED=$(node -e 'const a=process.argv[1].split(",").map(Number);let i=3;while(a.includes(i))i++;console.log(i)' "$IDS")
+post /v1/completions "{\"prompt\":[$PROMPT_IDS],\"max_tokens\":4,\"temperature\":0,\"return_token_ids\":true,\"logit_bias\":{\"$FORCED\":100}}"
+check "logit_bias +100 forces its id" [ "$(js 'd.choices[0].token_ids.join(",")' <"$tmp/out")" = "$FORCED,$FORCED,$FORCED,$FORCED" ]
+post /v1/completions "{\"prompt\":[$PROMPT_IDS],\"max_tokens\":24,\"temperature\":0,\"logit_bias\":{}}"
+check "empty logit_bias: greedy text unchanged" [ "$(js 'd.choices[0].text' <"$tmp/out")" = "$FULL" ]
 # logprobs: chosen token's logprob is the max of the top-5 under greedy
 post /v1/completions "{\"prompt\":[$PROMPT_IDS],\"max_tokens\":5,\"temperature\":0,\"logprobs\":5}"
 check "completions logprobs shape" [ "$(js 'd.choices[0].logprobs.tokens.length+"/"+d.choices[0].logprobs.top_logprobs.length' <"$tmp/out")" = "5/5" ]
@@ -227,6 +234,8 @@ expect_error 400 n null $C '{"prompt":"x","n":2}'
 expect_error 400 stream_options null $C '{"prompt":"x","stream_options":{"include_usage":true}}'
 expect_error 400 prompt null $C '{"prompt":[1,2,100000]}'
 expect_error 400 stop_token_ids null $C '{"prompt":"x","stop_token_ids":[100000]}'
+expect_error 400 logit_bias null $C '{"prompt":"x","logit_bias":{"100000":1}}'
+expect_error 400 logit_bias null $C '{"prompt":"x","logit_bias":{"five":1}}'
 expect_error 400 prompt context_length_exceeded $C "{\"prompt\":[$PROMPT_IDS],\"max_tokens\":249}"
 check "context message names both lengths" grep -q "maximum context length is 256 tokens.*257 tokens (8 in the prompt, 249 in the completion)" "$tmp/out"
 expect_error 400 messages context_length_exceeded $H '{"messages":[{"role":"user","content":"x"}],"max_tokens":100000}'
