@@ -87,10 +87,15 @@ static ds_route route_of(const char *url) {
     if (!strcmp(url, "/v1/models")) return DS_ROUTE_MODELS;
     if (!strcmp(url, "/health")) return DS_ROUTE_HEALTH;
     if (!strcmp(url, "/metrics")) return DS_ROUTE_METRICS;
+    if (!strcmp(url, "/tokenize")) return DS_ROUTE_TOKENIZE;
+    if (!strcmp(url, "/detokenize")) return DS_ROUTE_DETOKENIZE;
     return DS_ROUTE_NONE;
 }
 
-static bool route_is_post(ds_route r) { return r == DS_ROUTE_COMPLETIONS || r == DS_ROUTE_CHAT; }
+static bool route_is_post(ds_route r) {
+    return r == DS_ROUTE_COMPLETIONS || r == DS_ROUTE_CHAT || r == DS_ROUTE_TOKENIZE ||
+           r == DS_ROUTE_DETOKENIZE;
+}
 
 /* Constant-time comparison of the bearer token with the key. */
 static bool authorized(const ds_server *s, struct MHD_Connection *c) {
@@ -216,6 +221,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cs->t_arrival = ds_now_s();
         return ds_handle_generate(cs, c);
     }
+    case DS_ROUTE_TOKENIZE:
+    case DS_ROUTE_DETOKENIZE:
+        if (cs->too_large) return too_large(s, c);
+        if (!ds_strbuf_ok(&cs->body))
+            return simple_error(s, c, 500, NULL, "out of memory reading the body");
+        return cs->route == DS_ROUTE_TOKENIZE ? ds_handle_tokenize(cs, c) : ds_handle_detokenize(cs, c);
     default:
         return simple_error(s, c, 404, NULL, "no route");
     }

@@ -1,5 +1,6 @@
 /* openai_handlers.c — POST /v1/completions and /v1/chat/completions: parse → tokenise → check
- * the context → submit → stream (SSE) or collect the output.
+ * the context → submit → stream (SSE) or collect the output; and POST /tokenize, /detokenize
+ * (vLLM's extensions), which share the prompt's tokenisation.
  *
  * Every failure before submission is an HTTP error with an OpenAI error body; once streaming
  * has started, an engine failure becomes a `data: {"error": ...}` event followed by [DONE].
@@ -7,6 +8,7 @@
  * socket between 100 ms waits; its request is then cancelled, which frees its KV blocks and
  * state slot in the engine. */
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -415,6 +417,105 @@ static enum MHD_Result respond_stream(ds_job *j) {
     MHD_destroy_response(r); /* the job is freed with the response (stream_free) */
     ds_metrics_count_http(&s->metrics, 200);
     return ret;
+}
+
+/* ---- /tokenize, /detokenize (vLLM's extensions) --------------------------------------------- */
+
+static enum MHD_Result respond_json(ds_server *s, struct MHD_Connection *c, cJSON *root) {
+    char *body = root ? cJSON_PrintUnformatted(root) : NULL;
+    cJSON_Delete(root);
+    if (!body) {
+        ds_oai_error e;
+        ds_oai_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+        return ds_http_error(s, c, &e);
+    }
+    return ds_http_respond(s, c, 200, "application/json", body, strlen(body), NULL);
+}
+
+/* {"prompt": ...} or {"messages": [...], ...}: the prompt's token ids exactly as a completions or
+ * chat request with the same fields would feed them (the chat template, tool prompt and named
+ * tool_choice opener included), without generating: {"count", "max_model_len", "tokens",
+ * "token_strs": null}. A prompt longer than the context is counted, not refused. */
+enum MHD_Result ds_handle_tokenize(ds_conn *cs, struct MHD_Connection *c) {
+    ds_server *s = cs->srv;
+    const char *body = cs->body.data ? cs->body.data : "";
+    cJSON *peek = cJSON_ParseWithLength(body, cs->body.len);
+    const bool chat = cJSON_IsObject(peek) && cJSON_GetObjectItemCaseSensitive(peek, "messages");
+    cJSON_Delete(peek);
+    ds_job *j = calloc(1, sizeof *j);
+    if (!j) return MHD_NO;
+    j->srv = s;
+    j->conn = c;
+    ds_strbuf_init(&j->out);
+    ds_oai_error e;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    bool reasoning_open;
+    if (!ds_oai_parse_with(chat ? DS_OAI_CHAT : DS_OAI_COMPLETIONS, body, cs->body.len,
+                           &s->o.defaults, &j->rq, &e) ||
+        !prompt_ids(j, &ids, &n, &reasoning_open, &e)) {
+        job_free(j);
+        return ds_http_error(s, c, &e);
+    }
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddNumberToObject(root, "count", (double)n);
+    cJSON_AddNumberToObject(root, "max_model_len", s->o.max_model_len);
+    cJSON *arr = cJSON_AddArrayToObject(root, "tokens");
+    for (size_t i = 0; i < n && arr; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+    cJSON_AddNullToObject(root, "token_strs");
+    free(ids);
+    job_free(j);
+    return respond_json(s, c, root);
+}
+
+/* {"tokens": [ids]} → {"prompt": text} (special tokens kept, as vLLM's tokenizer.decode). */
+enum MHD_Result ds_handle_detokenize(ds_conn *cs, struct MHD_Connection *c) {
+    ds_server *s = cs->srv;
+    ds_oai_error e;
+    cJSON *root = cJSON_ParseWithLength(cs->body.data ? cs->body.data : "", cs->body.len);
+    const cJSON *toks = cJSON_IsObject(root) ? cJSON_GetObjectItemCaseSensitive(root, "tokens") : NULL;
+    if (!cJSON_IsArray(toks)) {
+        cJSON_Delete(root);
+        ds_oai_error_set(&e, 400, "invalid_request_error", NULL, "tokens",
+                         "the body must be a JSON object with \"tokens\": an array of token ids");
+        return ds_http_error(s, c, &e);
+    }
+    const int n = cJSON_GetArraySize(toks);
+    int32_t *ids = malloc((size_t)(n > 0 ? n : 1) * sizeof *ids);
+    if (!ids) {
+        cJSON_Delete(root);
+        return MHD_NO;
+    }
+    int i = 0;
+    for (const cJSON *t = toks->child; t; t = t->next, i++) {
+        const double v = cJSON_IsNumber(t) ? t->valuedouble : -1.0;
+        if (!(v >= 0 && v < (double)s->o.vocab && v == floor(v))) {
+            free(ids);
+            cJSON_Delete(root);
+            ds_oai_error_set(&e, 400, "invalid_request_error", NULL, "tokens",
+                             "tokens[%d] is not a token id in [0, %d)", i, s->o.vocab);
+            return ds_http_error(s, c, &e);
+        }
+        ids[i] = (int32_t)v;
+    }
+    cJSON_Delete(root);
+    char *text = NULL;
+    size_t len = 0;
+    ds_error err = {0};
+    ds_status st = ds_tokenizer_decode(s->tok, ids, (size_t)n, false, &text, &len, &err);
+    free(ids);
+    if (st != DS_OK) {
+        ds_oai_error_set(&e, 500, "server_error", NULL, NULL, "tokenizer: %s", err.msg);
+        return ds_http_error(s, c, &e);
+    }
+    ds_strbuf clean;
+    ds_strbuf_init(&clean);
+    ds_utf8_lossy(&clean, text ? text : "", len);
+    free(text);
+    cJSON *out = ds_strbuf_ok(&clean) ? cJSON_CreateObject() : NULL;
+    if (out) cJSON_AddStringToObject(out, "prompt", clean.data ? clean.data : "");
+    ds_strbuf_free(&clean);
+    return respond_json(s, c, out);
 }
 
 enum MHD_Result ds_handle_generate(ds_conn *cs, struct MHD_Connection *c) {

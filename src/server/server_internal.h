@@ -34,6 +34,8 @@ typedef enum ds_route {
     DS_ROUTE_MODELS,
     DS_ROUTE_HEALTH,
     DS_ROUTE_METRICS,
+    DS_ROUTE_TOKENIZE,
+    DS_ROUTE_DETOKENIZE,
 } ds_route;
 
 /* Per connection-request state (MHD's con_cls). */
@@ -57,5 +59,7 @@ bool ds_http_client_gone(struct MHD_Connection *c);
 
 /* ---- openai_handlers.c ---- */
 enum MHD_Result ds_handle_generate(ds_conn *cs, struct MHD_Connection *c);
+enum MHD_Result ds_handle_tokenize(ds_conn *cs, struct MHD_Connection *c);
+enum MHD_Result ds_handle_detokenize(ds_conn *cs, struct MHD_Connection *c);
 
 #endif

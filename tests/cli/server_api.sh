@@ -177,6 +177,25 @@ if [ $HAVE_JINJA = 1 ]; then
 fi
 check "thinking off: no reasoning_content" [ "$(js 'd.choices[0].message.reasoning_content' <"$tmp/out")" = null ]
 
+# ---- /tokenize, /detokenize (vLLM's extensions) ---------------------------------------------------
+post /tokenize "$(node -e 'console.log(JSON.stringify({prompt:process.argv[1]}))' "$TEXT")"
+"$BIN" tokenize --tokenizer "$MODEL" --text "$TEXT" >"$tmp/tok_ids"
+check "/tokenize prompt = deltaserve tokenize" [ "$(js 'JSON.stringify(d.tokens)' <"$tmp/out")" = "$(tr -d ' \n' <"$tmp/tok_ids")" ]
+check "/tokenize count, max_model_len" [ "$(js 'd.count===d.tokens.length&&d.max_model_len' <"$tmp/out")" = 256 ]
+TOKS=$(js 'JSON.stringify(d.tokens)' <"$tmp/out")
+post /detokenize "{\"tokens\":$TOKS}"
+check "/detokenize round trip" [ "$(js 'd.prompt' <"$tmp/out")" = "$TEXT" ]
+post /tokenize '{"messages":[{"role":"user","content":"hi"}]}'
+check "/tokenize messages = the chat request's prompt ids" [ "$(js 'd.tokens.join(",")' <"$tmp/out")" = "$CHAT_IDS" ]
+post /tokenize "{\"prompt\":[$PROMPT_IDS]}"
+check "/tokenize token prompt: the ids" [ "$(js 'd.tokens.join(",")' <"$tmp/out")" = "$PROMPT_IDS" ]
+expect_error 400 tokens null /detokenize '{"tokens":[1,100000]}'
+expect_error 400 tokens null /detokenize '{"tokens":"1,2"}'
+expect_error 400 prompt null /tokenize '{"prompt":[1,100000]}'
+expect_error 400 prompt null /tokenize '{}'
+CODE=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/tokenize")
+check "GET /tokenize is 405" [ "$CODE" = 405 ]
+
 # ---- stop_token_ids / stop strings ----------------------------------------------------------------
 IDS=$(cat "$tmp/gen_ids")
 STOP_ID=$(node -e 'const a=process.argv[1].split(",").map(Number);for(let i=3;i<a.length;i++)if(a.indexOf(a[i])===i){console.log(a[i]+" "+(i+1));break}' "$IDS")
