@@ -98,7 +98,7 @@ static const bad_case BAD[] = {
     {C, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": \"1\"}}", "logit_bias"},
     {C, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": 1, \"5\": 2}}", "logit_bias"},
     /* unsupported */
-    {C, "{\"prompt\": \"x\", \"n\": 2}", "n"},
+    {C, "{\"prompt\": \"x\", \"n\": 17}", "n"},
     {C, "{\"prompt\": \"x\", \"n\": 0}", "n"},
     {C, "{\"prompt\": \"x\", \"best_of\": 3}", "best_of"},
     {C, "{\"prompt\": \"x\", \"suffix\": \"y\"}", "suffix"},

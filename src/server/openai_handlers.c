@@ -35,7 +35,22 @@ typedef struct ds_job {
     ds_strbuf out;
     size_t out_pos;
     bool started, done, broken;
+    int wait_ms; /* one wait for tokens: WAIT_SLICE_MS alone, shorter when choices share a stream */
+    bool sub;    /* one choice of several (n > 1): no usage chunk or [DONE] of its own */
 } ds_job;
+
+/* What collect() gathers of a finished request. */
+typedef struct ds_collected {
+    ds_strbuf text, reasoning;
+    ds_gen_token *toks;
+    int n_toks, cap;
+} ds_collected;
+
+static void collected_free(ds_collected *c) {
+    ds_strbuf_free(&c->text);
+    ds_strbuf_free(&c->reasoning);
+    free(c->toks);
+}
 
 static void job_free(ds_job *j) {
     if (j->gen_ready) {
@@ -260,16 +275,17 @@ static ds_oai_result result_of(const ds_job *j, const char *text, const char *re
 
 /* ---- non-streaming ------------------------------------------------------------------------- */
 
-static enum MHD_Result respond_whole(ds_job *j) {
+enum { COLLECT_OK, COLLECT_GONE, COLLECT_FAILED };
+
+/* Runs j to its end, gathering its text (after the echo), reasoning and tokens into *out
+ * (initialised here; free with collected_free). The client is looked at every slice. */
+static int collect(ds_job *j, ds_collected *out) {
     ds_server *s = j->srv;
     ds_gen *g = &j->g;
-    ds_strbuf text, reasoning;
-    ds_strbuf_init(&text);
-    ds_strbuf_init(&reasoning);
-    if (j->echo_text) ds_strbuf_puts(&text, j->echo_text);
-    ds_gen_token *toks = NULL;
-    int n_toks = 0, cap = 0;
-    bool gone = false, oom = false;
+    memset(out, 0, sizeof *out);
+    ds_strbuf_init(&out->text);
+    ds_strbuf_init(&out->reasoning);
+    if (j->echo_text) ds_strbuf_puts(&out->text, j->echo_text);
     double next_check = ds_now_s() + WAIT_SLICE_MS * 1e-3;
     while (!g->finished) {
         bool progressed = ds_gen_step(g, WAIT_SLICE_MS);
@@ -280,52 +296,73 @@ static enum MHD_Result respond_whole(ds_job *j) {
             next_check = now + WAIT_SLICE_MS * 1e-3;
             if (atomic_load(&s->stopping) || ds_http_client_gone(j->conn)) {
                 ds_gen_abort(g);
-                gone = true;
-                break;
+                return COLLECT_GONE;
             }
         }
         if (!progressed) continue;
-        ds_strbuf_append(&text, g->content.data ? g->content.data : "", g->content.len);
-        ds_strbuf_append(&reasoning, g->reasoning.data ? g->reasoning.data : "", g->reasoning.len);
+        ds_strbuf_append(&out->text, g->content.data ? g->content.data : "", g->content.len);
+        ds_strbuf_append(&out->reasoning, g->reasoning.data ? g->reasoning.data : "", g->reasoning.len);
         if (g->n_toks) {
-            if (n_toks + g->n_toks > cap) {
-                int nc = cap ? cap : 64;
-                while (nc < n_toks + g->n_toks) nc *= 2;
-                ds_gen_token *t = realloc(toks, (size_t)nc * sizeof *t);
+            if (out->n_toks + g->n_toks > out->cap) {
+                int nc = out->cap ? out->cap : 64;
+                while (nc < out->n_toks + g->n_toks) nc *= 2;
+                ds_gen_token *t = realloc(out->toks, (size_t)nc * sizeof *t);
                 if (!t) {
-                    oom = true;
                     ds_gen_abort(g);
-                    break;
+                    return COLLECT_FAILED;
                 }
-                toks = t;
-                cap = nc;
+                out->toks = t;
+                out->cap = nc;
             }
-            memcpy(toks + n_toks, g->toks, (size_t)g->n_toks * sizeof *toks);
-            n_toks += g->n_toks;
+            memcpy(out->toks + out->n_toks, g->toks, (size_t)g->n_toks * sizeof *out->toks);
+            out->n_toks += g->n_toks;
         }
         ds_gen_clear_step(g);
     }
+    if (g->failed || !ds_strbuf_ok(&out->text) || !ds_strbuf_ok(&out->reasoning) ||
+        !strcmp(g->finish_reason, "abort"))
+        return COLLECT_FAILED;
+    return COLLECT_OK;
+}
+
+static ds_oai_result collected_result(const ds_job *j, const ds_collected *c) {
+    /* chat: reasoning_content is null unless the model produced some */
+    const char *rs = j->rq.kind == DS_OAI_CHAT && c->reasoning.len ? c->reasoning.data : NULL;
+    return result_of(j, c->text.data ? c->text.data : "", rs, c->toks, c->n_toks);
+}
+
+static enum MHD_Result aborted_error(ds_server *s, struct MHD_Connection *c) {
+    ds_oai_error e;
+    ds_oai_error_set(&e, 500, "server_error", NULL, NULL,
+                     "the request was aborted by the engine (or ran out of memory)");
+    return ds_http_error(s, c, &e);
+}
+
+/* The n choices of one request (jobs[i] is choice i, all submitted): each collected in turn
+ * (the engine runs them together; a request's queue holds all its tokens), one response. */
+static enum MHD_Result respond_whole(ds_job **jobs, int n) {
+    ds_server *s = jobs[0]->srv;
+    struct MHD_Connection *conn = jobs[0]->conn;
+    ds_collected col[DS_OAI_MAX_N];
+    ds_oai_result res[DS_OAI_MAX_N];
+    int got = 0, status = COLLECT_OK;
+    while (got < n && status == COLLECT_OK) {
+        status = collect(jobs[got], &col[got]);
+        res[got] = collected_result(jobs[got], &col[got]);
+        got++;
+    }
     enum MHD_Result ret;
-    if (gone) {
+    if (status == COLLECT_GONE) {
         ret = MHD_NO; /* the client is gone: close the connection */
-    } else if (oom || g->failed || !ds_strbuf_ok(&text) || !ds_strbuf_ok(&reasoning) ||
-               !strcmp(g->finish_reason, "abort")) {
-        ds_oai_error e;
-        ds_oai_error_set(&e, 500, "server_error", NULL, NULL,
-                         "the request was aborted by the engine (or ran out of memory)");
-        ret = ds_http_error(s, j->conn, &e);
+    } else if (status == COLLECT_FAILED) {
+        ret = aborted_error(s, conn);
     } else {
-        /* chat: reasoning_content is null unless the model produced some */
-        const char *rs = j->rq.kind == DS_OAI_CHAT && reasoning.len ? reasoning.data : NULL;
-        ds_oai_result r = result_of(j, text.data ? text.data : "", rs, toks, n_toks);
-        char *body = ds_oai_response_json(&j->ctx, &r);
-        ret = ds_http_respond(s, j->conn, 200, "application/json", body, body ? strlen(body) : 0,
+        char *body = ds_oai_response_json_n(&jobs[0]->ctx, res, n);
+        ret = ds_http_respond(s, conn, 200, "application/json", body, body ? strlen(body) : 0,
                               NULL);
     }
-    free(toks);
-    ds_strbuf_free(&text);
-    ds_strbuf_free(&reasoning);
-    job_free(j);
+    for (int i = 0; i < got; i++) collected_free(&col[i]);
+    for (int i = 0; i < n; i++) job_free(jobs[i]); /* aborts the ones not run to their end */
     return ret;
 }
 
@@ -343,7 +380,7 @@ static void produce(ds_job *j) {
             ds_oai_chunk(&j->out, c, false, NULL, j->echo_text, NULL, 0, NULL, g->n_prompt, 0);
         if (j->out.len) return;
     }
-    if (!ds_gen_step(g, WAIT_SLICE_MS)) {
+    if (!ds_gen_step(g, j->wait_ms)) {
         if (atomic_load(&j->srv->stopping) || ds_http_client_gone(j->conn)) {
             ds_gen_abort(g);
             j->broken = true;
@@ -373,48 +410,100 @@ static void produce(ds_job *j) {
         } else {
             ds_oai_result r = result_of(j, NULL, NULL, NULL, 0);
             ds_oai_chunk(&j->out, c, false, NULL, NULL, NULL, 0, &r, g->n_prompt, g->n_generated);
-            if (c->include_usage) ds_oai_usage_chunk(&j->out, c, g->n_prompt, g->n_generated);
+            if (c->include_usage && !j->sub) ds_oai_usage_chunk(&j->out, c, g->n_prompt, g->n_generated);
         }
-        ds_strbuf_puts(&j->out, "data: [DONE]\n\n");
+        if (!j->sub) ds_strbuf_puts(&j->out, "data: [DONE]\n\n");
         j->done = true;
     }
     ds_gen_clear_step(g);
 }
 
+/* The choices of one streamed request (one for n = 1) and the SSE text not yet sent. */
+typedef struct ds_stream {
+    ds_job *jobs[DS_OAI_MAX_N];
+    int n;
+    ds_strbuf out;
+    size_t out_pos;
+    bool done, broken;
+} ds_stream;
+
+/* Appends the next events of every unfinished choice; after the last one, for n > 1, the usage
+ * chunk (the prompt once, the completions summed) and [DONE] (a lone choice writes its own). */
+static void stream_produce(ds_stream *st) {
+    bool all_done = true;
+    for (int i = 0; i < st->n; i++) {
+        ds_job *j = st->jobs[i];
+        if (j->done) continue;
+        ds_strbuf_clear(&j->out);
+        produce(j);
+        if (j->broken || !ds_strbuf_ok(&j->out)) {
+            st->broken = true;
+            return;
+        }
+        ds_strbuf_append(&st->out, j->out.data ? j->out.data : "", j->out.len);
+        all_done = all_done && j->done;
+    }
+    if (!all_done) return;
+    if (st->n > 1) {
+        const ds_oai_resp_ctx *c = &st->jobs[0]->ctx;
+        int n_gen = 0;
+        for (int i = 0; i < st->n; i++) n_gen += st->jobs[i]->g.n_generated;
+        if (c->include_usage) ds_oai_usage_chunk(&st->out, c, st->jobs[0]->g.n_prompt, n_gen);
+        ds_strbuf_puts(&st->out, "data: [DONE]\n\n");
+    }
+    st->done = true;
+}
+
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
-    ds_job *j = cls;
-    while (j->out_pos == j->out.len) {
-        if (j->broken || !ds_strbuf_ok(&j->out)) return MHD_CONTENT_READER_END_WITH_ERROR;
-        if (j->done) return MHD_CONTENT_READER_END_OF_STREAM;
-        ds_strbuf_clear(&j->out);
-        j->out_pos = 0;
-        produce(j);
+    ds_stream *st = cls;
+    while (st->out_pos == st->out.len) {
+        if (st->broken || !ds_strbuf_ok(&st->out)) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (st->done) return MHD_CONTENT_READER_END_OF_STREAM;
+        ds_strbuf_clear(&st->out);
+        st->out_pos = 0;
+        stream_produce(st);
     }
-    if (!ds_strbuf_ok(&j->out)) return MHD_CONTENT_READER_END_WITH_ERROR;
-    size_t n = j->out.len - j->out_pos;
+    if (!ds_strbuf_ok(&st->out)) return MHD_CONTENT_READER_END_WITH_ERROR;
+    size_t n = st->out.len - st->out_pos;
     if (n > max) n = max;
-    memcpy(buf, j->out.data + j->out_pos, n);
-    j->out_pos += n;
+    memcpy(buf, st->out.data + st->out_pos, n);
+    st->out_pos += n;
     return (ssize_t)n;
 }
 
-static void stream_free(void *cls) { job_free(cls); }
+static void stream_free(void *cls) {
+    ds_stream *st = cls;
+    for (int i = 0; i < st->n; i++) job_free(st->jobs[i]);
+    ds_strbuf_free(&st->out);
+    free(st);
+}
 
-static enum MHD_Result respond_stream(ds_job *j) {
-    ds_server *s = j->srv;
-    struct MHD_Connection *c = j->conn;
-    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384,
-                                                               stream_reader, j, stream_free);
+static enum MHD_Result respond_stream(ds_job **jobs, int n) {
+    ds_server *s = jobs[0]->srv;
+    struct MHD_Connection *c = jobs[0]->conn;
+    ds_stream *st = calloc(1, sizeof *st);
+    struct MHD_Response *r =
+        st ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, st, stream_free)
+           : NULL;
     if (!r) {
-        job_free(j);
+        free(st);
+        for (int i = 0; i < n; i++) job_free(jobs[i]);
         return MHD_NO;
+    }
+    st->n = n;
+    ds_strbuf_init(&st->out);
+    for (int i = 0; i < n; i++) {
+        st->jobs[i] = jobs[i];
+        jobs[i]->sub = n > 1;
+        /* one wait per choice and round: a token of any choice waits at most ~n of them */
+        jobs[i]->wait_ms = n > 1 ? 2 : WAIT_SLICE_MS;
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     MHD_add_response_header(r, "X-Accel-Buffering", "no");
     enum MHD_Result ret = MHD_queue_response(c, 200, r);
-    MHD_destroy_response(r); /* the job is freed with the response (stream_free) */
+    MHD_destroy_response(r); /* the jobs are freed with the response (stream_free) */
     ds_metrics_count_http(&s->metrics, 200);
     return ret;
 }
@@ -518,42 +607,74 @@ enum MHD_Result ds_handle_detokenize(ds_conn *cs, struct MHD_Connection *c) {
     return respond_json(s, c, out);
 }
 
-enum MHD_Result ds_handle_generate(ds_conn *cs, struct MHD_Connection *c) {
-    ds_server *s = cs->srv;
+/* A parsed job for the body, or NULL with *e set. */
+static ds_job *job_parse(ds_server *s, struct MHD_Connection *c, ds_oai_kind kind, const ds_conn *cs,
+                         ds_oai_error *e) {
     ds_job *j = calloc(1, sizeof *j);
-    if (!j) return MHD_NO;
+    if (!j) {
+        ds_oai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        return NULL;
+    }
     j->srv = s;
     j->conn = c;
+    j->wait_ms = WAIT_SLICE_MS;
     ds_strbuf_init(&j->out);
+    if (!ds_oai_parse_with(kind, cs->body.data ? cs->body.data : "", cs->body.len,
+                           &s->o.defaults, &j->rq, e)) {
+        job_free(j);
+        return NULL;
+    }
+    return j;
+}
+
+enum MHD_Result ds_handle_generate(ds_conn *cs, struct MHD_Connection *c) {
+    ds_server *s = cs->srv;
     ds_oai_kind kind = cs->route == DS_ROUTE_CHAT ? DS_OAI_CHAT : DS_OAI_COMPLETIONS;
     ds_oai_error e;
-    if (!ds_oai_parse_with(kind, cs->body.data ? cs->body.data : "", cs->body.len,
-                           &s->o.defaults, &j->rq, &e)) {
-        job_free(j);
-        return ds_http_error(s, c, &e);
-    }
-    if (!model_known(s, j->rq.model)) {
+    ds_job *jobs[DS_OAI_MAX_N] = {NULL};
+    jobs[0] = job_parse(s, c, kind, cs, &e);
+    if (!jobs[0]) return ds_http_error(s, c, &e);
+    const ds_oai_request *rq0 = &jobs[0]->rq;
+    if (!model_known(s, rq0->model)) {
         ds_oai_error_set(&e, 404, "not_found_error", "model_not_found", "model",
-                         "The model `%.200s` does not exist.", j->rq.model);
-        job_free(j);
+                         "The model `%.200s` does not exist.", rq0->model);
+        job_free(jobs[0]);
         return ds_http_error(s, c, &e);
     }
-    if (!submit(j, cs->t_arrival, &e)) {
-        job_free(j);
+    /* n > 1: each choice its own engine request over the same prompt (the body parsed again),
+     * with seed + i when the request is seeded (as vLLM seeds its n child requests) */
+    const int n = rq0->n;
+    bool ok = true;
+    for (int i = 1; i < n && ok; i++) {
+        jobs[i] = job_parse(s, c, kind, cs, &e);
+        ok = jobs[i] != NULL;
+        if (ok && jobs[i]->rq.sp.has_seed) jobs[i]->rq.sp.seed += (uint64_t)i;
+    }
+    for (int i = 0; i < n && ok; i++) ok = submit(jobs[i], cs->t_arrival, &e);
+    if (!ok) {
+        for (int i = 0; i < n; i++)
+            if (jobs[i]) job_free(jobs[i]); /* aborts the choices already submitted */
         return ds_http_error(s, c, &e);
     }
-    j->ctx = (ds_oai_resp_ctx){
-        .kind = kind,
-        .created = (long long)time(NULL),
-        .model = j->rq.model ? j->rq.model : s->o.served_names[0],
-        .tok = s->tok,
-        .logprobs = j->rq.logprobs,
-        .include_usage = j->rq.include_usage || j->rq.continuous_usage,
-        .continuous_usage = j->rq.continuous_usage,
-        .return_token_ids = j->rq.return_token_ids,
-        .prompt_ids = j->ids,
-        .n_prompt_ids = j->n_ids,
-    };
-    make_id(s, kind, j->ctx.id, sizeof j->ctx.id);
-    return j->rq.stream ? respond_stream(j) : respond_whole(j);
+    char id[sizeof jobs[0]->ctx.id];
+    make_id(s, kind, id, sizeof id);
+    const long long created = (long long)time(NULL);
+    for (int i = 0; i < n; i++) {
+        ds_job *j = jobs[i];
+        j->ctx = (ds_oai_resp_ctx){
+            .kind = kind,
+            .created = created,
+            .model = j->rq.model ? j->rq.model : s->o.served_names[0],
+            .tok = s->tok,
+            .logprobs = j->rq.logprobs,
+            .include_usage = j->rq.include_usage || j->rq.continuous_usage,
+            .continuous_usage = j->rq.continuous_usage,
+            .return_token_ids = j->rq.return_token_ids,
+            .prompt_ids = j->ids,
+            .n_prompt_ids = j->n_ids,
+            .index = i,
+        };
+        memcpy(j->ctx.id, id, sizeof id);
+    }
+    return rq0->stream ? respond_stream(jobs, n) : respond_whole(jobs, n);
 }

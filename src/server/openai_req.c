@@ -471,8 +471,8 @@ static bool parse_sampling(const cJSON *root, ds_oai_request *r, ds_oai_error *e
 
     int n = 1;
     if (!get_int(root, "n", INT_MIN, INT_MAX, &n, NULL, e)) return false;
-    if (n < 1) return bad(e, "n", "n must be at least 1, got %d", n);
-    if (n > 1) return bad(e, "n", "n > 1 is not supported (got %d): send separate requests", n);
+    if (n < 1 || n > DS_OAI_MAX_N) return bad(e, "n", "n must be in [1, %d], got %d", DS_OAI_MAX_N, n);
+    r->n = n;
     int best_of = 1;
     if (!get_int(root, "best_of", INT_MIN, INT_MAX, &best_of, NULL, e)) return false;
     if (best_of != 1) return bad(e, "best_of", "best_of other than 1 is not supported");
@@ -564,6 +564,7 @@ bool ds_oai_parse_with(ds_oai_kind kind, const char *body, size_t len, const ds_
     memset(r, 0, sizeof *r);
     r->kind = kind;
     r->logprobs = -1;
+    r->n = 1;
     r->skip_special_tokens = true;
     ds_sampling_params_init(&r->sp);
     r->sp.temperature = 1.0f; /* OpenAI default */

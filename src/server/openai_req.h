@@ -22,6 +22,9 @@
 
 typedef enum ds_oai_kind { DS_OAI_COMPLETIONS = 0, DS_OAI_CHAT = 1 } ds_oai_kind;
 
+/* Choices per request (`n`): each is its own engine request over the same prompt. */
+#define DS_OAI_MAX_N 16
+
 typedef struct ds_oai_error {
     int status;          /* HTTP status */
     const char *type;    /* "invalid_request_error", "authentication_error", ... */
@@ -61,6 +64,7 @@ typedef struct ds_oai_request {
     bool max_tokens_given;        /* else: completions 16, chat max_model_len - prompt */
     const char *max_tokens_param; /* "max_tokens" or "max_completion_tokens" (error param) */
     int logprobs;                 /* -1 none, else top-N alternatives per token */
+    int n;                        /* choices: 1 .. DS_OAI_MAX_N samples of the prompt */
     bool skip_special_tokens;     /* vLLM extension, default true */
     bool return_token_ids;        /* vLLM extension: token_ids / prompt_token_ids in the output */
     ds_sampling_params sp;        /* its stop / id / bias arrays point into the fields below */

@@ -178,12 +178,11 @@ const char *ds_oai_finish_reason(const char *reason, const ds_tool_parser *tools
     return reason;
 }
 
-char *ds_oai_response_json(const ds_oai_resp_ctx *c, const ds_oai_result *r) {
+/* Choice `index` of a finished response. */
+static cJSON *choice_json(const ds_oai_resp_ctx *c, const ds_oai_result *r, int index) {
     bool chat = c->kind == DS_OAI_CHAT;
-    cJSON *o = envelope(c, chat ? "chat.completion" : "text_completion");
-    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     cJSON *ch = cJSON_CreateObject();
-    cJSON_AddNumberToObject(ch, "index", 0);
+    cJSON_AddNumberToObject(ch, "index", index);
     if (chat) {
         cJSON *m = cJSON_AddObjectToObject(ch, "message");
         cJSON_AddStringToObject(m, "role", "assistant");
@@ -213,11 +212,27 @@ char *ds_oai_response_json(const ds_oai_resp_ctx *c, const ds_oai_result *r) {
         cJSON_AddItemToObject(ch, "token_ids", tok_ids(r->toks, r->n_toks));
         if (!chat) cJSON_AddItemToObject(ch, "prompt_token_ids", id_array(c->prompt_ids, c->n_prompt_ids));
     }
-    cJSON_AddItemToArray(choices, ch);
+    return ch;
+}
+
+char *ds_oai_response_json_n(const ds_oai_resp_ctx *c, const ds_oai_result *r, int n) {
+    bool chat = c->kind == DS_OAI_CHAT;
+    cJSON *o = envelope(c, chat ? "chat.completion" : "text_completion");
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    int n_gen = 0;
+    for (int i = 0; i < n; i++) {
+        cJSON_AddItemToArray(choices, choice_json(c, &r[i], i));
+        n_gen += r[i].n_gen;
+    }
     if (chat && c->return_token_ids)
         cJSON_AddItemToObject(o, "prompt_token_ids", id_array(c->prompt_ids, c->n_prompt_ids));
-    cJSON_AddItemToObject(o, "usage", usage_json(r->n_prompt, r->n_gen));
+    /* the prompt once (n samples of one prompt), the completions summed (as vLLM) */
+    cJSON_AddItemToObject(o, "usage", usage_json(r[0].n_prompt, n_gen));
     return print_free(o);
+}
+
+char *ds_oai_response_json(const ds_oai_resp_ctx *c, const ds_oai_result *r) {
+    return ds_oai_response_json_n(c, r, 1);
 }
 
 /* One SSE event "data: <json>\n\n" from printed JSON s (taken: freed here; NULL = out of
@@ -242,7 +257,7 @@ void ds_oai_chunk(ds_strbuf *out, const ds_oai_resp_ctx *c, bool role, const cha
     cJSON *o = envelope(c, chat ? "chat.completion.chunk" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     cJSON *ch = cJSON_CreateObject();
-    cJSON_AddNumberToObject(ch, "index", 0);
+    cJSON_AddNumberToObject(ch, "index", c->index);
     if (chat) {
         cJSON *d = cJSON_AddObjectToObject(ch, "delta");
         if (role) cJSON_AddStringToObject(d, "role", "assistant");
@@ -266,7 +281,7 @@ void ds_oai_tool_chunk(ds_strbuf *out, const ds_oai_resp_ctx *c, const cJSON *de
     cJSON *o = envelope(c, "chat.completion.chunk");
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     cJSON *ch = cJSON_CreateObject();
-    cJSON_AddNumberToObject(ch, "index", 0);
+    cJSON_AddNumberToObject(ch, "index", c->index);
     cJSON *d = cJSON_AddObjectToObject(ch, "delta");
     cJSON_AddItemToObject(d, "tool_calls", cJSON_Duplicate(deltas, true));
     if (n_toks > 0 && c->logprobs >= 0) cJSON_AddItemToObject(ch, "logprobs", logprobs_json(c, toks, n_toks));

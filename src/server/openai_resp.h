@@ -29,6 +29,7 @@ typedef struct ds_oai_resp_ctx {
     bool return_token_ids; /* "token_ids" (and "prompt_token_ids") in choices / chunks */
     const int32_t *prompt_ids; /* [n_prompt_ids] for prompt_token_ids */
     int n_prompt_ids;
+    int index;           /* the choice a chunk belongs to (requests with n > 1) */
 } ds_oai_resp_ctx;
 
 /* What a finished request reports. */
@@ -52,6 +53,8 @@ void ds_utf8_lossy(ds_strbuf *out, const char *s, size_t n);
 const char *ds_oai_finish_reason(const char *reason, const ds_tool_parser *tools);
 
 char *ds_oai_response_json(const ds_oai_resp_ctx *c, const ds_oai_result *r);
+/* n choices (r[i] is choice i); usage counts the prompt once and sums the completions. */
+char *ds_oai_response_json_n(const ds_oai_resp_ctx *c, const ds_oai_result *r, int n);
 
 /* One SSE event ("data: {...}\n\n") appended to out. Chat: role → the first delta carries the
  * role; reasoning/content may be NULL. finish_reason NULL = not finished. */

@@ -177,6 +177,27 @@ if [ $HAVE_JINJA = 1 ]; then
 fi
 check "thinking off: no reasoning_content" [ "$(js 'd.choices[0].message.reasoning_content' <"$tmp/out")" = null ]
 
+# ---- n > 1: choice i is the request alone with seed + i; streamed = whole; usage sums ------------
+NB="\"prompt\":[$PROMPT_IDS],\"max_tokens\":8,\"temperature\":1,\"return_token_ids\":true"
+post /v1/completions "{$NB,\"seed\":5,\"n\":3}"
+cp "$tmp/out" "$tmp/n3"
+check "n=3: three choices, indices 0..2" [ "$(js 'd.choices.map(c=>c.index).join(",")' <"$tmp/n3")" = "0,1,2" ]
+check "n=3: usage sums the completions, prompt once" [ "$(js 'd.usage.prompt_tokens+"/"+d.usage.completion_tokens' <"$tmp/n3")" = "8/$(js 'd.choices.reduce((a,c)=>a+c.token_ids.length,0)' <"$tmp/n3")" ]
+for i in 0 1 2; do
+  post /v1/completions "{$NB,\"seed\":$((5 + i))}"
+  check "n=3: choice $i = the request alone with seed $((5 + i))" [ "$(js "d.choices[$i].token_ids.join(',')" <"$tmp/n3")" = "$(js 'd.choices[0].token_ids.join(",")' <"$tmp/out")" ]
+done
+curl -s -N --max-time 120 -H 'Content-Type: application/json' --data-binary "{$NB,\"seed\":5,\"n\":3,\"stream\":true,\"stream_options\":{\"include_usage\":true}}" "http://127.0.0.1:$PORT/v1/completions" >"$tmp/n3s"
+node -e 'const fs=require("fs");const ids=[[],[],[]];let done=0,usage=null,fin=[];
+  for (const l of fs.readFileSync(process.argv[1],"utf8").split("\n")) { if (!l.startsWith("data: ")) continue;
+    const p=l.slice(6); if (p==="[DONE]") { done++; continue; } const d=JSON.parse(p); if (d.usage) usage=d.usage;
+    for (const c of d.choices) { ids[c.index].push(...(c.token_ids||[])); if (c.finish_reason) fin.push(c.index); } }
+  console.log(JSON.stringify({ids:ids.map(a=>a.join(",")),done,usage:usage&&usage.completion_tokens,fin:fin.sort().join(",")}))' "$tmp/n3s" >"$tmp/n3s.json"
+check "n=3 streamed: each choice = the whole response's" [ "$(js 'd.ids.join(";")' <"$tmp/n3s.json")" = "$(js 'd.choices.map(c=>c.token_ids.join(",")).join(";")' <"$tmp/n3")" ]
+check "n=3 streamed: one [DONE], a finish per choice, usage summed" [ "$(js 'd.done+"/"+d.fin+"/"+d.usage' <"$tmp/n3s.json")" = "1/0,1,2/$(js 'd.usage.completion_tokens' <"$tmp/n3")" ]
+post /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"temperature":0,"n":2}'
+check "chat n=2 greedy: two equal choices" [ "$(js 'd.choices.length+"/"+(d.choices[0].message.content===d.choices[1].message.content)+"/"+d.choices[1].index' <"$tmp/out")" = "2/true/1" ]
+
 # ---- /tokenize, /detokenize (vLLM's extensions) ---------------------------------------------------
 post /tokenize "$(node -e 'console.log(JSON.stringify({prompt:process.argv[1]}))' "$TEXT")"
 "$BIN" tokenize --tokenizer "$MODEL" --text "$TEXT" >"$tmp/tok_ids"
@@ -249,7 +270,8 @@ expect_error 400 top_k null $C '{"prompt":"x","top_k":-5}'
 expect_error 400 presence_penalty null $C '{"prompt":"x","presence_penalty":9}'
 expect_error 400 logprobs null $C '{"prompt":"x","logprobs":50}'
 expect_error 400 top_logprobs null $H '{"messages":[{"role":"user","content":"x"}],"top_logprobs":3}'
-expect_error 400 n null $C '{"prompt":"x","n":2}'
+expect_error 400 n null $C '{"prompt":"x","n":17}'
+expect_error 400 n null $C '{"prompt":"x","n":0}'
 expect_error 400 stream_options null $C '{"prompt":"x","stream_options":{"include_usage":true}}'
 expect_error 400 prompt null $C '{"prompt":[1,2,100000]}'
 expect_error 400 stop_token_ids null $C '{"prompt":"x","stop_token_ids":[100000]}'

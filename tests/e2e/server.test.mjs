@@ -116,6 +116,29 @@ test('serve through the OpenAI client', async (t) => {
     assert.equal(finish, whole.choices[0].finish_reason);
   });
 
+  await t.test('chat n = 3: stream = non-stream per choice; usage summed', async () => {
+    const req = { model: 'tiny', messages: [{ role: 'user', content: 'Name a colour.' }],
+      max_completion_tokens: 12, temperature: 0.9, seed: 3, n: 3,
+      chat_template_kwargs: { enable_thinking: false } };
+    const whole = await client.chat.completions.create(req);
+    assert.deepEqual(whole.choices.map((c) => c.index), [0, 1, 2]);
+    const stream = await client.chat.completions.create({ ...req, stream: true, stream_options: { include_usage: true } });
+    const content = ['', '', ''];
+    let usage = null;
+    for await (const chunk of stream) {
+      if (chunk.usage) usage = chunk.usage;
+      for (const c of chunk.choices) content[c.index] += c.delta.content || '';
+    }
+    assert.deepEqual(content, whole.choices.map((c) => c.message.content));
+    assert.deepEqual(usage, whole.usage);
+  });
+
+  await t.test('logit_bias +100 forces a token', async () => {
+    const r = await client.completions.create({ model: 'tiny', prompt: 'Once upon a time',
+      max_tokens: 3, temperature: 0, logit_bias: { 42: 100 }, return_token_ids: true });
+    assert.deepEqual(r.choices[0].token_ids, [42, 42, 42]);
+  });
+
   for (const thinking of [true, false]) {
     await t.test(`chat (thinking ${thinking}): stream = non-stream for the same seed`, async () => {
       const req = { model: 'tiny', messages: [{ role: 'system', content: 'Be brief.' },
@@ -169,7 +192,8 @@ test('serve through the OpenAI client', async (t) => {
       [{ prompt: 'x', top_p: 0 }, 'top_p', null],
       [{ prompt: 'x', max_tokens: -5 }, 'max_tokens', null],
       [{ prompt: 'x', max_tokens: 'ten' }, 'max_tokens', null],
-      [{ prompt: 'x', n: 3 }, 'n', null],
+      [{ prompt: 'x', n: 17 }, 'n', null],
+      [{ prompt: 'x', logit_bias: { 99999: 1 } }, 'logit_bias', null],
       [{ prompt: [1, 2, 99999] }, 'prompt', null],
       [{ prompt: PROMPT, max_tokens: 510 }, 'prompt', 'context_length_exceeded'],
     ];
