@@ -38,7 +38,10 @@ static const bad_case BAD[] = {
     {C, "{\"prompt\": [1, \"a\"]}", "prompt"},
     {C, "{\"prompt\": [1, -3]}", "prompt"},
     {C, "{\"prompt\": [1.5]}", "prompt"},
-    {C, "{\"prompt\": [\"a\", \"b\"]}", "prompt"},
+    {C, "{\"prompt\": [\"a\", \"\"]}", "prompt"},
+    {C, "{\"prompt\": [\"a\", [1, -2]]}", "prompt"},
+    {C, "{\"prompt\": [\"a\", 3]}", "prompt"},
+    {C, "{\"prompt\": [\"a\", \"b\", \"c\", \"d\", \"e\"], \"n\": 13, \"max_tokens\": 1}", "n"},
     {C, "{\"prompt\": {\"text\": \"a\"}}", "prompt"},
     /* messages */
     {H, "{}", "messages"},
@@ -191,6 +194,34 @@ static void test_logit_bias(void **state) {
     b = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"logit_bias\": {}}";
     assert_true(ds_oai_parse(H, b, strlen(b), &r, &e));
     assert_int_equal(r.sp.n_logit_bias, 0);
+    ds_oai_request_free(&r);
+}
+
+/* A batch of prompts: every element checked at parse, element 0 selected; select_prompt moves
+ * to the others (strings and id arrays alike). */
+static void test_prompt_batch(void **state) {
+    (void)state;
+    ds_oai_request r;
+    ds_oai_error e;
+    const char *b = "{\"prompt\": [\"ab\", [4, 5], \"c\"], \"n\": 2}";
+    assert_true(ds_oai_parse(C, b, strlen(b), &r, &e));
+    assert_int_equal(r.n_prompts, 3);
+    assert_int_equal(r.n, 2);
+    assert_string_equal(r.prompt_text, "ab");
+    assert_true(ds_oai_request_select_prompt(&r, 1, &e));
+    assert_null(r.prompt_text);
+    assert_int_equal(r.n_prompt_ids, 2);
+    assert_int_equal(r.prompt_ids[1], 5);
+    assert_true(ds_oai_request_select_prompt(&r, 2, &e));
+    assert_string_equal(r.prompt_text, "c");
+    assert_null(r.prompt_ids);
+    assert_false(ds_oai_request_select_prompt(&r, 3, &e));
+    ds_oai_request_free(&r);
+    /* one element: not a batch */
+    b = "{\"prompt\": [[7, 8]]}";
+    assert_true(ds_oai_parse(C, b, strlen(b), &r, &e));
+    assert_int_equal(r.n_prompts, 1);
+    assert_int_equal(r.n_prompt_ids, 2);
     ds_oai_request_free(&r);
 }
 
@@ -403,6 +434,7 @@ int main(void) {
         cmocka_unit_test(test_defaults_and_mapping),
         cmocka_unit_test(test_seed_range),
         cmocka_unit_test(test_logit_bias),
+        cmocka_unit_test(test_prompt_batch),
         cmocka_unit_test(test_chat_parse),
         cmocka_unit_test(test_error_json),
         cmocka_unit_test(test_utf8_lossy),

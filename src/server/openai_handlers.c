@@ -340,11 +340,11 @@ static enum MHD_Result aborted_error(ds_server *s, struct MHD_Connection *c) {
 
 /* The n choices of one request (jobs[i] is choice i, all submitted): each collected in turn
  * (the engine runs them together; a request's queue holds all its tokens), one response. */
-static enum MHD_Result respond_whole(ds_job **jobs, int n) {
+static enum MHD_Result respond_whole(ds_job **jobs, int n, int per_prompt) {
     ds_server *s = jobs[0]->srv;
     struct MHD_Connection *conn = jobs[0]->conn;
-    ds_collected col[DS_OAI_MAX_N];
-    ds_oai_result res[DS_OAI_MAX_N];
+    ds_collected col[DS_OAI_MAX_CHOICES];
+    ds_oai_result res[DS_OAI_MAX_CHOICES];
     int got = 0, status = COLLECT_OK;
     while (got < n && status == COLLECT_OK) {
         status = collect(jobs[got], &col[got]);
@@ -357,7 +357,7 @@ static enum MHD_Result respond_whole(ds_job **jobs, int n) {
     } else if (status == COLLECT_FAILED) {
         ret = aborted_error(s, conn);
     } else {
-        char *body = ds_oai_response_json_n(&jobs[0]->ctx, res, n);
+        char *body = ds_oai_response_json_n(&jobs[0]->ctx, res, n, per_prompt);
         ret = ds_http_respond(s, conn, 200, "application/json", body, body ? strlen(body) : 0,
                               NULL);
     }
@@ -420,15 +420,15 @@ static void produce(ds_job *j) {
 
 /* The choices of one streamed request (one for n = 1) and the SSE text not yet sent. */
 typedef struct ds_stream {
-    ds_job *jobs[DS_OAI_MAX_N];
-    int n;
+    ds_job *jobs[DS_OAI_MAX_CHOICES];
+    int n, per_prompt; /* per_prompt consecutive choices sample one prompt */
     ds_strbuf out;
     size_t out_pos;
     bool done, broken;
 } ds_stream;
 
-/* Appends the next events of every unfinished choice; after the last one, for n > 1, the usage
- * chunk (the prompt once, the completions summed) and [DONE] (a lone choice writes its own). */
+/* Appends the next events of every unfinished choice; after the last one, for several, the usage
+ * chunk (each prompt once, the completions summed) and [DONE] (a lone choice writes its own). */
 static void stream_produce(ds_stream *st) {
     bool all_done = true;
     for (int i = 0; i < st->n; i++) {
@@ -446,9 +446,12 @@ static void stream_produce(ds_stream *st) {
     if (!all_done) return;
     if (st->n > 1) {
         const ds_oai_resp_ctx *c = &st->jobs[0]->ctx;
-        int n_gen = 0;
-        for (int i = 0; i < st->n; i++) n_gen += st->jobs[i]->g.n_generated;
-        if (c->include_usage) ds_oai_usage_chunk(&st->out, c, st->jobs[0]->g.n_prompt, n_gen);
+        int n_prompt = 0, n_gen = 0;
+        for (int i = 0; i < st->n; i++) {
+            if (i % st->per_prompt == 0) n_prompt += st->jobs[i]->g.n_prompt;
+            n_gen += st->jobs[i]->g.n_generated;
+        }
+        if (c->include_usage) ds_oai_usage_chunk(&st->out, c, n_prompt, n_gen);
         ds_strbuf_puts(&st->out, "data: [DONE]\n\n");
     }
     st->done = true;
@@ -479,7 +482,7 @@ static void stream_free(void *cls) {
     free(st);
 }
 
-static enum MHD_Result respond_stream(ds_job **jobs, int n) {
+static enum MHD_Result respond_stream(ds_job **jobs, int n, int per_prompt) {
     ds_server *s = jobs[0]->srv;
     struct MHD_Connection *c = jobs[0]->conn;
     ds_stream *st = calloc(1, sizeof *st);
@@ -492,6 +495,7 @@ static enum MHD_Result respond_stream(ds_job **jobs, int n) {
         return MHD_NO;
     }
     st->n = n;
+    st->per_prompt = per_prompt;
     ds_strbuf_init(&st->out);
     for (int i = 0; i < n; i++) {
         st->jobs[i] = jobs[i];
@@ -631,7 +635,7 @@ enum MHD_Result ds_handle_generate(ds_conn *cs, struct MHD_Connection *c) {
     ds_server *s = cs->srv;
     ds_oai_kind kind = cs->route == DS_ROUTE_CHAT ? DS_OAI_CHAT : DS_OAI_COMPLETIONS;
     ds_oai_error e;
-    ds_job *jobs[DS_OAI_MAX_N] = {NULL};
+    ds_job *jobs[DS_OAI_MAX_CHOICES] = {NULL};
     jobs[0] = job_parse(s, c, kind, cs, &e);
     if (!jobs[0]) return ds_http_error(s, c, &e);
     const ds_oai_request *rq0 = &jobs[0]->rq;
@@ -641,16 +645,17 @@ enum MHD_Result ds_handle_generate(ds_conn *cs, struct MHD_Connection *c) {
         job_free(jobs[0]);
         return ds_http_error(s, c, &e);
     }
-    /* n > 1: each choice its own engine request over the same prompt (the body parsed again),
-     * with seed + i when the request is seeded (as vLLM seeds its n child requests) */
-    const int n = rq0->n;
+    /* Several choices (n > 1, a batch of prompts): each its own engine request (the body parsed
+     * again), choice k = prompt k / n, sample k % n, seeded seed + k % n when the request is
+     * seeded (as vLLM seeds its n child requests) */
+    const int per_prompt = rq0->n, n = rq0->n * rq0->n_prompts;
     bool ok = true;
-    for (int i = 1; i < n && ok; i++) {
-        jobs[i] = job_parse(s, c, kind, cs, &e);
-        ok = jobs[i] != NULL;
-        if (ok && jobs[i]->rq.sp.has_seed) jobs[i]->rq.sp.seed += (uint64_t)i;
+    for (int k = 1; k < n && ok; k++) {
+        jobs[k] = job_parse(s, c, kind, cs, &e);
+        ok = jobs[k] && ds_oai_request_select_prompt(&jobs[k]->rq, k / per_prompt, &e);
+        if (ok && jobs[k]->rq.sp.has_seed) jobs[k]->rq.sp.seed += (uint64_t)(k % per_prompt);
     }
-    for (int i = 0; i < n && ok; i++) ok = submit(jobs[i], cs->t_arrival, &e);
+    for (int k = 0; k < n && ok; k++) ok = submit(jobs[k], cs->t_arrival, &e);
     if (!ok) {
         for (int i = 0; i < n; i++)
             if (jobs[i]) job_free(jobs[i]); /* aborts the choices already submitted */
@@ -676,5 +681,5 @@ enum MHD_Result ds_handle_generate(ds_conn *cs, struct MHD_Connection *c) {
         };
         memcpy(j->ctx.id, id, sizeof id);
     }
-    return rq0->stream ? respond_stream(jobs, n) : respond_whole(jobs, n);
+    return rq0->stream ? respond_stream(jobs, n, per_prompt) : respond_whole(jobs, n, per_prompt);
 }

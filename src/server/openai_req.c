@@ -146,20 +146,36 @@ static bool parse_prompt(const cJSON *root, ds_oai_request *r, ds_oai_error *e) 
                                 "array of those; got %s", type_name(p));
     int n = cJSON_GetArraySize(p);
     if (n == 0) return bad(e, "prompt", "prompt is empty");
-    const cJSON *first = p->child;
-    if (cJSON_IsNumber(first)) return parse_id_array(p, r, e);
-    /* A batch of prompts: one element is fine, more is like n > 1. */
-    if (n > 1)
-        return bad(e, "prompt", "batched prompts (%d) are not supported: send one prompt per "
-                                "request", n);
-    if (cJSON_IsString(first)) {
-        if (!first->valuestring[0]) return bad(e, "prompt", "prompt is empty");
-        r->prompt_text = first->valuestring;
+    if (cJSON_IsNumber(p->child)) return parse_id_array(p, r, e);
+    /* A batch of prompts (strings or id arrays), each its own request with n choices: every
+     * element checked here, element 0 selected (the server selects the others in turn) */
+    if (n > DS_OAI_MAX_CHOICES)
+        return bad(e, "prompt", "at most %d prompts in a batch, got %d", DS_OAI_MAX_CHOICES, n);
+    r->n_prompts = n;
+    for (int i = n - 1; i >= 0; i--)
+        if (!ds_oai_request_select_prompt(r, i, e)) return false;
+    return true;
+}
+
+bool ds_oai_request_select_prompt(ds_oai_request *r, int index, ds_oai_error *e) {
+    const cJSON *p = field(r->root, "prompt");
+    const bool batch = cJSON_IsArray(p) && p->child && !cJSON_IsNumber(p->child);
+    if (!batch) return index == 0 || bad(e, "prompt", "no prompt %d in the request", index);
+    if (index < 0 || index >= r->n_prompts)
+        return bad(e, "prompt", "no prompt %d in the request", index);
+    const cJSON *el = cJSON_GetArrayItem(p, index);
+    free(r->prompt_ids);
+    r->prompt_ids = NULL;
+    r->n_prompt_ids = 0;
+    r->prompt_text = NULL;
+    if (cJSON_IsString(el)) {
+        if (!el->valuestring[0]) return bad(e, "prompt", "prompt[%d] is empty", index);
+        r->prompt_text = el->valuestring;
         return true;
     }
-    if (cJSON_IsArray(first)) return parse_id_array(first, r, e);
-    return bad(e, "prompt", "prompt[0] must be a string or an array of token ids, got %s",
-               type_name(first));
+    if (cJSON_IsArray(el)) return parse_id_array(el, r, e);
+    return bad(e, "prompt", "prompt[%d] must be a string or an array of token ids, got %s", index,
+               type_name(el));
 }
 
 /* ---- messages (chat) ----------------------------------------------------------------------- */
@@ -472,6 +488,9 @@ static bool parse_sampling(const cJSON *root, ds_oai_request *r, ds_oai_error *e
     int n = 1;
     if (!get_int(root, "n", INT_MIN, INT_MAX, &n, NULL, e)) return false;
     if (n < 1 || n > DS_OAI_MAX_N) return bad(e, "n", "n must be in [1, %d], got %d", DS_OAI_MAX_N, n);
+    if (n * r->n_prompts > DS_OAI_MAX_CHOICES)
+        return bad(e, "n", "n (%d) times the prompts in the batch (%d) is over the %d choices a "
+                           "request may have", n, r->n_prompts, DS_OAI_MAX_CHOICES);
     r->n = n;
     int best_of = 1;
     if (!get_int(root, "best_of", INT_MIN, INT_MAX, &best_of, NULL, e)) return false;
@@ -565,6 +584,7 @@ bool ds_oai_parse_with(ds_oai_kind kind, const char *body, size_t len, const ds_
     r->kind = kind;
     r->logprobs = -1;
     r->n = 1;
+    r->n_prompts = 1;
     r->skip_special_tokens = true;
     ds_sampling_params_init(&r->sp);
     r->sp.temperature = 1.0f; /* OpenAI default */

@@ -22,8 +22,10 @@
 
 typedef enum ds_oai_kind { DS_OAI_COMPLETIONS = 0, DS_OAI_CHAT = 1 } ds_oai_kind;
 
-/* Choices per request (`n`): each is its own engine request over the same prompt. */
+/* Choices per request (`n`): each is its own engine request over the same prompt; a batch of
+ * prompts (completions) multiplies them, up to DS_OAI_MAX_CHOICES in all. */
 #define DS_OAI_MAX_N 16
+#define DS_OAI_MAX_CHOICES 64
 
 typedef struct ds_oai_error {
     int status;          /* HTTP status */
@@ -64,7 +66,8 @@ typedef struct ds_oai_request {
     bool max_tokens_given;        /* else: completions 16, chat max_model_len - prompt */
     const char *max_tokens_param; /* "max_tokens" or "max_completion_tokens" (error param) */
     int logprobs;                 /* -1 none, else top-N alternatives per token */
-    int n;                        /* choices: 1 .. DS_OAI_MAX_N samples of the prompt */
+    int n;                        /* choices: 1 .. DS_OAI_MAX_N samples of each prompt */
+    int n_prompts;                /* completions: prompts in the batch (1: not a batch) */
     bool skip_special_tokens;     /* vLLM extension, default true */
     bool return_token_ids;        /* vLLM extension: token_ids / prompt_token_ids in the output */
     ds_sampling_params sp;        /* its stop / id / bias arrays point into the fields below */
@@ -94,5 +97,9 @@ ds_status ds_oai_defaults_load(const char *model_dir, ds_oai_defaults *d, ds_err
 bool ds_oai_parse_with(ds_oai_kind kind, const char *body, size_t len, const ds_oai_defaults *d,
                        ds_oai_request *r, ds_oai_error *e);
 void ds_oai_request_free(ds_oai_request *r);
+/* Completions with a batch of prompts: makes prompt `index` (< n_prompts) the request's prompt
+ * (prompt_text or prompt_ids). False with *e set on a bad element (ds_oai_parse has checked
+ * them all, so only an index out of range fails after it). */
+bool ds_oai_request_select_prompt(ds_oai_request *r, int index, ds_oai_error *e);
 
 #endif

@@ -215,24 +215,26 @@ static cJSON *choice_json(const ds_oai_resp_ctx *c, const ds_oai_result *r, int 
     return ch;
 }
 
-char *ds_oai_response_json_n(const ds_oai_resp_ctx *c, const ds_oai_result *r, int n) {
+char *ds_oai_response_json_n(const ds_oai_resp_ctx *c, const ds_oai_result *r, int n,
+                             int per_prompt) {
     bool chat = c->kind == DS_OAI_CHAT;
     cJSON *o = envelope(c, chat ? "chat.completion" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
-    int n_gen = 0;
+    int n_prompt = 0, n_gen = 0;
     for (int i = 0; i < n; i++) {
         cJSON_AddItemToArray(choices, choice_json(c, &r[i], i));
+        if (i % per_prompt == 0) n_prompt += r[i].n_prompt;
         n_gen += r[i].n_gen;
     }
     if (chat && c->return_token_ids)
         cJSON_AddItemToObject(o, "prompt_token_ids", id_array(c->prompt_ids, c->n_prompt_ids));
-    /* the prompt once (n samples of one prompt), the completions summed (as vLLM) */
-    cJSON_AddItemToObject(o, "usage", usage_json(r[0].n_prompt, n_gen));
+    /* each prompt once (n samples of it), the completions summed (as vLLM) */
+    cJSON_AddItemToObject(o, "usage", usage_json(n_prompt, n_gen));
     return print_free(o);
 }
 
 char *ds_oai_response_json(const ds_oai_resp_ctx *c, const ds_oai_result *r) {
-    return ds_oai_response_json_n(c, r, 1);
+    return ds_oai_response_json_n(c, r, 1, 1);
 }
 
 /* One SSE event "data: <json>\n\n" from printed JSON s (taken: freed here; NULL = out of

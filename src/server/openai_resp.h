@@ -53,8 +53,10 @@ void ds_utf8_lossy(ds_strbuf *out, const char *s, size_t n);
 const char *ds_oai_finish_reason(const char *reason, const ds_tool_parser *tools);
 
 char *ds_oai_response_json(const ds_oai_resp_ctx *c, const ds_oai_result *r);
-/* n choices (r[i] is choice i); usage counts the prompt once and sums the completions. */
-char *ds_oai_response_json_n(const ds_oai_resp_ctx *c, const ds_oai_result *r, int n);
+/* n choices (r[i] is choice i, per_prompt consecutive ones sampled from one prompt): usage
+ * counts each prompt once and sums the completions. */
+char *ds_oai_response_json_n(const ds_oai_resp_ctx *c, const ds_oai_result *r, int n,
+                             int per_prompt);
 
 /* One SSE event ("data: {...}\n\n") appended to out. Chat: role → the first delta carries the
  * role; reasoning/content may be NULL. finish_reason NULL = not finished. */

@@ -198,6 +198,17 @@ check "n=3 streamed: one [DONE], a finish per choice, usage summed" [ "$(js 'd.d
 post /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"temperature":0,"n":2}'
 check "chat n=2 greedy: two equal choices" [ "$(js 'd.choices.length+"/"+(d.choices[0].message.content===d.choices[1].message.content)+"/"+d.choices[1].index' <"$tmp/out")" = "2/true/1" ]
 
+# a batch of prompts with n = 2: choice k = prompt k / 2 with seed + k % 2; usage counts each
+# prompt once
+post /v1/completions "{\"prompt\":[[$PROMPT_IDS],\"The quick brown fox\"],\"max_tokens\":6,\"temperature\":1,\"seed\":5,\"n\":2,\"return_token_ids\":true}"
+cp "$tmp/out" "$tmp/batch"
+check "batch x n=2: four choices" [ "$(js 'd.choices.map(c=>c.index).join(",")' <"$tmp/batch")" = "0,1,2,3" ]
+post /v1/completions "{\"prompt\":[$PROMPT_IDS],\"max_tokens\":6,\"temperature\":1,\"seed\":6,\"return_token_ids\":true}"
+check "batch: choice 1 = prompt 0 alone with seed 6" [ "$(js 'd.choices[1].token_ids.join(",")' <"$tmp/batch")" = "$(js 'd.choices[0].token_ids.join(",")' <"$tmp/out")" ]
+post /v1/completions '{"prompt":"The quick brown fox","max_tokens":6,"temperature":1,"seed":5,"return_token_ids":true}'
+check "batch: choice 2 = prompt 1 alone with seed 5" [ "$(js 'd.choices[2].token_ids.join(",")' <"$tmp/batch")" = "$(js 'd.choices[0].token_ids.join(",")' <"$tmp/out")" ]
+check "batch: usage counts each prompt once" [ "$(js 'd.usage.prompt_tokens' <"$tmp/batch")" = "$((8 + $(js 'd.usage.prompt_tokens' <"$tmp/out")))" ]
+
 # ---- /tokenize, /detokenize (vLLM's extensions) ---------------------------------------------------
 post /tokenize "$(node -e 'console.log(JSON.stringify({prompt:process.argv[1]}))' "$TEXT")"
 "$BIN" tokenize --tokenizer "$MODEL" --text "$TEXT" >"$tmp/tok_ids"
