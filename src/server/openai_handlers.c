@@ -512,6 +512,26 @@ static enum MHD_Result respond_stream(ds_job **jobs, int n, int per_prompt) {
     return ret;
 }
 
+/* A parsed job for the body, or NULL with *e set. */
+static ds_job *job_parse(ds_server *s, struct MHD_Connection *c, ds_oai_kind kind, const ds_conn *cs,
+                         ds_oai_error *e) {
+    ds_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        ds_oai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        return NULL;
+    }
+    j->srv = s;
+    j->conn = c;
+    j->wait_ms = WAIT_SLICE_MS;
+    ds_strbuf_init(&j->out);
+    if (!ds_oai_parse_with(kind, cs->body.data ? cs->body.data : "", cs->body.len,
+                           &s->o.defaults, &j->rq, e)) {
+        job_free(j);
+        return NULL;
+    }
+    return j;
+}
+
 /* ---- /tokenize, /detokenize (vLLM's extensions) --------------------------------------------- */
 
 static enum MHD_Result respond_json(ds_server *s, struct MHD_Connection *c, cJSON *root) {
@@ -535,18 +555,13 @@ enum MHD_Result ds_handle_tokenize(ds_conn *cs, struct MHD_Connection *c) {
     cJSON *peek = cJSON_ParseWithLength(body, cs->body.len);
     const bool chat = cJSON_IsObject(peek) && cJSON_GetObjectItemCaseSensitive(peek, "messages");
     cJSON_Delete(peek);
-    ds_job *j = calloc(1, sizeof *j);
-    if (!j) return MHD_NO;
-    j->srv = s;
-    j->conn = c;
-    ds_strbuf_init(&j->out);
     ds_oai_error e;
+    ds_job *j = job_parse(s, c, chat ? DS_OAI_CHAT : DS_OAI_COMPLETIONS, cs, &e);
+    if (!j) return ds_http_error(s, c, &e);
     int32_t *ids = NULL;
     size_t n = 0;
     bool reasoning_open;
-    if (!ds_oai_parse_with(chat ? DS_OAI_CHAT : DS_OAI_COMPLETIONS, body, cs->body.len,
-                           &s->o.defaults, &j->rq, &e) ||
-        !prompt_ids(j, &ids, &n, &reasoning_open, &e)) {
+    if (!prompt_ids(j, &ids, &n, &reasoning_open, &e)) {
         job_free(j);
         return ds_http_error(s, c, &e);
     }
@@ -609,26 +624,6 @@ enum MHD_Result ds_handle_detokenize(ds_conn *cs, struct MHD_Connection *c) {
     if (out) cJSON_AddStringToObject(out, "prompt", clean.data ? clean.data : "");
     ds_strbuf_free(&clean);
     return respond_json(s, c, out);
-}
-
-/* A parsed job for the body, or NULL with *e set. */
-static ds_job *job_parse(ds_server *s, struct MHD_Connection *c, ds_oai_kind kind, const ds_conn *cs,
-                         ds_oai_error *e) {
-    ds_job *j = calloc(1, sizeof *j);
-    if (!j) {
-        ds_oai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
-        return NULL;
-    }
-    j->srv = s;
-    j->conn = c;
-    j->wait_ms = WAIT_SLICE_MS;
-    ds_strbuf_init(&j->out);
-    if (!ds_oai_parse_with(kind, cs->body.data ? cs->body.data : "", cs->body.len,
-                           &s->o.defaults, &j->rq, e)) {
-        job_free(j);
-        return NULL;
-    }
-    return j;
 }
 
 enum MHD_Result ds_handle_generate(ds_conn *cs, struct MHD_Connection *c) {
