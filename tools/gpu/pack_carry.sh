@@ -3,7 +3,7 @@
 #   .carry/gpu/bin.tar.xz  test_cuda_ops, test_cuda_model, deltaserve (stripped) and the shared
 #                          libraries the GPU image lacks (cjson, cmocka, pcre2, utf8proc,
 #                          microhttpd, curl and its chain, cudart) under lib/.
-# The three binaries each embed the same CUDA fatbin (~17 MB, uncompressed): xz with a 64 MiB
+# The binaries each embed the same CUDA fatbin (~17 MB, uncompressed): xz with a 192 MiB
 # window stores it once, ~50 MB → ~4 MB, which keeps the travelling tree (the repository is
 # ~50 MB with the demo model) under the tool's 64 MiB. cuBLASLt (500 MB) is not carried: the
 # GPU image has it in /usr/local/cuda/lib64. Carry `.carry/gpu` only (other helpers' folders
@@ -23,6 +23,9 @@ else
     # and session 9's results read a commit four kernel changes old without this
     cmake -S . -B "$BUILD" > /dev/null
 fi
+# line tables only when a source-level profile is wanted (ncu_source): they cost ~MBs of carry
+LINEINFO=OFF; [ -n "${DS_PACK_LINEINFO:-}" ] && LINEINFO=ON
+cmake -S . -B "$BUILD" -DDS_CUDA_LINEINFO=$LINEINFO > /dev/null
 grep -q '^DS_NATIVE:BOOL=OFF' "$BUILD/CMakeCache.txt" || { echo "$BUILD: configure with -DDS_NATIVE=OFF" >&2; exit 1; }
 grep -q '^DS_CUDA:STRING=ON' "$BUILD/CMakeCache.txt" || { echo "$BUILD: configure with -DDS_CUDA=ON" >&2; exit 1; }
 # the H200's sm_90a code only (the default build also has sm_90 code and PTX: three copies of
@@ -54,7 +57,7 @@ done
 rm -rf .carry/gpu
 mkdir -p .carry/gpu
 tar -C "$STAGE" -cf - $BINS lib |
-    xz -9 --lzma2=dict=64MiB -T1 > .carry/gpu/bin.tar.xz
+    xz -9 --lzma2=dict=192MiB -T1 > .carry/gpu/bin.tar.xz
 ls -la .carry/gpu
 ls "$STAGE/lib"
 # what the device tool sends: tracked + untracked-not-ignored files + the carry

@@ -593,10 +593,10 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->norm_regs = !(nregs && atoi(nregs) == 0);
         const char *gnorm = getenv("DS_CUDA_GEMV_NORM");
         c->gemv_norm = !(gnorm && atoi(gnorm) == 0);
-        /* off by default until a GPU run has checked and measured it (written in session 12,
-         * which had no device time left) */
+        /* batch 1 2.617 → 2.517 ms, 303 → 264 launches a step (s13-run1, two runs each; batch
+         * 4 / 8 have no one-token MoE steps) */
         const char *dcomb = getenv("DS_CUDA_MOE_DOWN_COMBINE");
-        c->moe_down_combine = dcomb && atoi(dcomb) == 1;
+        c->moe_down_combine = !(dcomb && atoi(dcomb) == 0);
         const char *narrow = getenv("DS_CUDA_GEMV_NARROW");
         c->gemv_narrow = !(narrow && atoi(narrow) == 0);
         const char *spm = getenv("DS_CUDA_SPLITK_PER_SM"), *tspm = getenv("DS_CUDA_TC_SPLITK_PER_SM");

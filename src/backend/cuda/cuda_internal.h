@@ -229,8 +229,8 @@ typedef struct ds_cuda_ctx {
     int gemv_norm;
     /* one-token MoE steps do the combine + residual add in the down launch and leave the norm
      * to the next layer's input projection (ds_cuda_op_linear_rmsnorm) instead of a combine +
-     * norm launch (DS_CUDA_MOE_DOWN_COMBINE=1; 0, default, until a GPU run has checked and
-     * measured it: cuda_moe_experts.cuh moe_down_combine_kernel). Same bits by construction. */
+     * norm launch (DS_CUDA_MOE_DOWN_COMBINE, default 1; cuda_moe_experts.cuh
+     * moe_down_combine_kernel). Same bits by construction, tested so. */
     int moe_down_combine;
     /* GEMV split-K: K is split until a launch has this many blocks per SM — CUDA-core GEMV 2
      * (DS_CUDA_SPLITK_PER_SM, 1..8), tensor-core GEMV 0 = never (DS_CUDA_TC_SPLITK_PER_SM,
