@@ -1267,6 +1267,20 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
         g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og);
         snprintf(name, sizeof name, "attention %s", label);
         compare(name, &o, DS_DTYPE_BF16, TOL_FUSED);
+#ifdef DS_HAVE_CUDA
+        /* the decode kernel's other score layout (DS_CUDA_ATTN_LANES8): the step again (it
+         * rewrites the same keys and values) into a poisoned output, against the same CPU one */
+        ds_cuda_ctx *cc = (ds_cuda_ctx *)g_cuda->impl;
+        pair o2 = pair_out(T, O, DS_DTYPE_BF16), cmp = o;
+        ds_tensor og2 = tcuda(&o2, DS_DTYPE_BF16);
+        cc->attn_lanes8 = !cc->attn_lanes8;
+        g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og2);
+        cc->attn_lanes8 = !cc->attn_lanes8;
+        snprintf(name, sizeof name, "attention %s, %s lanes a key", label, cc->attn_lanes8 ? "32" : "8");
+        cmp.cuda = o2.cuda;
+        compare(name, &cmp, DS_DTYPE_BF16, TOL_FUSED);
+        pair_free(&o2);
+#endif
         pair_free(&q);
         pair_free(&o);
         free(qv);

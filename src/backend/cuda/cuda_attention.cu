@@ -114,14 +114,17 @@ struct DecSmem {
  * The split count is fixed by the launch (it depends on the number of tokens only, so a
  * captured graph stays valid as the context grows); each block finds its key range
  * [start, end) from the token's position on the device: chunk = ⌈⌈L / nsplit⌉ / 32⌉·32. Splits past the
- * context write an empty partial (m = −∞, l = 0) that the combine skips. */
-template <int HD>
+ * context write an empty partial (m = −∞, l = 0) that the combine skips.
+ * LMAX: the most lanes a key takes in the score phase. 8 (ctx->attn_lanes8): at head_dim 256 a
+ * warp pass scores 4 keys with 3 shuffle levels per (key, head), where 32 lanes a key scored
+ * one key with 5 levels — the G heads' reductions were the phase's dependent chain. */
+template <int HD, int LMAX>
 __global__ void __launch_bounds__(HD)
     attn_decode_kernel(ds_cuda_batch b, ds_cuda_attn_args a, int G, int nsplit) {
     pdl_enter(); /* cuda_launch.cuh: first, before any access */
     constexpr int NW = HD / 32;
     constexpr int CPR = HD / 8;                 /* 16-byte chunks per K/V row */
-    constexpr int LPK = CPR < 32 ? CPR : 32;    /* lanes per key in the score phase */
+    constexpr int LPK = CPR < LMAX ? CPR : LMAX; /* lanes per key in the score phase */
     constexpr int KPW = 32 / LPK;               /* keys per warp pass */
     constexpr int CPL = CPR / LPK;              /* chunks per lane */
     typedef DecSmem<HD> SM;
@@ -516,8 +519,12 @@ static void run_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a) {
         if (nsplit > DS_CUDA_ATTN_MAX_SPLIT) nsplit = DS_CUDA_ATTN_MAX_SPLIT;
         while (nsplit > 1 && (int64_t)T * a->nh * nsplit > a->ws_rows) nsplit--;
         if (nsplit < 1) nsplit = 1;
-        ds_launch(ctx, attn_decode_kernel<HD>, dim3(T, a->nkv, nsplit), HD, DecSmem<HD>::bytes, b,
-                  *a, G, nsplit);
+        if (ctx->attn_lanes8)
+            ds_launch(ctx, attn_decode_kernel<HD, 8>, dim3(T, a->nkv, nsplit), HD, DecSmem<HD>::bytes,
+                      b, *a, G, nsplit);
+        else
+            ds_launch(ctx, attn_decode_kernel<HD, 32>, dim3(T, a->nkv, nsplit), HD, DecSmem<HD>::bytes,
+                      b, *a, G, nsplit);
         DS_CU_LAUNCHED2(ctx, "attn_decode_kernel", T, nsplit);
         ds_launch(ctx, attn_combine_kernel<HD>, dim3(T, a->nh), HD, 0, b, *a, nsplit);
         DS_CU_LAUNCHED2(ctx, "attn_combine_kernel", T, nsplit);
@@ -535,7 +542,10 @@ static void attention_init(ds_cuda_ctx *ctx) {
     DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)PfSmem<HD>::bytes));
-    DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD>,
+    DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD, 8>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)DecSmem<HD>::bytes));
+    DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD, 32>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)DecSmem<HD>::bytes));
 }

@@ -573,6 +573,10 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->tc_tail = !(tail && atoi(tail) == 0);
         const char *rr = getenv("DS_CUDA_ROUTE_REGS");
         c->route_regs = !(rr && atoi(rr) == 0);
+        const char *rk = getenv("DS_CUDA_ROUTE_RANKS");
+        c->route_ranks = !(rk && atoi(rk) == 0);
+        const char *al8 = getenv("DS_CUDA_ATTN_LANES8");
+        c->attn_lanes8 = !(al8 && atoi(al8) == 0);
         const char *rb = getenv("DS_CUDA_ROUTE_BATCHED");
         c->route_batched = !(rb && atoi(rb) == 0);
         const char *one = getenv("DS_CUDA_TC_ONE_SEQ");

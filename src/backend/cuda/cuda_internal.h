@@ -205,6 +205,16 @@ typedef struct ds_cuda_ctx {
      * DS_CUDA_ROUTE_REGS=0: rescanned from shared memory every argmax round, for before/after
      * runs; cuda_moe_route.cuh route_in_registers). Same ids and weights. */
     int route_regs;
+    /* one-token steps group their k routed experts in the routed gate_up launch from each
+     * selection's rank among the k (one warp, one barrier) instead of the block-wide counts
+     * and scans (1, default; DS_CUDA_ROUTE_RANKS=0: the scans, for before/after runs;
+     * cuda_moe_experts.cuh group_one_token). Same groups; duplicates (NaN logits) take the
+     * scans. */
+    int route_ranks;
+    /* decode attention scores with 8 lanes a key (4 keys a warp pass, 3 shuffle levels) instead
+     * of up to 32 lanes a key (1 key a pass at head_dim 256, 5 levels) (1, default;
+     * DS_CUDA_ATTN_LANES8=0: the wide form, for before/after runs; cuda_attention.cu) */
+    int attn_lanes8;
     /* the GDN decode kernel reads its state before its PDL wait (1, default; DS_CUDA_GDN_EARLY=0:
      * after, for before/after runs; cuda_gdn.cu) */
     int gdn_early;

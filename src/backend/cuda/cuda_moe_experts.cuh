@@ -255,16 +255,51 @@ __global__ void __launch_bounds__(MOE_WARPS * 32, 2) /* ≤ 128 registers: two b
  * (one thread per expert while grouping), T·E ≤ ROUTE_FUSED_LOGITS, T·k ≤ ROUTE_FUSED_A. */
 #define ROUTE_FUSED_LOGITS 2048
 #define ROUTE_FUSED_A 256
+
+/* The groups of a one-token step (ctx->route_ranks) from the k selected expert ids in ids_s,
+ * by warp 0: selection i's place is its id's rank among the k, which is what the block-wide
+ * grouping (group_from_shared) gives when the ids are distinct — experts ascending, one
+ * assignment each, assignment i at the place of its expert. Writes the groups and *dup_s
+ * (whether two selections share an id: then nothing else was written and the caller groups
+ * the general way). Call with the whole block; returns after a barrier. */
+static __device__ void group_one_token(int k, const int32_t *ids_s, moe_groups_out g, int *dup_s) {
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        const int id = lane < k ? ids_s[lane] : -1 - lane; /* padding lanes match nobody */
+        const unsigned peers = __match_any_sync(0xffffffffu, id);
+        const bool dup = __any_sync(0xffffffffu, lane < k && __popc(peers) > 1);
+        if (!dup) {
+            int rank = 0;
+            for (int j = 0; j < k; j++) rank += __shfl_sync(0xffffffffu, id, j) < id;
+            if (lane < k) {
+                g.act[rank] = id;
+                g.off[rank] = rank;
+                g.sorted[rank] = lane;
+            }
+            if (lane == 0) {
+                *g.n_act = k;
+                g.off[k] = k;
+            }
+        }
+        if (lane == 0) *dup_s = dup;
+    }
+    __syncthreads();
+}
+
+/* ≤ 64 registers (4 blocks an SM): the 35B-A3B launch's 512 blocks then run in one wave. At
+ * 72 registers (ptxas' choice once group_one_token came in) 3 blocks fit an SM, the launch took
+ * two waves and 22.1 instead of 17.8 µs (ncu, s13-run3). */
 template <int ROWS, int UNROLL>
-__global__ void __launch_bounds__(MOE_WARPS * 32)
+__global__ void __launch_bounds__(MOE_WARPS * 32, 4)
     moe_gate_up_routed_kernel(const bf16 *__restrict__ Wall, int H, int I, int E, int k, int Is,
                               int norm_topk, int T, const bf16 *__restrict__ x, moe_scratch sc,
-                              const bf16 *__restrict__ pf_w, int regs) {
+                              const bf16 *__restrict__ pf_w, int regs, int ranks) {
     __shared__ float lg[ROUTE_FUSED_LOGITS]; /* [T, E] router logits, then probabilities */
     __shared__ int32_t ids_s[ROUTE_FUSED_A];
     __shared__ int cnt[MOE_WARPS * 32];
     __shared__ int wsum[32];
     __shared__ int32_t n_act_s, act_s[MOE_WARPS * 32], off_s[MOE_WARPS * 32 + 1], sorted_s[ROUTE_FUSED_A];
+    __shared__ int dup_s;
     pdl_enter(); /* cuda_launch.cuh: before any access */
     const int64_t NL = moe_ldl(E, Is); /* row pitch of L */
     const bool writer = blockIdx.x == 0 && blockIdx.y == 0;
@@ -288,9 +323,16 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
         route_from_shared(t, E, k, norm_topk, sc, lg + t * E, ids_s, writer, regs);
     __syncthreads();
     const int A = T * k;
-    group_from_shared(A, E, ids_s, cnt, wsum, moe_groups_out{&n_act_s, act_s, off_s, sorted_s},
-                      moe_prefetch{NULL, 0});
-    __syncthreads();
+    const moe_groups_out groups{&n_act_s, act_s, off_s, sorted_s};
+    bool grouped = false;
+    if (ranks && T == 1 && k <= 32) {
+        group_one_token(k, ids_s, groups, &dup_s);
+        grouped = !dup_s;
+    }
+    if (!grouped) {
+        group_from_shared(A, E, ids_s, cnt, wsum, groups, moe_prefetch{NULL, 0});
+        __syncthreads();
+    }
     const int n_act = n_act_s;
     if (writer) { /* the groups for the down launch */
         for (int i = threadIdx.x; i < n_act; i += blockDim.x) {
@@ -409,7 +451,7 @@ static void launch_gate_up(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a, const mo
     if (route_fused) {
         ds_launch(ctx, moe_gate_up_routed_kernel<ROWS, UNROLL>, grid, MOE_WARPS * 32, 0,
                   (const bf16 *)a->w_gu, H, I, a->E, a->top_k, a->Is, (int)a->norm_topk, T,
-                  (const bf16 *)a->x, sc, pf_down, ctx->route_regs);
+                  (const bf16 *)a->x, sc, pf_down, ctx->route_regs, ctx->route_ranks);
         DS_CU_LAUNCHED2(ctx, "moe_gate_up_routed_kernel", T, 2 * I);
     } else {
         launch_experts<false, ROWS, UNROLL>(ctx, T, grid, (const bf16 *)a->w_gu, H, I, a->top_k,
