@@ -1079,7 +1079,8 @@ static void moe_sublayer_vs_pair(tmodel *m, int l, int T, int seqs, int small_ch
 /* The decode MoE's launch variants against the defaults, all on CUDA, bit for bit: the down
  * launch with its inputs staged in shared memory (DS_CUDA_MOE_DOWN_STAGED) or not, routing in the
  * gate_up launch (DS_OPT_MOE_ROUTE_FUSED) vs its own launch, routing from registers or shared
- * memory (DS_CUDA_ROUTE_REGS), and the expert GEMVs' rows per warp
+ * memory (DS_CUDA_ROUTE_REGS), one-token grouping by rank or by counts and scans
+ * (DS_CUDA_ROUTE_RANKS), and the expert GEMVs' rows per warp
  * (DS_CUDA_MOE_GU_ROWS, DS_CUDA_MOE_DOWN_ROWS: every output row sums the same chunks in the
  * same order whatever the rows per warp). Steps above 8 tokens take none of these paths and
  * compare the same path with itself. */
@@ -1089,21 +1090,22 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
 #else
     ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
     const int H = m->cfg.hidden;
-    const int saved[5] = {c->opt.moe_route_fused, c->moe_gu_rows, c->moe_down_rows, c->moe_down_staged,
-                          c->route_regs};
+    const int saved[6] = {c->opt.moe_route_fused, c->moe_gu_rows, c->moe_down_rows, c->moe_down_staged,
+                          c->route_regs, c->route_ranks};
     static const struct {
         const char *name;
-        int route_fused, gu_rows, down_rows, staged, route_regs;
+        int route_fused, gu_rows, down_rows, staged, route_regs, route_ranks;
     } variants[] = {
-        {"routing in its own launch", 0, 2, 4, 0, 1},
-        {"gate_up 4 rows per warp", 1, 4, 4, 0, 1},
-        {"down rows by step size", 1, 2, 0, 0, 1},
-        {"down 8 rows per warp", 1, 2, 8, 0, 1},
-        {"down 16 rows per warp", 1, 2, 16, 0, 1},
-        {"down staged in shared memory", 1, 2, 0, 1, 1},
-        {"down staged, routing in its own launch", 0, 2, 0, 1, 1},
-        {"routing from shared memory", 1, 2, 4, 0, 0},
-        {"routing from shared memory in its own launch", 0, 2, 4, 0, 0},
+        {"routing in its own launch", 0, 2, 4, 0, 1, 1},
+        {"grouping by counts and scans", 1, 2, 4, 0, 1, 0},
+        {"gate_up 4 rows per warp", 1, 4, 4, 0, 1, 1},
+        {"down rows by step size", 1, 2, 0, 0, 1, 1},
+        {"down 8 rows per warp", 1, 2, 8, 0, 1, 1},
+        {"down 16 rows per warp", 1, 2, 16, 0, 1, 1},
+        {"down staged in shared memory", 1, 2, 0, 1, 1, 1},
+        {"down staged, routing in its own launch", 0, 2, 0, 1, 1, 1},
+        {"routing from shared memory", 1, 2, 4, 0, 0, 1},
+        {"routing from shared memory in its own launch", 0, 2, 4, 0, 0, 1},
     };
     const size_t n = (size_t)T * H;
     void *o1 = act_poisoned(g_cuda, DS_DTYPE_BF16, n), *o2 = act_poisoned(g_cuda, DS_DTYPE_BF16, n);
@@ -1113,6 +1115,7 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
     c->moe_down_rows = 4;
     c->moe_down_staged = 0;
     c->route_regs = 1;
+    c->route_ranks = 1;
     g_cuda->ops->moe(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &to1);
     float *a = act_download(g_cuda, o1, DS_DTYPE_BF16, n);
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
@@ -1121,6 +1124,7 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
         c->moe_down_rows = variants[v].down_rows;
         c->moe_down_staged = variants[v].staged;
         c->route_regs = variants[v].route_regs;
+        c->route_ranks = variants[v].route_ranks;
         g_cuda->ops->moe(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &to2);
         float *b = act_download(g_cuda, o2, DS_DTYPE_BF16, n);
         size_t diff = 0;
@@ -1135,6 +1139,7 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
     c->moe_down_rows = saved[2];
     c->moe_down_staged = saved[3];
     c->route_regs = saved[4];
+    c->route_ranks = saved[5];
     free(a);
     g_cuda->ops->free(g_cuda, o1);
     g_cuda->ops->free(g_cuda, o2);
@@ -1264,22 +1269,41 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
         pair q = pair_in(qv, T, W), o = pair_out(T, O, DS_DTYPE_BF16);
         ds_tensor qc = tcpu(&q), qg = tcuda(&q, DS_DTYPE_BF16), oc = tcpu(&o), og = tcuda(&o, DS_DTYPE_BF16);
         g_cpu->ops->attention(g_cpu, c->cpu, 1, cfg, &m->dev_cpu.layers[1].attn, &qc, &oc);
-        g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og);
-        snprintf(name, sizeof name, "attention %s", label);
-        compare(name, &o, DS_DTYPE_BF16, TOL_FUSED);
 #ifdef DS_HAVE_CUDA
-        /* the decode kernel's other score layout (DS_CUDA_ATTN_LANES8): the step again (it
-         * rewrites the same keys and values) into a poisoned output, against the same CPU one */
+        /* the step three times (each rewrites the same keys and values; the defaults last, so
+         * that later steps read the keys they wrote), each into a poisoned output: the prep
+         * launch on or off (DS_CUDA_ATTN_FUSE_PREP; bit for bit against the defaults), and the
+         * decode kernel's other score layout (DS_CUDA_ATTN_LANES8; against the CPU) */
         ds_cuda_ctx *cc = (ds_cuda_ctx *)g_cuda->impl;
-        pair o2 = pair_out(T, O, DS_DTYPE_BF16), cmp = o;
-        ds_tensor og2 = tcuda(&o2, DS_DTYPE_BF16);
+        pair o2 = pair_out(T, O, DS_DTYPE_BF16), o3 = pair_out(T, O, DS_DTYPE_BF16), cmp = o;
+        ds_tensor og2 = tcuda(&o2, DS_DTYPE_BF16), og3 = tcuda(&o3, DS_DTYPE_BF16);
+        cc->attn_fuse_prep = !cc->attn_fuse_prep;
+        g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og3);
+        cc->attn_fuse_prep = !cc->attn_fuse_prep;
         cc->attn_lanes8 = !cc->attn_lanes8;
         g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og2);
         cc->attn_lanes8 = !cc->attn_lanes8;
         snprintf(name, sizeof name, "attention %s, %s lanes a key", label, cc->attn_lanes8 ? "32" : "8");
         cmp.cuda = o2.cuda;
         compare(name, &cmp, DS_DTYPE_BF16, TOL_FUSED);
+#endif
+        g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og);
+        snprintf(name, sizeof name, "attention %s", label);
+        compare(name, &o, DS_DTYPE_BF16, TOL_FUSED);
+#ifdef DS_HAVE_CUDA
+        {
+            const size_t n = (size_t)T * (size_t)O;
+            float *x3 = act_download(g_cuda, o3.cuda, DS_DTYPE_BF16, n), *x1 = act_download(g_cuda, o.cuda, DS_DTYPE_BF16, n);
+            size_t diff = 0;
+            for (size_t i = 0; i < n; i++) diff += memcmp(&x3[i], &x1[i], 4) != 0;
+            printf("  attention %s, prep launch %s: %zu of %zu values differ from the defaults\n", label,
+                   cc->attn_fuse_prep ? "on" : "off", diff, n);
+            assert_int_equal(diff, 0);
+            free(x3);
+            free(x1);
+        }
         pair_free(&o2);
+        pair_free(&o3);
 #endif
         pair_free(&q);
         pair_free(&o);

@@ -1,6 +1,7 @@
 /* cuda_attention.cu — gated GQA attention over a paged bf16 KV cache.
  *
- * Three kernels per layer:
+ * Three kernels per layer (two in decode steps of two or more sequences of one token each,
+ * whose decode kernel does step 1 itself: ctx->attn_fuse_prep):
  *  1. attn_prep: per (token, head): q/k RMSNorm (fp32, rounded to bf16 like the reference's
  *     bf16 activations), partial NeoX RoPE on dims [0, rot), K/V written into the paged cache,
  *     the normed+roped query written into `out` (which has exactly nh·hd per token) so that no
@@ -22,6 +23,50 @@
 #include "cuda_mma.cuh"
 
 /* ---- 1. q/k norm + RoPE + KV write --------------------------------------------------------- */
+
+/* One q or k head by one warp (lane owns dims d = lane + 32·e: coalesced loads, conflict-free
+ * shared memory): RMSNorm over HD (fp32, rounded to bf16 like the reference's bf16
+ * activations), then partial NeoX RoPE on dims [0, rot) at position pos; y[e] = dim
+ * lane + 32·e, not yet rounded. scratch: HD floats of shared memory (the rotation's partner
+ * dims), free again at return. attn_prep_kernel and the decode kernel's fused prep share it,
+ * so both give the same bits. */
+template <int HD>
+static __device__ __forceinline__ void norm_rope_head(const bf16 *__restrict__ src, const float *__restrict__ w,
+                                                      float eps, int rot, const float *__restrict__ inv_freq,
+                                                      int pos, float *scratch, float y[HD / 32]) {
+    constexpr int EPL = HD / 32;
+    const int lane = threadIdx.x & 31;
+    float x[EPL];
+#pragma unroll
+    for (int e = 0; e < EPL; e++) x[e] = to_f32(src[lane + 32 * e]);
+    float ss = 0.f;
+#pragma unroll
+    for (int e = 0; e < EPL; e++) ss += x[e] * x[e];
+    ss = warp_sum(ss);
+    const float inv = rsqrtf(ss / (float)HD + eps);
+#pragma unroll
+    for (int e = 0; e < EPL; e++) {
+        const int d = lane + 32 * e;
+        x[e] = __bfloat162float(__float2bfloat16_rn(x[e] * inv * w[d]));
+        scratch[d] = x[e];
+    }
+    __syncwarp();
+    const int half = rot / 2;
+#pragma unroll
+    for (int e = 0; e < EPL; e++) {
+        const int d = lane + 32 * e;
+        float v = x[e];
+        if (d < rot) {
+            const int i = d < half ? d : d - half;
+            float sn, cs;
+            const float ang = (float)pos * inv_freq[i];
+            sincosf(ang, &sn, &cs);
+            v = d < half ? x[e] * cs - scratch[d + half] * sn : x[e] * cs + scratch[d - half] * sn;
+        }
+        y[e] = v;
+    }
+    __syncwarp();
+}
 
 template <int HD>
 __global__ void __launch_bounds__(256)
@@ -55,42 +100,15 @@ __global__ void __launch_bounds__(256)
         const int64_t off = ((int64_t)blk * a.block_size + pos % a.block_size) * nkv + j;
         dst = (bf16 *)(kind == 1 ? a.k_cache : a.v_cache) + off * HD;
     }
-    /* lane owns dims d = lane + 32·e (coalesced loads, conflict-free shared memory) */
-    float x[EPL];
-#pragma unroll
-    for (int e = 0; e < EPL; e++) x[e] = to_f32(src[lane + 32 * e]);
     if (kind == 2) {
 #pragma unroll
         for (int e = 0; e < EPL; e++) dst[lane + 32 * e] = src[lane + 32 * e];
         return;
     }
-    float ss = 0.f;
+    float y[EPL];
+    norm_rope_head<HD>(src, kind == 0 ? a.q_norm : a.k_norm, a.eps, a.rot, a.inv_freq, pos, buf[warp], y);
 #pragma unroll
-    for (int e = 0; e < EPL; e++) ss += x[e] * x[e];
-    ss = warp_sum(ss);
-    const float inv = rsqrtf(ss / (float)HD + a.eps);
-    const float *w = kind == 0 ? a.q_norm : a.k_norm;
-#pragma unroll
-    for (int e = 0; e < EPL; e++) {
-        const int d = lane + 32 * e;
-        x[e] = __bfloat162float(__float2bfloat16_rn(x[e] * inv * w[d]));
-        buf[warp][d] = x[e];
-    }
-    __syncwarp();
-    const int rot = a.rot, half = a.rot / 2;
-#pragma unroll
-    for (int e = 0; e < EPL; e++) {
-        const int d = lane + 32 * e;
-        float y = x[e];
-        if (d < rot) {
-            const int i = d < half ? d : d - half;
-            float sn, cs;
-            const float ang = (float)pos * a.inv_freq[i];
-            sincosf(ang, &sn, &cs);
-            y = d < half ? x[e] * cs - buf[warp][d + half] * sn : x[e] * cs + buf[warp][d - half] * sn;
-        }
-        dst[d] = __float2bfloat16_rn(y);
-    }
+    for (int e = 0; e < EPL; e++) dst[lane + 32 * e] = __float2bfloat16_rn(y[e]);
 }
 
 /* ---- 2a. decode: split-KV flash decoding ---------------------------------------------------- */
@@ -117,8 +135,15 @@ struct DecSmem {
  * context write an empty partial (m = −∞, l = 0) that the combine skips.
  * LMAX: the most lanes a key takes in the score phase. 8 (ctx->attn_lanes8): at head_dim 256 a
  * warp pass scores 4 keys with 3 shuffle levels per (key, head), where 32 lanes a key scored
- * one key with 5 levels — the G heads' reductions were the phase's dependent chain. */
-template <int HD, int LMAX>
+ * one key with 5 levels — the G heads' reductions were the phase's dependent chain.
+ * PREP (steps of two or more sequences, each feeding one token; ctx->attn_fuse_prep): no attn_prep launch
+ * before this one. Every block norms and ropes its G query heads itself from the qkv row
+ * (norm_rope_head, the prep kernel's arithmetic), and the one block whose key range holds the
+ * token's own position also computes the token's key and value: it writes them to the cache
+ * (for later steps) and patches them into its staged tile (the tile may have been copied from
+ * the cache before its own write landed). With one token per sequence no other block reads
+ * that key in this step. */
+template <int HD, int LMAX, bool PREP>
 __global__ void __launch_bounds__(HD)
     attn_decode_kernel(ds_cuda_batch b, ds_cuda_attn_args a, int G, int nsplit) {
     pdl_enter(); /* cuda_launch.cuh: first, before any access */
@@ -134,6 +159,8 @@ __global__ void __launch_bounds__(HD)
     float *qs = reinterpret_cast<float *>(dsmem + SM::kv_bytes); /* [DEC_MAXG][HD] */
     __shared__ float sc[DEC_MAXG][DEC_TILE];
     __shared__ float m_s[DEC_MAXG], l_s[DEC_MAXG], al_s[DEC_MAXG];
+    __shared__ float nrm[PREP ? NW : 1][HD];                 /* norm_rope_head's scratch */
+    __shared__ __align__(16) bf16 kp[PREP ? HD : 8], vp[PREP ? HD : 8]; /* the new key, value */
 
     const int t = blockIdx.x, j = blockIdx.y, c = blockIdx.z;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -175,8 +202,49 @@ __global__ void __launch_bounds__(HD)
     };
     load_tile(0, start);
 
-    for (int g = 0; g < G; g++)
-        qs[g * HD + tid] = to_f32(((const bf16 *)a.out)[((int64_t)t * nh + j * G + g) * HD + tid]) * a.scale;
+    const int pos = L - 1;                          /* the token's own position */
+    const bool covers = PREP && pos >= start && pos < end; /* this split holds it */
+    if (PREP) {
+        /* units of work, one warp each: the G query heads, then (covering block) k and v */
+        constexpr int EPL = HD / 32;
+        const int64_t ld = (int64_t)nh * 2 * HD + 2 * (int64_t)nkv * HD;
+        const bf16 *row = (const bf16 *)a.qkv + (int64_t)t * ld;
+        for (int u = warp; u < G + 2; u += NW) {
+            float y[EPL];
+            if (u < G) {
+                norm_rope_head<HD>(row + (int64_t)(j * G + u) * 2 * HD, a.q_norm, a.eps, a.rot, a.inv_freq,
+                                   pos, nrm[warp], y);
+#pragma unroll
+                for (int e = 0; e < EPL; e++) /* rounded to bf16 as prep's q, then scaled */
+                    qs[u * HD + lane + 32 * e] = __bfloat162float(__float2bfloat16_rn(y[e])) * a.scale;
+                continue;
+            }
+            if (!covers) break;
+            const int blk = bt[pos / bs];
+            const int64_t off = (((int64_t)blk * bs + pos % bs) * nkv + j) * HD;
+            if (u == G) {
+                norm_rope_head<HD>(row + (int64_t)nh * 2 * HD + (int64_t)j * HD, a.k_norm, a.eps, a.rot,
+                                   a.inv_freq, pos, nrm[warp], y);
+#pragma unroll
+                for (int e = 0; e < EPL; e++) {
+                    const bf16 kv = __float2bfloat16_rn(y[e]);
+                    kp[lane + 32 * e] = kv;
+                    ((bf16 *)a.k_cache)[off + lane + 32 * e] = kv;
+                }
+            } else {
+                const bf16 *vsrc = row + (int64_t)nh * 2 * HD + (int64_t)(nkv + j) * HD;
+#pragma unroll
+                for (int e = 0; e < EPL; e++) {
+                    const bf16 vv = vsrc[lane + 32 * e];
+                    vp[lane + 32 * e] = vv;
+                    ((bf16 *)a.v_cache)[off + lane + 32 * e] = vv;
+                }
+            }
+        }
+    } else {
+        for (int g = 0; g < G; g++)
+            qs[g * HD + tid] = to_f32(((const bf16 *)a.out)[((int64_t)t * nh + j * G + g) * HD + tid]) * a.scale;
+    }
     if (tid < G) {
         m_s[tid] = -INFINITY;
         l_s[tid] = 0.f;
@@ -194,6 +262,12 @@ __global__ void __launch_bounds__(HD)
             cp_async_wait<0>();
         }
         __syncthreads();
+        if (covers && pos < tile0 + DEC_TILE) { /* the tile holding the new key: patched */
+            const size_t o = (size_t)buf * SM::tile_elems + (size_t)(pos - tile0) * HD + tid;
+            Ks[o] = kp[tid];
+            Vs[o] = vp[tid];
+            __syncthreads();
+        }
         const bf16 *Kt = Ks + (size_t)buf * SM::tile_elems;
         const bf16 *Vt = Vs + (size_t)buf * SM::tile_elems;
         /* A: scores. LPK lanes per key, each with CPL 16-byte chunks of the head dim. Lanes of
@@ -509,22 +583,31 @@ static void run_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a) {
     const ds_cuda_batch &b = ctx->batch;
     const int T = b.n_tokens, S = b.n_seqs;
     const int G = a->nh / a->nkv;
-    dim3 pgrid(T, DS_DIV_UP(a->nh + 2 * a->nkv, 8));
-    ds_launch(ctx, attn_prep_kernel<HD>, pgrid, 256, 0, b, *a);
-    DS_CU_LAUNCHED2(ctx, "attn_prep_kernel", T, a->nh + 2 * a->nkv);
+    const bool decode = ctx->info.max_seq_tokens <= DEC_MAX_Q && G <= DEC_MAXG && (int64_t)T * a->nh <= a->ws_rows;
+    /* one token per sequence, two or more sequences: the decode kernel does the prep itself
+     * (ctx->attn_fuse_prep). Not at one token: there the 128 decode blocks each repeating the
+     * query prep made the step longer than the prep launch it saves, which overlaps its
+     * neighbours under PDL (2.502 vs 2.483 / 2.477 ms at batch 1; batch 4 / 8 4.675 / 7.012 vs
+     * 4.700 / 7.031 ms, s13-run7) */
+    const bool fuse_prep = decode && ctx->info.max_seq_tokens == 1 && T >= 2 && ctx->attn_fuse_prep;
+    if (!fuse_prep) {
+        dim3 pgrid(T, DS_DIV_UP(a->nh + 2 * a->nkv, 8));
+        ds_launch(ctx, attn_prep_kernel<HD>, pgrid, 256, 0, b, *a);
+        DS_CU_LAUNCHED2(ctx, "attn_prep_kernel", T, a->nh + 2 * a->nkv);
+    }
 
-    if (ctx->info.max_seq_tokens <= DEC_MAX_Q && G <= DEC_MAXG && (int64_t)T * a->nh <= a->ws_rows) {
+    if (decode) {
         /* split count from the token count only (graph-safe); ranges are found on the device */
         int nsplit = DS_DIV_UP(2 * ctx->sm_count, T * a->nkv);
         if (nsplit > DS_CUDA_ATTN_MAX_SPLIT) nsplit = DS_CUDA_ATTN_MAX_SPLIT;
         while (nsplit > 1 && (int64_t)T * a->nh * nsplit > a->ws_rows) nsplit--;
         if (nsplit < 1) nsplit = 1;
-        if (ctx->attn_lanes8)
-            ds_launch(ctx, attn_decode_kernel<HD, 8>, dim3(T, a->nkv, nsplit), HD, DecSmem<HD>::bytes,
-                      b, *a, G, nsplit);
-        else
-            ds_launch(ctx, attn_decode_kernel<HD, 32>, dim3(T, a->nkv, nsplit), HD, DecSmem<HD>::bytes,
-                      b, *a, G, nsplit);
+        const dim3 grid(T, a->nkv, nsplit);
+        const size_t smem = DecSmem<HD>::bytes;
+        if (ctx->attn_lanes8 && fuse_prep) ds_launch(ctx, attn_decode_kernel<HD, 8, true>, grid, HD, smem, b, *a, G, nsplit);
+        else if (ctx->attn_lanes8) ds_launch(ctx, attn_decode_kernel<HD, 8, false>, grid, HD, smem, b, *a, G, nsplit);
+        else if (fuse_prep) ds_launch(ctx, attn_decode_kernel<HD, 32, true>, grid, HD, smem, b, *a, G, nsplit);
+        else ds_launch(ctx, attn_decode_kernel<HD, 32, false>, grid, HD, smem, b, *a, G, nsplit);
         DS_CU_LAUNCHED2(ctx, "attn_decode_kernel", T, nsplit);
         ds_launch(ctx, attn_combine_kernel<HD>, dim3(T, a->nh), HD, 0, b, *a, nsplit);
         DS_CU_LAUNCHED2(ctx, "attn_combine_kernel", T, nsplit);
@@ -542,12 +625,11 @@ static void attention_init(ds_cuda_ctx *ctx) {
     DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)PfSmem<HD>::bytes));
-    DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD, 8>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)DecSmem<HD>::bytes));
-    DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD, 32>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)DecSmem<HD>::bytes));
+    const int dec = (int)DecSmem<HD>::bytes;
+    DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD, 8, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, dec));
+    DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD, 32, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, dec));
+    DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD, 8, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, dec));
+    DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD, 32, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, dec));
 }
 
 /* Shared-memory limits of the kernels, set once at creation (never inside a graph capture). */

@@ -577,6 +577,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->route_ranks = !(rk && atoi(rk) == 0);
         const char *al8 = getenv("DS_CUDA_ATTN_LANES8");
         c->attn_lanes8 = !(al8 && atoi(al8) == 0);
+        const char *afp = getenv("DS_CUDA_ATTN_FUSE_PREP");
+        c->attn_fuse_prep = !(afp && atoi(afp) == 0);
         const char *rb = getenv("DS_CUDA_ROUTE_BATCHED");
         c->route_batched = !(rb && atoi(rb) == 0);
         const char *one = getenv("DS_CUDA_TC_ONE_SEQ");

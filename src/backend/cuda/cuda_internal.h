@@ -215,6 +215,11 @@ typedef struct ds_cuda_ctx {
      * of up to 32 lanes a key (1 key a pass at head_dim 256, 5 levels) (1, default;
      * DS_CUDA_ATTN_LANES8=0: the wide form, for before/after runs; cuda_attention.cu) */
     int attn_lanes8;
+    /* decode steps of two or more sequences of one token each: the attention's q/k norm, RoPE
+     * and KV write done inside the decode kernel, no attn_prep launch (1, default;
+     * DS_CUDA_ATTN_FUSE_PREP=0: the prep launch, for before/after runs; cuda_attention.cu).
+     * Same bits. */
+    int attn_fuse_prep;
     /* the GDN decode kernel reads its state before its PDL wait (1, default; DS_CUDA_GDN_EARLY=0:
      * after, for before/after runs; cuda_gdn.cu) */
     int gdn_early;
