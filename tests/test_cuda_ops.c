@@ -1079,7 +1079,8 @@ static void moe_sublayer_vs_pair(tmodel *m, int l, int T, int seqs, int small_ch
 /* The decode MoE's launch variants against the defaults, all on CUDA, bit for bit: the down
  * launch with its inputs staged in shared memory (DS_CUDA_MOE_DOWN_STAGED) or not, routing in the
  * gate_up launch (DS_OPT_MOE_ROUTE_FUSED) vs its own launch, routing from registers or shared
- * memory (DS_CUDA_ROUTE_REGS), one-token grouping by rank or by counts and scans
+ * memory (DS_CUDA_ROUTE_REGS), each top-k round's argmax by hardware reductions or shuffles
+ * (DS_CUDA_ROUTE_REDUX), one-token grouping by rank or by counts and scans
  * (DS_CUDA_ROUTE_RANKS), and the expert GEMVs' rows per warp
  * (DS_CUDA_MOE_GU_ROWS, DS_CUDA_MOE_DOWN_ROWS: every output row sums the same chunks in the
  * same order whatever the rows per warp). Steps above 8 tokens take none of these paths and
@@ -1090,22 +1091,24 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
 #else
     ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
     const int H = m->cfg.hidden;
-    const int saved[6] = {c->opt.moe_route_fused, c->moe_gu_rows, c->moe_down_rows, c->moe_down_staged,
-                          c->route_regs, c->route_ranks};
+    const int saved[7] = {c->opt.moe_route_fused, c->moe_gu_rows, c->moe_down_rows, c->moe_down_staged,
+                          c->route_regs, c->route_ranks, c->route_redux};
     static const struct {
         const char *name;
-        int route_fused, gu_rows, down_rows, staged, route_regs, route_ranks;
+        int route_fused, gu_rows, down_rows, staged, route_regs, route_ranks, route_redux;
     } variants[] = {
-        {"routing in its own launch", 0, 2, 4, 0, 1, 1},
-        {"grouping by counts and scans", 1, 2, 4, 0, 1, 0},
-        {"gate_up 4 rows per warp", 1, 4, 4, 0, 1, 1},
-        {"down rows by step size", 1, 2, 0, 0, 1, 1},
-        {"down 8 rows per warp", 1, 2, 8, 0, 1, 1},
-        {"down 16 rows per warp", 1, 2, 16, 0, 1, 1},
-        {"down staged in shared memory", 1, 2, 0, 1, 1, 1},
-        {"down staged, routing in its own launch", 0, 2, 0, 1, 1, 1},
-        {"routing from shared memory", 1, 2, 4, 0, 0, 1},
-        {"routing from shared memory in its own launch", 0, 2, 4, 0, 0, 1},
+        {"routing in its own launch", 0, 2, 4, 0, 1, 1, 1},
+        {"grouping by counts and scans", 1, 2, 4, 0, 1, 0, 1},
+        {"argmax rounds by shuffles", 1, 2, 4, 0, 1, 1, 0},
+        {"argmax rounds by shuffles in its own launch", 0, 2, 4, 0, 1, 1, 0},
+        {"gate_up 4 rows per warp", 1, 4, 4, 0, 1, 1, 1},
+        {"down rows by step size", 1, 2, 0, 0, 1, 1, 1},
+        {"down 8 rows per warp", 1, 2, 8, 0, 1, 1, 1},
+        {"down 16 rows per warp", 1, 2, 16, 0, 1, 1, 1},
+        {"down staged in shared memory", 1, 2, 0, 1, 1, 1, 1},
+        {"down staged, routing in its own launch", 0, 2, 0, 1, 1, 1, 1},
+        {"routing from shared memory", 1, 2, 4, 0, 0, 1, 1},
+        {"routing from shared memory in its own launch", 0, 2, 4, 0, 0, 1, 1},
     };
     const size_t n = (size_t)T * H;
     void *o1 = act_poisoned(g_cuda, DS_DTYPE_BF16, n), *o2 = act_poisoned(g_cuda, DS_DTYPE_BF16, n);
@@ -1116,6 +1119,7 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
     c->moe_down_staged = 0;
     c->route_regs = 1;
     c->route_ranks = 1;
+    c->route_redux = 1;
     g_cuda->ops->moe(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &to1);
     float *a = act_download(g_cuda, o1, DS_DTYPE_BF16, n);
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
@@ -1125,6 +1129,7 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
         c->moe_down_staged = variants[v].staged;
         c->route_regs = variants[v].route_regs;
         c->route_ranks = variants[v].route_ranks;
+        c->route_redux = variants[v].route_redux;
         g_cuda->ops->moe(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &to2);
         float *b = act_download(g_cuda, o2, DS_DTYPE_BF16, n);
         size_t diff = 0;
@@ -1140,6 +1145,7 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
     c->moe_down_staged = saved[3];
     c->route_regs = saved[4];
     c->route_ranks = saved[5];
+    c->route_redux = saved[6];
     free(a);
     g_cuda->ops->free(g_cuda, o1);
     g_cuda->ops->free(g_cuda, o2);

@@ -573,6 +573,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->tc_tail = !(tail && atoi(tail) == 0);
         const char *rr = getenv("DS_CUDA_ROUTE_REGS");
         c->route_regs = !(rr && atoi(rr) == 0);
+        const char *rdx = getenv("DS_CUDA_ROUTE_REDUX");
+        c->route_redux = !(rdx && atoi(rdx) == 0);
         const char *rk = getenv("DS_CUDA_ROUTE_RANKS");
         c->route_ranks = !(rk && atoi(rk) == 0);
         const char *al8 = getenv("DS_CUDA_ATTN_LANES8");

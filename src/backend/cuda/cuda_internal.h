@@ -211,6 +211,11 @@ typedef struct ds_cuda_ctx {
      * cuda_moe_experts.cuh group_one_token). Same groups; duplicates (NaN logits) take the
      * scans. */
     int route_ranks;
+    /* decode routing from registers takes each top-k round's argmax with two hardware warp
+     * reductions (redux.sync) instead of a shuffle butterfly (1, default; DS_CUDA_ROUTE_REDUX=0:
+     * the butterfly, for before/after runs; cuda_moe_route.cuh route_in_registers). Same ids and
+     * weights. */
+    int route_redux;
     /* decode attention scores with 8 lanes a key (4 keys a warp pass, 3 shuffle levels) instead
      * of up to 32 lanes a key (1 key a pass at head_dim 256, 5 levels) (1, default;
      * DS_CUDA_ATTN_LANES8=0: the wide form, for before/after runs; cuda_attention.cu) */

@@ -211,7 +211,7 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
         /* nothing here: step 4 routes */
     } else if (A <= MOE_FUSED_A && T * E <= ROUTE_FAST_LOGITS && ctx->opt.moe_fast_route) {
         ds_launch(ctx, moe_route_group_fast_kernel, 1, 1024, 0, T, E, k, Is, (int)a->norm_topk, sc,
-                  pf_gu, ctx->route_batched, ctx->route_regs);
+                  pf_gu, ctx->route_batched, ds_cuda_route_mode(ctx));
         DS_CU_LAUNCHED2(ctx, "moe_route_group_fast_kernel", T, E);
     } else if (A <= MOE_FUSED_A) {
         ds_launch(ctx, moe_route_group_kernel, 1, 1024, 0, T, E, k, Is, (int)a->norm_topk, sc,

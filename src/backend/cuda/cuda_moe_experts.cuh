@@ -451,7 +451,7 @@ static void launch_gate_up(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a, const mo
     if (route_fused) {
         ds_launch(ctx, moe_gate_up_routed_kernel<ROWS, UNROLL>, grid, MOE_WARPS * 32, 0,
                   (const bf16 *)a->w_gu, H, I, a->E, a->top_k, a->Is, (int)a->norm_topk, T,
-                  (const bf16 *)a->x, sc, pf_down, ctx->route_regs, ctx->route_ranks);
+                  (const bf16 *)a->x, sc, pf_down, ds_cuda_route_mode(ctx), ctx->route_ranks);
         DS_CU_LAUNCHED2(ctx, "moe_gate_up_routed_kernel", T, 2 * I);
     } else {
         launch_experts<false, ROWS, UNROLL>(ctx, T, grid, (const bf16 *)a->w_gu, H, I, a->top_k,

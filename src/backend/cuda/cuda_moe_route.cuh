@@ -12,6 +12,12 @@
 
 #define ROUTE_WARPS 4
 
+/* The routing kernels' `regs` argument: 0 from shared memory (DS_CUDA_ROUTE_REGS=0), 1 from
+ * registers, 2 from registers with hardware warp reductions (DS_CUDA_ROUTE_REDUX, default). */
+static inline int ds_cuda_route_mode(const ds_cuda_ctx *ctx) {
+    return ctx->route_regs ? (ctx->route_redux ? 2 : 1) : 0;
+}
+
 /* ---- 2. route ------------------------------------------------------------------------------ */
 
 /* Lane i < k holds the i-th selection (isel, its probability wsel); wsum is the sum of the k
@@ -35,9 +41,15 @@ static __device__ __forceinline__ void route_store(int t, int k, int norm_topk, 
  * the winner rescans its 8 registers (the shared-memory version rescans all of them from shared
  * memory every round: the gate_up launch's other warps wait at a barrier meanwhile, ~19 % of its
  * warp stall samples at batch 1, s10-run7). A round with no candidate left (NaN logits) takes
- * expert 0 rather than an index past E. */
+ * expert 0 rather than an index past E.
+ * redux (ctx->route_redux): each round's argmax as two warp reductions in hardware (redux.sync:
+ * the largest probability as its bits — non-negative floats order as their bit patterns — then
+ * the lowest expert id among the lanes holding it) instead of the 5-level butterfly of
+ * (value, index) shuffles: the same winner by the same rule (larger value, ties to the lower
+ * id; no candidate: value −2, index past E). */
 static __device__ __forceinline__ void route_in_registers(int t, int E, int k, int norm_topk, const moe_scratch &sc,
-                                          const float *pr, int32_t *ids_s, bool to_global) {
+                                          const float *pr, int32_t *ids_s, bool to_global,
+                                          bool redux) {
     const int lane = threadIdx.x & 31;
     float v[8];
     float mx = -INFINITY;
@@ -71,7 +83,15 @@ static __device__ __forceinline__ void route_in_registers(int t, int E, int k, i
     for (int i = 0; i < k; i++) {
         float bv = lb;
         int bi = li;
-        warp_amax(bv, bi);
+        if (redux) {
+            /* lb ≥ 0 whenever li names a candidate (a probability; NaN never becomes lb) */
+            const unsigned key = li != 0x7fffffff ? __float_as_uint(lb) : 0u;
+            const unsigned m = __reduce_max_sync(0xffffffffu, key);
+            bi = (int)__reduce_min_sync(0xffffffffu, key == m ? (unsigned)li : 0x7fffffffu);
+            bv = bi == 0x7fffffff ? -2.f : __uint_as_float(m);
+        } else {
+            warp_amax(bv, bi);
+        }
         if (bi >= E) bi = 0; /* nothing left (NaN): a valid expert */
         if (lane == i) { wsel = bv; isel = bi; }
         wsum += bv;
@@ -93,9 +113,9 @@ static __device__ __forceinline__ void route_in_registers(int t, int E, int k, i
  * weights → sc.ids / sc.wts, and ids_s (may be NULL), a shared copy of the k expert ids. */
 static __device__ void route_from_shared(int t, int E, int k, int norm_topk, const moe_scratch &sc,
                                          float *pr, int32_t *ids_s, bool to_global = true,
-                                         bool regs = false) {
-    if (regs && E <= 256) {
-        route_in_registers(t, E, k, norm_topk, sc, pr, ids_s, to_global);
+                                         int regs = 0) {
+    if (regs && E <= 256) { /* regs: 1 registers, 2 registers and hardware reductions */
+        route_in_registers(t, E, k, norm_topk, sc, pr, ids_s, to_global, regs == 2);
         return;
     }
     const int lane = threadIdx.x & 31;
