@@ -197,6 +197,7 @@ fi
 # DS_GPU_NCU_SOURCE (space-separated regexes, default the batch-1 routed gate_up and the first
 # CUDA-core GEMV) in one eager decode step at batch DS_GPU_NCU_BATCH (default 1) →
 # ncu_source_<n>.csv; tools/gpu/ncu_source_top.py lists the instructions where warps wait most
+# (source lines need binaries packed with DS_PACK_LINEINFO=1 tools/gpu/pack_carry.sh)
 t=$(left); [ "$t" -gt 150 ] && t=150
 if want ncu_source && command -v ncu > /dev/null && [ "$t" -ge 60 ]; then
     n=0
