@@ -46,14 +46,15 @@ typedef ds_bench_args bench_args;
 
 extern char **environ;
 
-/* The optimisation switches in effect (DS_OPT_* variables, README "Switches") as
- * "NAME=value,..." or "defaults", for the report and the JSON lines. */
+/* The optimisation switches and CUDA measurement knobs set in the environment (DS_OPT_* and
+ * DS_CUDA_* variables, README "Switches") as "NAME=value,..." or "defaults", for the report and
+ * the JSON lines: a result line names the variant it measured. */
 static const char *bench_switches(void) {
-    static char buf[512];
+    static char buf[1024];
     size_t n = 0;
     buf[0] = 0;
     for (char **e = environ; e && *e; e++) {
-        if (strncmp(*e, "DS_OPT_", 7) != 0) continue;
+        if (strncmp(*e, "DS_OPT_", 7) != 0 && strncmp(*e, "DS_CUDA_", 8) != 0) continue;
         const int w = snprintf(buf + n, sizeof buf - n, "%s%s", n ? "," : "", *e);
         if (w < 0 || (size_t)w >= sizeof buf - n) break;
         n += (size_t)w;

@@ -6,7 +6,8 @@
 # MTP row's c>1 TPOT equals (verify + draft) / tokens per step and is flagged computed; the SVG is
 # well-formed with one bar per (row, batch). Without an MTP head the MTP row is "not run (no MTP
 # head)" and the command still succeeds. Bad --ablation-rows are refused. Plain `deltaserve
-# bench` still writes its documented JSON fields.
+# bench` still writes its documented JSON fields, its switches field naming the DS_OPT_* and
+# DS_CUDA_* variables set.
 set -u
 BIN=${DS_BIN:-build/deltaserve}
 DATA=${DS_TEST_DATA:-tests/data}
@@ -144,6 +145,23 @@ if (lines.length !== 2 || lines.some(o => Object.keys(o).join(" ") !== want)) pr
   ok
 else
   bad "plain bench output: $(cat "$tmp/plain.out")"
+fi
+# the switches field names the DS_OPT_* and DS_CUDA_* variables set, and nothing else (runs in a
+# clean environment, so that switches exported around the test do not count)
+clean=(env -i PATH="$PATH" HOME="${HOME:-/tmp}")
+for v in ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS LD_LIBRARY_PATH; do
+  [ -n "${!v:-}" ] && clean+=("$v=${!v}")
+done
+sw_line() { node -e 'console.log(JSON.parse(require("fs").readFileSync(process.argv[1], "utf8").trim().split("\n")[0]).switches)' "$1"; }
+if "${clean[@]}" "$BIN" bench -m "$DATA/models/tiny-moe" "${SMALL[@]}" --json-out "$tmp/def.jsonl" >"$tmp/def.out" 2>&1 &&
+   [ "$(sw_line "$tmp/def.jsonl")" = defaults ]; then ok; else bad "plain bench switches without variables: $(head -1 "$tmp/def.jsonl")"; fi
+if "${clean[@]}" DS_OPT_PDL=0 DS_CUDA_ATTN_LANES8=0 DS_OTHER=1 "$BIN" bench -m "$DATA/models/tiny-moe" "${SMALL[@]}" \
+     --json-out "$tmp/sw.jsonl" >"$tmp/sw.out" 2>&1 &&
+   [ "$(sw_line "$tmp/sw.jsonl" | tr ',' '\n' | sort | tr '\n' ' ')" = "DS_CUDA_ATTN_LANES8=0 DS_OPT_PDL=0 " ] &&
+   grep -q "^bench: switches: .*DS_CUDA_ATTN_LANES8=0" "$tmp/sw.out"; then
+  ok
+else
+  bad "plain bench switches: $(head -1 "$tmp/sw.jsonl"; grep switches "$tmp/sw.out")"
 fi
 
 echo "$pass passed, $fail failed"
