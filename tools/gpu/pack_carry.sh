@@ -3,9 +3,9 @@
 #   .carry/gpu/bin.tar.xz  test_cuda_ops, test_cuda_model, deltaserve (stripped) and the shared
 #                          libraries the GPU image lacks (cjson, cmocka, pcre2, utf8proc,
 #                          microhttpd, curl and its chain, cudart) under lib/.
-# The binaries each embed the same CUDA fatbin (~17 MB, uncompressed): xz with a 192 MiB
-# window stores it once, ~50 MB → ~4 MB, which keeps the travelling tree (the repository is
-# ~50 MB with the demo model) under the tool's 64 MiB. cuBLASLt (500 MB) is not carried: the
+# The binaries each embed the same CUDA fatbin (~11 MB each, ~17 MB with line tables): xz with a
+# 64 MiB window stores it about once (four binaries and the libraries: 7.2 MB), which keeps the
+# travelling tree (the repository is ~54 MiB with the demo model) under the tool's 64 MiB. cuBLASLt (500 MB) is not carried: the
 # GPU image has it in /usr/local/cuda/lib64. Carry `.carry/gpu` only (other helpers' folders
 # under .carry would push the tree over the limit).
 #
@@ -16,16 +16,15 @@
 set -euo pipefail
 BUILD=${1:-build-cuda}
 cd "$(dirname "$0")/../.."
+# line tables only when a source-level profile is wanted (ncu_source): they cost ~MBs of carry
+LINEINFO=OFF; [ -n "${DS_PACK_LINEINFO:-}" ] && LINEINFO=ON
 if [ ! -f "$BUILD/CMakeCache.txt" ]; then
-    cmake -S . -B "$BUILD" -DDS_CUDA=ON -DDS_NATIVE=OFF -DDS_CUDA_ARCHS=90a-real
+    cmake -S . -B "$BUILD" -DDS_CUDA=ON -DDS_NATIVE=OFF -DDS_CUDA_ARCHS=90a-real -DDS_CUDA_LINEINFO=$LINEINFO
 else
     # configure again: the binaries' commit id (bench JSON "commit") is taken at configure time,
     # and session 9's results read a commit four kernel changes old without this
-    cmake -S . -B "$BUILD" > /dev/null
+    cmake -S . -B "$BUILD" -DDS_CUDA_LINEINFO=$LINEINFO > /dev/null
 fi
-# line tables only when a source-level profile is wanted (ncu_source): they cost ~MBs of carry
-LINEINFO=OFF; [ -n "${DS_PACK_LINEINFO:-}" ] && LINEINFO=ON
-cmake -S . -B "$BUILD" -DDS_CUDA_LINEINFO=$LINEINFO > /dev/null
 grep -q '^DS_NATIVE:BOOL=OFF' "$BUILD/CMakeCache.txt" || { echo "$BUILD: configure with -DDS_NATIVE=OFF" >&2; exit 1; }
 grep -q '^DS_CUDA:STRING=ON' "$BUILD/CMakeCache.txt" || { echo "$BUILD: configure with -DDS_CUDA=ON" >&2; exit 1; }
 # the H200's sm_90a code only (the default build also has sm_90 code and PTX: three copies of
@@ -57,7 +56,7 @@ done
 rm -rf .carry/gpu
 mkdir -p .carry/gpu
 tar -C "$STAGE" -cf - $BINS lib |
-    xz -9 --lzma2=dict=192MiB -T1 > .carry/gpu/bin.tar.xz
+    xz -9 --lzma2=dict=64MiB -T1 > .carry/gpu/bin.tar.xz
 ls -la .carry/gpu
 ls "$STAGE/lib"
 # what the device tool sends: tracked + untracked-not-ignored files + the carry
