@@ -539,6 +539,13 @@ static const ds_backend_ops cuda_ops = {
         }                                                                                       \
     } while (0)
 
+/* A measurement knob that is on unless its variable is set to 0 (README "Switches": each knob's
+ * before/after; any value atoi reads as 0 turns it off). */
+static int knob_on(const char *name) {
+    const char *v = getenv(name);
+    return !(v && atoi(v) == 0);
+}
+
 ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
     *out = NULL;
     int n = 0;
@@ -569,54 +576,37 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         const char *gur = getenv("DS_CUDA_MOE_GU_ROWS"), *dnr = getenv("DS_CUDA_MOE_DOWN_ROWS");
         c->moe_gu_rows = gur && atoi(gur) == 4 ? 4 : 2;
         c->moe_down_rows = dnr && (atoi(dnr) == 4 || atoi(dnr) == 8 || atoi(dnr) == 16) ? atoi(dnr) : 0;
-        const char *tail = getenv("DS_CUDA_TC_TAIL");
-        c->tc_tail = !(tail && atoi(tail) == 0);
-        const char *rr = getenv("DS_CUDA_ROUTE_REGS");
-        c->route_regs = !(rr && atoi(rr) == 0);
-        const char *rdx = getenv("DS_CUDA_ROUTE_REDUX");
-        c->route_redux = !(rdx && atoi(rdx) == 0);
-        const char *rk = getenv("DS_CUDA_ROUTE_RANKS");
-        c->route_ranks = !(rk && atoi(rk) == 0);
-        const char *al8 = getenv("DS_CUDA_ATTN_LANES8");
-        c->attn_lanes8 = !(al8 && atoi(al8) == 0);
-        const char *afp = getenv("DS_CUDA_ATTN_FUSE_PREP");
-        c->attn_fuse_prep = !(afp && atoi(afp) == 0);
-        const char *rb = getenv("DS_CUDA_ROUTE_BATCHED");
-        c->route_batched = !(rb && atoi(rb) == 0);
+        c->tc_tail = knob_on("DS_CUDA_TC_TAIL");
+        c->route_regs = knob_on("DS_CUDA_ROUTE_REGS");
+        c->route_redux = knob_on("DS_CUDA_ROUTE_REDUX");
+        c->route_ranks = knob_on("DS_CUDA_ROUTE_RANKS");
+        c->attn_lanes8 = knob_on("DS_CUDA_ATTN_LANES8");
+        c->attn_fuse_prep = knob_on("DS_CUDA_ATTN_FUSE_PREP");
+        c->route_batched = knob_on("DS_CUDA_ROUTE_BATCHED");
         const char *one = getenv("DS_CUDA_TC_ONE_SEQ");
         c->tc_one_seq = one && atoi(one) == 1;
-        const char *early = getenv("DS_CUDA_GDN_EARLY");
-        c->gdn_early = early ? atoi(early) != 0 : 1;
-        const char *preload = getenv("DS_CUDA_GEMV_PRELOAD");
-        c->gemv_preload = preload ? atoi(preload) != 0 : 1;
-        const char *staged = getenv("DS_CUDA_MOE_DOWN_STAGED");
-        c->moe_down_staged = staged ? atoi(staged) != 0 : 1;
+        c->gdn_early = knob_on("DS_CUDA_GDN_EARLY");
+        c->gemv_preload = knob_on("DS_CUDA_GEMV_PRELOAD");
+        c->moe_down_staged = knob_on("DS_CUDA_MOE_DOWN_STAGED");
         const char *cols = getenv("DS_CUDA_GDN_SCAN_COLS");
         c->gdn_scan_cols = cols && atoi(cols) == 4 ? 4 : 2;
         const char *stages = getenv("DS_CUDA_MOE_GEMM_STAGES");
         c->moe_gemm_stages = stages && (atoi(stages) == 3 || atoi(stages) == 4) ? atoi(stages) : 2;
-        const char *lsplit = getenv("DS_CUDA_LT_SPLIT");
-        c->lt_split = !(lsplit && atoi(lsplit) == 0);
-        const char *nregs = getenv("DS_CUDA_NORM_REGS");
-        c->norm_regs = !(nregs && atoi(nregs) == 0);
-        const char *gnorm = getenv("DS_CUDA_GEMV_NORM");
-        c->gemv_norm = !(gnorm && atoi(gnorm) == 0);
+        c->lt_split = knob_on("DS_CUDA_LT_SPLIT");
+        c->norm_regs = knob_on("DS_CUDA_NORM_REGS");
+        c->gemv_norm = knob_on("DS_CUDA_GEMV_NORM");
         /* batch 1 2.617 → 2.517 ms, 303 → 264 launches a step (s13-run1, two runs each; batch
          * 4 / 8 have no one-token MoE steps) */
-        const char *dcomb = getenv("DS_CUDA_MOE_DOWN_COMBINE");
-        c->moe_down_combine = !(dcomb && atoi(dcomb) == 0);
-        const char *narrow = getenv("DS_CUDA_GEMV_NARROW");
-        c->gemv_narrow = !(narrow && atoi(narrow) == 0);
+        c->moe_down_combine = knob_on("DS_CUDA_MOE_DOWN_COMBINE");
+        c->gemv_narrow = knob_on("DS_CUDA_GEMV_NARROW");
         const char *spm = getenv("DS_CUDA_SPLITK_PER_SM"), *tspm = getenv("DS_CUDA_TC_SPLITK_PER_SM");
         c->splitk_per_sm = spm && atoi(spm) >= 1 && atoi(spm) <= 8 ? atoi(spm) : 2;
         /* tensor cores never split K: 0 / 1 / 2 blocks per SM at batch 4 4.760 / 4.824 / 4.956
          * ms, batch 8 7.100 / 7.175 / 7.306 ms (s11-run5, two runs each); the CUDA cores keep 2
          * (1: 2.724 / 2.701 vs 2.676 / 2.698 ms at batch 1, s11-run4) */
         c->tc_splitk_per_sm = tspm && atoi(tspm) >= 0 && atoi(tspm) <= 8 ? atoi(tspm) : 0;
-        const char *lmtc = getenv("DS_CUDA_LM_HEAD_TC");
-        c->lm_head_tc = !(lmtc && atoi(lmtc) == 0);
-        const char *chunked = getenv("DS_CUDA_GDN_CHUNKED");
-        c->gdn_chunked = chunked ? atoi(chunked) != 0 : 1;
+        c->lm_head_tc = knob_on("DS_CUDA_LM_HEAD_TC");
+        c->gdn_chunked = knob_on("DS_CUDA_GDN_CHUNKED");
         c->opt.moe_fast_route = ds_env_switch("DS_OPT_MOE_FAST_ROUTE", true);
         c->opt.moe_route_fused = ds_env_switch("DS_OPT_MOE_ROUTE_FUSED", true);
         c->opt.tc_gemv = ds_env_switch("DS_OPT_TC_GEMV", true);
