@@ -9,10 +9,15 @@
  * m = 1, 2, 2, 1, 4. Then
  *  - each row's next token (token-buffer entry next_at + row) is read back through token_src and
  *    an identity embedding;
- *  - a batch laid out like the verification with pos_shift / out_shift = its sequence has its
- *    out rows (the last row of each sequence) gathered from one-hot rows: row r lands where
- *    out_rows[s] − (rows − m) points; its positions and n_past, read back by the caller's
- *    read_meta, are lowered by the same amounts. */
+ *  - a batch laid out like the verification with pos_shift / out_shift = its sequence's own
+ *    shift entry has its out rows (the last row of each sequence) gathered from one-hot rows:
+ *    row r lands where out_rows[s] − (rows − m) points; its positions and n_past, read back by
+ *    the caller's read_meta, are lowered by the same amounts;
+ *  - spec_accept again over the same verification, now as if it had been lowered by the first
+ *    call's own shifts (pos_shift = them), into another part of the table: its cumulative
+ *    entries are 2·(rows − m); a batch lowered by those with slot_ring = SA_RING (seq_slot and
+ *    state_out_slots on each sequence's ring) has its positions lowered and its slots rotated
+ *    back by 2·(rows − m), which wraps the ring for the last sequence. */
 #ifndef DS_TEST_SPEC_ACCEPT_CASE_H
 #define DS_TEST_SPEC_ACCEPT_CASE_H
 
@@ -27,6 +32,7 @@
 
 enum { SA_V = 64, SA_S = 5, SA_DRAFTS = 9, SA_T = SA_S + SA_DRAFTS };
 enum { SA_IDS_AT = 16, SA_NEXT_AT = 32, SA_M_AT = 48 };
+enum { SA_SHIFT_AT = 8, SA_SHIFT_AT2 = 40, SA_RING = 5 };
 
 static const int sa_n_draft[SA_S] = {0, 1, 2, 3, 3};
 static const int sa_want_m[SA_S] = {1, 2, 2, 1, 4};
@@ -37,17 +43,33 @@ typedef struct sa_result {
     int32_t gathered[SA_S];   /* the row each lowered out row picked */
     int32_t positions[SA_T];  /* the lowered batch's positions (read_meta) */
     int32_t n_past[SA_S];
+    int32_t m2[SA_S];         /* the second spec_accept's counts */
+    int32_t ring_positions[SA_T], ring_n_past[SA_S]; /* the ring batch, lowered */
+    int32_t ring_slot[SA_S], ring_state_out[SA_T];
 } sa_result;
 
-/* Reads the current batch's positions [T] and n_past [S] as the backend's ops see them. */
-typedef void (*sa_read_meta)(ds_backend *be, int T, int S, int32_t *positions, int32_t *n_past);
+/* Reads the current batch's positions [T], n_past [S], seq_slot [S] and state-out slots [T]
+ * as the backend's ops see them (slots, state_out NULL: not read). */
+typedef void (*sa_read_meta)(ds_backend *be, int T, int S, int32_t *positions, int32_t *n_past,
+                             int32_t *slots, int32_t *state_out);
 
 /* sa_read_meta of the CPU backend: the lowered batch as its ops read it (cpu_spec.c points the
  * batch at its copies). */
-static void sa_cpu_read_meta(ds_backend *be, int T, int S, int32_t *positions, int32_t *n_past) {
+static void sa_cpu_read_meta(ds_backend *be, int T, int S, int32_t *positions, int32_t *n_past,
+                             int32_t *slots, int32_t *state_out) {
     const ds_batch *b = &ds_cpu_of(be)->batch;
     memcpy(positions, b->positions, (size_t)T * sizeof(int32_t));
     memcpy(n_past, b->seq_n_past, (size_t)S * sizeof(int32_t));
+    if (slots) memcpy(slots, b->seq_slot, (size_t)S * sizeof(int32_t));
+    if (state_out) memcpy(state_out, b->state_out_slots, (size_t)T * sizeof(int32_t));
+}
+
+/* The ring batch's slots before lowering: sequence s on ring s, at place s % SA_RING; its row
+ * j's state-out slot j + 1 places on (rows of sequences with no drafts: −1). */
+static int32_t sa_ring_slot(int s) { return s * SA_RING + s % SA_RING; }
+static int32_t sa_ring_out(int s, int j, int n_rows) {
+    if (n_rows == 1) return -1;
+    return ds_slot_ring_back(sa_ring_slot(s), SA_RING, -(j + 1));
 }
 
 /* Index of the largest of each row of an act-dtype [R, SA_V] buffer (rows are one-hot). */
@@ -146,7 +168,7 @@ static void sa_run(ds_backend *be, sa_read_meta read_meta, sa_result *res) {
     void *d_tg = sa_one_hot(be, L.target, SA_T);
     ds_tensor x_tg = sa_view(be, d_tg, SA_T, SA_V);
     op->argmax_logits(be, &x_tg, &head, got, SA_IDS_AT);
-    op->spec_accept(be, SA_IDS_AT, SA_NEXT_AT, SA_M_AT, res->n_emitted);
+    op->spec_accept(be, SA_IDS_AT, SA_NEXT_AT, SA_M_AT, SA_SHIFT_AT, res->n_emitted);
     ds_error err = {0};
     (void)op->synchronize(be, &err);
 
@@ -164,7 +186,7 @@ static void sa_run(ds_backend *be, sa_read_meta read_meta, sa_result *res) {
 
     /* the verification's layout lowered: out rows (each sequence's last row) and positions */
     int32_t pshift[SA_S], oshift[SA_S], rowid[SA_T];
-    for (int s = 0; s < SA_S; s++) pshift[s] = oshift[s] = s;
+    for (int s = 0; s < SA_S; s++) pshift[s] = oshift[s] = SA_SHIFT_AT + 2 * s;
     for (int t = 0; t < SA_T; t++) rowid[t] = t;
     ds_batch sb = vb;
     sb.token_src = NULL;
@@ -178,7 +200,32 @@ static void sa_run(ds_backend *be, sa_read_meta read_meta, sa_result *res) {
     op->gather_rows(be, &xr, &gr);
     (void)op->synchronize(be, &err);
     sa_row_argmax(be, d_g, SA_S, res->gathered);
-    read_meta(be, SA_T, SA_S, res->positions, res->n_past);
+    read_meta(be, SA_T, SA_S, res->positions, res->n_past, NULL, NULL);
+
+    /* the verification again, as if lowered by the first call's own shifts: cumulative 2·r */
+    ds_batch vb2 = vb;
+    vb2.pos_shift = pshift;
+    op->set_batch(be, &vb2);
+    op->spec_accept(be, SA_IDS_AT, SA_NEXT_AT, SA_M_AT, SA_SHIFT_AT2, res->m2);
+    (void)op->synchronize(be, &err);
+    int32_t cshift[SA_S], rslot[SA_S], rout[SA_T];
+    for (int s = 0; s < SA_S; s++) {
+        cshift[s] = SA_SHIFT_AT2 + 2 * s + 1;
+        rslot[s] = sa_ring_slot(s);
+        const int n_rows = L.start[s + 1] - L.start[s];
+        for (int t = L.start[s]; t < L.start[s + 1]; t++)
+            rout[t] = sa_ring_out(s, t - L.start[s], n_rows);
+    }
+    ds_batch rb = vb;
+    rb.token_src = NULL;
+    rb.seq_slot = rslot;
+    rb.state_out_slots = rout;
+    rb.pos_shift = cshift;
+    rb.slot_ring = SA_RING;
+    op->set_batch(be, &rb);
+    (void)op->synchronize(be, &err);
+    read_meta(be, SA_T, SA_S, res->ring_positions, res->ring_n_past, res->ring_slot,
+              res->ring_state_out);
     void *bufs[] = {d_eye, d_dr, d_tg, d_emb, d_rows, d_g};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) op->free(be, bufs[i]);
 }
@@ -190,12 +237,20 @@ static int sa_mismatches(const sa_result *res) {
     int bad = 0;
     for (int s = 0; s < SA_S; s++) {
         const int m = sa_want_m[s], rows = L.start[s + 1] - L.start[s], last = L.start[s] + m - 1;
+        const int d2 = 2 * (rows - m); /* the ring batch's shift */
         bad += res->n_emitted[s] != m;
+        bad += res->m2[s] != m;
         bad += res->gathered[s] != last;
         bad += res->n_past[s] != 10 * (s + 1) - (rows - m);
+        bad += res->ring_n_past[s] != 10 * (s + 1) - d2;
+        bad += res->ring_slot[s] != ds_slot_ring_back(sa_ring_slot(s), SA_RING, d2);
         for (int t = L.start[s]; t < L.start[s + 1]; t++) {
+            const int j = t - L.start[s];
             bad += res->next[t] != L.target[t < last ? t : last];
-            bad += res->positions[t] != 10 * (s + 1) + (t - L.start[s]) - (rows - m);
+            bad += res->positions[t] != 10 * (s + 1) + j - (rows - m);
+            bad += res->ring_positions[t] != 10 * (s + 1) + j - d2;
+            const int32_t so = sa_ring_out(s, j, rows);
+            bad += res->ring_state_out[t] != (so < 0 ? -1 : ds_slot_ring_back(so, SA_RING, d2));
         }
     }
     return bad;

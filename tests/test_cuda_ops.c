@@ -899,16 +899,24 @@ static void test_concat(void **state) {
     }
 }
 
-/* spec_accept and the pos_shift / out_shift lowering (spec_accept_case.h) on both backends: each
- * as specified (so CUDA equals the CPU reference exactly: these are integers). The CUDA
- * positions and n_past are read from the device metadata batch_shift_kernel lowered. */
+/* spec_accept and the pos_shift / out_shift / slot_ring lowering (spec_accept_case.h) on both
+ * backends: each as specified (so CUDA equals the CPU reference exactly: these are integers).
+ * The CUDA positions, n_past and slots are read from the device metadata batch_shift_kernel
+ * lowered. */
 #ifdef DS_HAVE_CUDA
-static void cuda_read_meta(ds_backend *be, int T, int S, int32_t *positions, int32_t *n_past) {
+static void cuda_read_meta(ds_backend *be, int T, int S, int32_t *positions, int32_t *n_past,
+                           int32_t *slots, int32_t *state_out) {
     const ds_cuda_ctx *c = be->impl;
     assert_int_equal(cudaMemcpy(positions, c->batch.positions, (size_t)T * sizeof(int32_t),
                                 cudaMemcpyDeviceToHost), cudaSuccess);
     assert_int_equal(cudaMemcpy(n_past, c->batch.n_past, (size_t)S * sizeof(int32_t),
                                 cudaMemcpyDeviceToHost), cudaSuccess);
+    if (slots)
+        assert_int_equal(cudaMemcpy(slots, c->batch.seq_slot, (size_t)S * sizeof(int32_t),
+                                    cudaMemcpyDeviceToHost), cudaSuccess);
+    if (state_out)
+        assert_int_equal(cudaMemcpy(state_out, c->batch.state_out, (size_t)T * sizeof(int32_t),
+                                    cudaMemcpyDeviceToHost), cudaSuccess);
 }
 #endif
 

@@ -60,12 +60,27 @@ typedef struct ds_batch {
      * unlowered values, an upper bound: the KV blocks they name must exist. */
     const int32_t *pos_shift;
     const int32_t *out_shift;
+    /* GDN state slots decided on the device (0 = as given; needs pos_shift): a verification
+     * queued before the host read the previous one's count (runner.h "chained steps") names
+     * its sequence's current slot and its state_out_slots for the case where every draft of
+     * the previous verification was accepted. A sequence's slots form a ring of slot_ring
+     * consecutive ids starting at a multiple of slot_ring, used in rotation; sequence s's
+     * seq_slot and its tokens' state_out_slots entries ≥ 0 are rotated back by the same shift
+     * entry as its positions: slot → base + (slot − base − d) mod slot_ring. */
+    int slot_ring;
 } ds_batch;
 
+/* ds_batch.slot_ring: slot rotated back by d places within its ring of R (every backend's
+ * lowering, and the runner's reference of it). */
+static inline int32_t ds_slot_ring_back(int32_t slot, int R, int32_t d) {
+    const int32_t base = slot - slot % R;
+    return base + (int32_t)((((slot - base - d) % R) + R) % R);
+}
+
 /* Entries of every backend's token buffer (ds_batch.token_src, argmax_logits keep_at). */
-#define DS_TOKEN_BUF 4096
+#define DS_TOKEN_BUF 8192
 /* Entries of every backend's shift table (spec_accept, ds_batch.pos_shift / out_shift). */
-#define DS_SHIFT_TABLE 1024
+#define DS_SHIFT_TABLE 4096
 
 /* Sizes of the per-sequence caches: KV blocks for attention layers, one GDN state slot
  * (conv history + fp32 recurrent state) per slot for linear-attention layers. */
@@ -214,11 +229,16 @@ typedef struct ds_backend_ops {
      * emits: accepted drafts, then the correction / bonus). Writes token-buffer entry
      * next_at + row = the target id of row min(row, seq_start[s] + m_s − 1), each row's next
      * token for the MTP pass over the verified rows; token-buffer entry m_at + s = m_s, whose
-     * host copy reaches n_emitted[s] by the next synchronize; shift-table entry s = rows − m_s,
-     * for the draft passes' pos_shift / out_shift. Ranges must fit DS_TOKEN_BUF and S must not
-     * exceed DS_SHIFT_TABLE. Finishes (EOS, max_tokens) are the host's: it learns them from the
-     * ids and discards what the device drafted past them. */
-    void (*spec_accept)(ds_backend *be, int ids_at, int next_at, int m_at, int32_t *n_emitted);
+     * host copy reaches n_emitted[s] by the next synchronize; shift-table entry
+     * shift_at + 2s = r_s = rows − m_s (the drafts rejected: for the draft passes' pos_shift /
+     * out_shift, and a chained verification's) and entry shift_at + 2s + 1 = r_s plus the shift
+     * the verification itself was lowered by (its pos_shift entry, 0 when none): where a draft
+     * pass queued behind it must be lowered when the verification was queued on a guess too.
+     * The entries read must not be among those written. Ranges must fit DS_TOKEN_BUF and
+     * DS_SHIFT_TABLE. Finishes (EOS, max_tokens) are the host's: it learns them from the ids
+     * and discards what the device drafted past them. */
+    void (*spec_accept)(ds_backend *be, int ids_at, int next_at, int m_at, int shift_at,
+                        int32_t *n_emitted);
     /* A wait for part of the queued work (NULL: the backend finishes every op before returning,
      * and its host outputs are written at once). mark() notes the current point of the queue;
      * wait_mark() returns once the device has passed the last mark, with the host outputs of the

@@ -186,8 +186,8 @@ void ds_graph_report_print(const ds_graph_report *rep, const char *prefix, FILE 
 void ds_graph_count_drafts(const ds_runner *r, int *captured, int *eager) {
     *captured = *eager = 0;
     if (!r->graph_state || r->k == 0) return;
-    const size_t third = ds_runner_spec_graph_states(r) / 3; /* verifications come first */
-    for (size_t i = third; i < 3 * third; i++) {
+    const size_t region = ds_runner_spec_graph_region(r); /* draft passes: regions 1 and 2 */
+    for (size_t i = region; i < 3 * region; i++) {
         if (r->graph_state[i] > 0) (*captured)++;
         else if (r->graph_state[i] < 0) (*eager)++;
     }

@@ -70,19 +70,40 @@ static bool greedy_init(ds_runner *r) {
  * no graph then runs fused eagerly. Returns false only when out of memory. */
 static bool dev_accept_init(ds_runner *r) {
     const ds_backend_ops *op = r->model->be->ops;
-    const int S = r->max_seqs, K1 = r->k + 1;
-    r->ids_at = r->k * S; /* after the drafts */
-    r->next_at = r->ids_at + S * K1;
-    r->m_at = r->next_at + S * K1;
+    const int64_t S = r->max_seqs, K1 = r->k + 1;
+    /* token buffer: the drafts' k·S entries, then two halves of S·(k+1) ids, S·(k+1) next
+     * tokens, two halves of S counts; shift table: two halves of 2·S entries */
+    const int64_t end = r->k * S + 3 * S * K1 + 2 * S;
     const bool wanted = ds_env_switch("DS_OPT_SPEC_DEVICE_ACCEPT", graph_off_reason(r) == NULL);
     r->dev_accept = wanted && op->spec_accept != NULL && op->argmax_logits != NULL &&
-                    ds_env_switch("DS_OPT_FUSED_ARGMAX", true) &&
-                    (int64_t)r->m_at + S <= DS_TOKEN_BUF && S <= DS_SHIFT_TABLE;
+                    ds_env_switch("DS_OPT_FUSED_ARGMAX", true) && end <= DS_TOKEN_BUF &&
+                    4 * S <= DS_SHIFT_TABLE;
     if (!r->dev_accept) return true;
-    r->dev_m = calloc((size_t)S, sizeof(int32_t));
+    r->next_at = (int)(r->k * S + 2 * S * K1);
+    r->chain = ds_env_switch("DS_OPT_SPEC_ASYNC", true);
+    r->dev_m_h[0] = calloc((size_t)S, sizeof(int32_t));
+    r->dev_m_h[1] = calloc((size_t)S, sizeof(int32_t));
+    r->ids_h[1] = malloc((size_t)r->max_out * sizeof(int32_t));
+    r->row0_h[1] = malloc((size_t)S * sizeof(int32_t));
     r->pshift = malloc((size_t)S * sizeof(int32_t));
     r->oshift = malloc((size_t)S * sizeof(int32_t));
-    return r->dev_m && r->pshift && r->oshift;
+    r->vshift = malloc((size_t)S * sizeof(int32_t));
+    r->last_row = malloc((size_t)S * sizeof(int32_t));
+    r->ahead_pos = calloc((size_t)S, sizeof(int32_t));
+    return r->dev_m_h[0] && r->dev_m_h[1] && r->ids_h[1] && r->row0_h[1] && r->pshift &&
+           r->oshift && r->vshift && r->last_row && r->ahead_pos;
+}
+
+/* Makes half h current: where the next verification's ids and counts go (runner.h). */
+static void use_half(ds_runner *r, int h) {
+    const int S = r->max_seqs, K1 = r->k + 1;
+    r->vpar = h;
+    r->ids = r->ids_h[h];
+    r->row0 = r->row0_h[h];
+    r->dev_m = r->dev_m_h[h];
+    r->ids_at = r->k * S + h * S * K1;
+    r->m_at = r->next_at + S * K1 + h * S;
+    r->shift_at = h * 2 * S;
 }
 
 ds_status ds_runner_init(ds_runner *r, ds_model *m, int max_seqs, int max_tokens, int n_blocks,
@@ -117,8 +138,8 @@ ds_status ds_runner_init_spec(ds_runner *r, ds_model *m, int max_seqs, int max_t
         r->drafts = calloc(S * K, sizeof(int32_t));
         r->state_out = malloc(T * sizeof(int32_t));
         r->next = malloc(T * sizeof(int32_t));
-        r->ids = malloc(O * sizeof(int32_t));
-        r->row0 = malloc(S * sizeof(int32_t));
+        r->ids = r->ids_h[0] = malloc(O * sizeof(int32_t));
+        r->row0 = r->row0_h[0] = malloc(S * sizeof(int32_t));
         r->d_order = malloc(S * sizeof(int32_t));
         r->d_k = malloc(S * sizeof(int32_t));
         r->d_tokens = malloc(S * sizeof(int32_t));
@@ -141,6 +162,7 @@ ds_status ds_runner_init_spec(ds_runner *r, ds_model *m, int max_seqs, int max_t
             ok = r->dh && r->token_src && r->dslot && r->dkp && r->slot_dgen && r->slot_place;
         }
         if (ok && r->dev_drafts) ok = dev_accept_init(r);
+        if (ok && r->dev_accept) use_half(r, 0);
         for (int i = 0; ok && i < max_seqs; i++) r->gdn_cur[i] = i * (k + 2);
     }
     if (ok && k == 0) ok = greedy_init(r);
@@ -174,11 +196,13 @@ void ds_runner_free(ds_runner *r) {
     if (r->cache) r->model->be->ops->cache_free(r->model->be, r->cache);
     void *bufs[] = {r->tokens,   r->positions, r->seq_start, r->seq_slot, r->seq_n_past,
                     r->block_table, r->out_rows, r->logits, r->gdn_cur,  r->drafts,
-                    r->state_out, r->next,     r->ids,       r->row0,     r->d_order,
+                    r->state_out, r->next,     r->ids_h[0],  r->row0_h[0], r->d_order,
                     r->d_k,      r->d_tokens,  r->d_pos,     r->d_start,  r->d_slot,
                     r->d_past,   r->d_table,   r->gids,      r->graph_state, r->ban_keys,
                     r->ban_table, r->ban_count, r->dh,   r->token_src, r->dslot, r->dkp,
-                    r->slot_dgen, r->slot_place, r->dev_m, r->pshift, r->oshift};
+                    r->slot_dgen, r->slot_place, r->dev_m_h[0], r->dev_m_h[1], r->pshift,
+                    r->oshift, r->ids_h[1], r->row0_h[1], r->vshift, r->last_row,
+                    r->ahead_pos};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     *r = (ds_runner){0};
 }
@@ -186,21 +210,21 @@ void ds_runner_free(ds_runner *r) {
 /* Token-buffer entry (and dh index) of draft j of place p (runner.h). */
 static int draft_entry(const ds_runner *r, int j, int p) { return j * r->max_seqs + p; }
 
-/* Spare GDN slots of sequence slot `slot` (all of its group but the current one). */
-static int spare_slots(const ds_runner *r, int slot, int32_t *out) {
-    int n = 0;
-    for (int j = 0; j < r->k + 2; j++) {
-        int32_t g = slot * (r->k + 2) + j;
-        if (g != r->gdn_cur[slot]) out[n++] = g;
-    }
-    return n;
+/* GDN slot `by` places after `slot` on its sequence's ring: a sequence slot owns the k + 2
+ * state slots q·(k + 2) .. q·(k + 2) + k + 1 and uses them in this order, so the slot after m
+ * emitted tokens is the current one m places on (ds_runner_commit), and the device can lower
+ * a slot named for the case where every draft was accepted by the drafts rejected
+ * (ds_batch.slot_ring). */
+static int32_t ring_fwd(const ds_runner *r, int32_t slot, int by) {
+    return ds_slot_ring_back(slot, r->k + 2, -by);
 }
 
 /* Fills the staging buffers from the plan; returns the batch that points at them. Sequence i
  * of the batch is plan item i: its tokens [n_computed, n_computed + n) at positions
  * n_computed.., then its drafts (speculative), its block-table row, and logits rows for its last
  * known token (and each draft) if it wants them. */
-static ds_batch build_batch(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv) {
+static ds_batch build_batch(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
+                            const int32_t *ahead) {
     ds_backend *be = r->model->be;
     const bool spec = r->k > 0;
     int T = 0, n_out = 0;
@@ -210,12 +234,17 @@ static ds_batch build_batch(ds_runner *r, const ds_sched_plan *plan, const ds_kv
         const ds_sched_seq *q = it->seq;
         const int n = it->n_tokens + it->n_draft;
         DS_ASSERT(it->n_draft == 0 || (spec && it->n_draft <= r->k));
-        const int32_t gdn = spec ? r->gdn_cur[q->slot] : q->slot;
+        /* chained (runner.h): positions and ring places as if the verification in flight
+         * accepted every draft; the device lowers them */
+        const int a = ahead ? ahead[i] : 0;
+        DS_ASSERT(!ahead || (a >= 1 && it->n_tokens == 1 && it->n_draft > 0 && !it->fresh_slot));
+        const int32_t gdn = spec ? ring_fwd(r, r->gdn_cur[q->slot], a) : q->slot;
+        const int c0 = q->n_computed + a;
         /* A slot keeps the recurrent state of its previous owner until cleared. */
         if (it->fresh_slot) be->ops->cache_reset_slot(be, r->cache, gdn);
         r->seq_start[i] = T;
         r->seq_slot[i] = gdn;
-        r->seq_n_past[i] = q->n_computed;
+        r->seq_n_past[i] = c0;
         memcpy(r->tokens + T, q->tokens + q->n_computed, (size_t)it->n_tokens * sizeof(int32_t));
         if (it->n_draft > 0)
             memcpy(r->tokens + T + it->n_tokens, ds_runner_drafts(r, q->slot),
@@ -228,26 +257,25 @@ static ds_batch build_batch(ds_runner *r, const ds_sched_plan *plan, const ds_kv
                 const int jd = j - it->n_tokens; /* draft index */
                 r->token_src[T + j] = on_dev && jd >= 0 ? draft_entry(r, jd, r->slot_place[q->slot]) : -1;
             }
-            any_dev = any_dev || on_dev;
+            /* chained: the bonus token is spec_accept's next token of the last row */
+            if (ahead) r->token_src[T] = r->next_at + r->last_row[i];
+            any_dev = any_dev || on_dev || ahead;
         }
-        for (int j = 0; j < n; j++) r->positions[T + j] = q->n_computed + j;
+        /* V(N)'s own shift: the other half (ds_runner_chain_verify made the new one current) */
+        if (r->chain) r->vshift[i] = ahead ? (r->vpar ^ 1) * 2 * r->max_seqs + 2 * i : -1;
+        for (int j = 0; j < n; j++) r->positions[T + j] = c0 + j;
         /* Only the blocks the sequence holds: the rest of the row is never read. */
         int held = ds_kv_blocks_held(kv, q->slot);
-        DS_ASSERT(held <= r->max_blocks &&
-                  (int64_t)held * r->block_size >= (int64_t)q->n_computed + n);
+        DS_ASSERT(held <= r->max_blocks && (int64_t)held * r->block_size >= (int64_t)c0 + n);
         memcpy(r->block_table + (size_t)i * (size_t)r->max_blocks, ds_kv_blocks_table(kv, q->slot),
                (size_t)held * sizeof(int32_t));
         if (spec) {
             /* a verification keeps the state after each of its last known token and drafts in
              * the spares; everything else updates its slot in place */
             for (int j = 0; j < n; j++) r->state_out[T + j] = -1;
-            if (it->n_draft > 0) {
-                int32_t sp[DS_SPEC_MAX_K + 2];
-                int n_sp = spare_slots(r, q->slot, sp);
-                DS_ASSERT(n_sp >= it->n_draft + 1);
+            if (it->n_draft > 0) /* the ring's places after the current slot, in order */
                 for (int j = 0; j <= it->n_draft; j++)
-                    r->state_out[T + it->n_tokens - 1 + j] = sp[j];
-            }
+                    r->state_out[T + it->n_tokens - 1 + j] = ring_fwd(r, gdn, 1 + j);
             r->row0[i] = it->wants_logits ? n_out : -1;
             if (it->wants_logits)
                 for (int j = 0; j <= it->n_draft; j++)
@@ -256,6 +284,7 @@ static ds_batch build_batch(ds_runner *r, const ds_sched_plan *plan, const ds_kv
             r->out_rows[n_out++] = T + n - 1;
         }
         T += n;
+        if (r->chain) r->last_row[i] = T - 1;
     }
     r->seq_start[plan->n_items] = T;
     DS_ASSERT(T == plan->n_tokens && T <= r->max_tokens && n_out <= r->max_out);
@@ -274,6 +303,10 @@ static ds_batch build_batch(ds_runner *r, const ds_sched_plan *plan, const ds_kv
         .out_rows = r->out_rows,
         .state_out_slots = spec ? r->state_out : NULL,
         .token_src = any_dev ? r->token_src : NULL,
+        /* with chained steps every verification carries them (−1s unless chained), so a
+         * chained one replays the same graphs */
+        .pos_shift = spec && r->chain ? r->vshift : NULL,
+        .slot_ring = spec && r->chain ? r->k + 2 : 0,
     };
 }
 
@@ -298,7 +331,7 @@ ds_status ds_runner_step(ds_runner *r, const ds_sched_plan *plan, const ds_kv_bl
     DS_ASSERT(plan->n_items > 0 && plan->n_items <= r->max_seqs && r->k == 0);
     ds_model *m = r->model;
     const ds_backend_ops *op = m->be->ops;
-    ds_batch b = build_batch(r, plan, kv);
+    ds_batch b = build_batch(r, plan, kv, NULL);
     ds_status st = ds_model_forward(m, r->cache, &b, err);
     if (st != DS_OK) return st;
     if (b.n_out > 0)
@@ -418,7 +451,7 @@ ds_status ds_runner_step_greedy_bans(ds_runner *r, const ds_sched_plan *plan,
         *ids = NULL;
         return DS_OK;
     }
-    ds_batch b = build_batch(r, plan, kv);
+    ds_batch b = build_batch(r, plan, kv, NULL);
     DS_ASSERT(b.n_tokens == b.n_seqs && b.n_out == b.n_seqs); /* one token, one row each */
     ds_status st = greedy_forward(r, &b, err);
     if (st != DS_OK) return st;
@@ -434,7 +467,7 @@ ds_status ds_runner_verify(ds_runner *r, const ds_sched_plan *plan, const ds_kv_
     DS_ASSERT(plan->n_items > 0 && plan->n_items <= r->max_seqs && r->k > 0);
     ds_model *m = r->model;
     const ds_backend_ops *op = m->be->ops;
-    r->batch = build_batch(r, plan, kv);
+    r->batch = build_batch(r, plan, kv, NULL);
     r->n_out = r->batch.n_out;
     ds_status st = ds_model_forward(m, r->cache, &r->batch, err);
     if (st != DS_OK) return st;
@@ -463,9 +496,9 @@ void ds_runner_commit(ds_runner *r, const ds_sched_plan *plan, int i, int n_emit
     const ds_sched_item *it = &plan->items[i];
     if (r->k == 0 || it->n_draft == 0) return; /* in place: nothing to swap */
     DS_ASSERT(n_emitted >= 1 && n_emitted <= it->n_draft + 1);
-    int row = r->seq_start[i] + it->n_tokens - 1 + n_emitted - 1;
-    DS_ASSERT(r->state_out[row] >= 0);
-    r->gdn_cur[it->seq->slot] = r->state_out[row];
+    /* the state after the last accepted token went n_emitted places on (build_batch) */
+    int32_t *cur = &r->gdn_cur[it->seq->slot];
+    *cur = ring_fwd(r, *cur, n_emitted);
 }
 
 static bool spec_graphs_ready(ds_runner *r);
@@ -484,7 +517,10 @@ static ds_status draft_pass(ds_runner *r, const ds_batch *b, const ds_tensor *hi
  * advanced), or ds_runner_step_ahead's (ahead = true: right after spec_accept, items not yet
  * advanced, each verified row's next token at token-buffer entry next_at + row, positions as if
  * every draft was accepted and lowered on the device). With dev_accept every pass carries
- * pos_shift / out_shift (−1 entries unless ahead), so both kinds replay the same graphs. */
+ * pos_shift / out_shift (−1 entries unless ahead), so both kinds replay the same graphs. After
+ * a chained verification (r->ahead_pos nonzero) pass 0 is lowered as the verification was, and
+ * the positions of passes j ≥ 1 are ahead by both guesses, lowered by spec_accept's
+ * cumulative shift. */
 static ds_status draft_passes(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
                               const int32_t *k_next, bool ahead, ds_error *err) {
     DS_ASSERT(r->k > 0 && (!ahead || r->dev_accept));
@@ -504,7 +540,8 @@ static ds_status draft_passes(ds_runner *r, const ds_sched_plan *plan, const ds_
             r->next[t] = ahead ? 0 : q->tokens[idx < q->n_tokens ? idx : q->n_tokens - 1];
             if (ahead) r->token_src[t] = r->next_at + t;
         }
-        if (shifts) r->pshift[i] = -1; /* pass 0 feeds the verified rows where they are */
+        /* pass 0 feeds the verified rows where they are: lowered as the verification was */
+        if (shifts) r->pshift[i] = ahead && r->chain ? r->vshift[i] : -1;
         DS_ASSERT(k_next[i] >= 0 && k_next[i] <= r->k);
         r->d_k[i] = k_next[i];
         if (k_next[i] > 0) {
@@ -527,7 +564,7 @@ static ds_status draft_passes(ds_runner *r, const ds_sched_plan *plan, const ds_
                         : r->seq_start[i] + (q->n_computed - 1 - r->seq_n_past[i]);
         DS_ASSERT(row >= r->seq_start[i] && row < r->seq_start[i + 1]);
         out_rows[p] = row;
-        if (shifts) r->oshift[p] = ahead ? i : -1;
+        if (shifts) r->oshift[p] = ahead ? r->shift_at + 2 * i : -1; /* its own shift */
     }
     /* graphs of the passes: the serving graphs' conditions; for pass 0 also every item drafting
      * after a verification of one known token + d drafts (the verification graph's shape) */
@@ -542,12 +579,14 @@ static ds_status draft_passes(ds_runner *r, const ds_sched_plan *plan, const ds_
             uniform = uniform && plan->items[i].n_tokens == 1 && plan->items[i].n_draft == d;
         if (uniform) idx0 = (long)(region + (size_t)n * (size_t)K1 + (size_t)d);
     }
-    /* the previous call's host copies were landed by the verification that fed its drafts */
+    /* the previous call's host copies were landed by the verification that fed its drafts
+     * (chained steps never read them: ds_runner_chain_verify dropped them) */
     DS_ASSERT(r->d_unlanded == 0);
 
     mb.tokens = r->next;
     mb.token_src = ahead ? r->token_src : NULL;
     mb.state_out_slots = NULL;
+    mb.slot_ring = 0; /* the MTP has no GDN state */
     mb.n_out = n_d;
     mb.out_rows = out_rows;
     mb.pos_shift = shifts ? r->pshift : NULL;
@@ -575,9 +614,11 @@ static ds_status draft_passes(ds_runner *r, const ds_sched_plan *plan, const ds_
             const ds_sched_item *it = &plan->items[r->d_order[p]];
             const ds_sched_seq *q = it->seq;
             /* ahead: not yet advanced, so as if all its drafts were accepted (lowered by the
-             * device) */
-            const int32_t pos = q->n_computed + (ahead ? it->n_draft + 1 : 0) + j - 1;
-            if (shifts) r->pshift[p] = ahead ? r->d_order[p] : -1;
+             * device by the drafts rejected: after a chained verification, by both steps') */
+            const int i = r->d_order[p];
+            const int32_t pos = q->n_computed + (ahead ? r->ahead_pos[i] + it->n_draft + 1 : 0) +
+                                j - 1;
+            if (shifts) r->pshift[p] = ahead ? r->shift_at + 2 * i + 1 : -1;
             int held = ds_kv_blocks_held(kv, q->slot);
             DS_ASSERT((int64_t)held * r->block_size > pos && held <= r->max_blocks);
             /* device chain: draft j − 1 of place p is token-buffer entry (j − 1)·S + p */
@@ -677,10 +718,17 @@ ds_status ds_runner_step_graphed(ds_runner *r, const ds_sched_plan *plan, const 
 
 /* ds_runner_step_graphed_bans, and with k_ahead ds_runner_step_ahead (*drafted: whether it
  * accepted on the device and drafted). */
+/* Index in r->graph_state (and r's graph keys) of the verification of n items with d drafts
+ * each, its ids in the current half (runner.h ds_runner_spec_graph_states). */
+static size_t verify_graph_idx(const ds_runner *r, int n, int d) {
+    return (r->vpar ? 3 * ds_runner_spec_graph_region(r) : 0) + (size_t)n * (size_t)(r->k + 1) +
+           (size_t)d;
+}
+
 static ds_status graphed_step(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
                               const uint64_t *keys, ds_runner_ban_fn fill, void *ctx,
-                              const int32_t *k_ahead, bool *drafted, int *graphed, ds_error *why,
-                              ds_error *err) {
+                              const int32_t *k_ahead, bool wait, bool *drafted, int *graphed,
+                              ds_error *why, ds_error *err) {
     ds_backend *be = r->model->be;
     *drafted = false;
     /* accept on the device and draft right behind (ds_runner_step_ahead) */
@@ -707,7 +755,7 @@ static ds_status graphed_step(ds_runner *r, const ds_sched_plan *plan, const ds_
             const int32_t *ids;
             return ds_runner_step_greedy(r, plan, kv, &ids, err);
         }
-        b = build_batch(r, plan, kv);
+        b = build_batch(r, plan, kv, NULL);
         DS_ASSERT(b.n_tokens == n && b.n_out == n); /* one token, one row each */
         idx = (size_t)n;
     } else {
@@ -734,10 +782,10 @@ static ds_status graphed_step(ds_runner *r, const ds_sched_plan *plan, const ds_
             if (why) ds_error_set(why, DS_ERR_UNSUPPORTED, "the backend refused the ban table");
             return ds_runner_verify(r, plan, kv, err);
         }
-        r->batch = build_batch(r, plan, kv);
+        r->batch = build_batch(r, plan, kv, NULL);
         r->n_out = 0; /* no logits rows: ds_runner_logits must not be asked for this step */
         b = r->batch;
-        idx = (size_t)n * (size_t)(r->k + 1) + (size_t)d;
+        idx = verify_graph_idx(r, n, d);
         g.ids = r->ids;
         /* with dev_accept every verification keeps its ids on the device too (one graph per
          * shape serves both kinds of step) */
@@ -760,11 +808,12 @@ static ds_status graphed_step(ds_runner *r, const ds_sched_plan *plan, const ds_
          * device still drafts. The drafts just verified, which the caller's acceptance reads
          * from r->drafts, are landed before the new call rewrites dh. */
         const ds_backend_ops *op = be->ops;
-        op->spec_accept(be, r->ids_at, r->next_at, r->m_at, r->dev_m);
+        op->spec_accept(be, r->ids_at, r->next_at, r->m_at, r->shift_at, r->dev_m);
         if (op->mark) op->mark(be);
         drafts_land(r);
+        memset(r->ahead_pos, 0, (size_t)n * sizeof(int32_t)); /* not chained */
         st = draft_passes(r, plan, kv, k_ahead, true, err);
-        if (st == DS_OK) st = op->wait_mark ? op->wait_mark(be, err) : runner_sync(r, err);
+        if (st == DS_OK && wait) st = ds_runner_wait_ahead(r, err);
         *drafted = st == DS_OK;
         return st; /* this call's host copies come with a later wait: the next step lands them */
     }
@@ -778,7 +827,7 @@ ds_status ds_runner_step_graphed_bans(ds_runner *r, const ds_sched_plan *plan,
                                       ds_runner_ban_fn fill, void *ctx, int *graphed,
                                       ds_error *why, ds_error *err) {
     bool drafted;
-    return graphed_step(r, plan, kv, keys, fill, ctx, NULL, &drafted, graphed, why, err);
+    return graphed_step(r, plan, kv, keys, fill, ctx, NULL, true, &drafted, graphed, why, err);
 }
 
 ds_status ds_runner_step_ahead(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
@@ -786,5 +835,64 @@ ds_status ds_runner_step_ahead(ds_runner *r, const ds_sched_plan *plan, const ds
                                const int32_t *k_ahead, bool *drafted, int *graphed,
                                ds_error *err) {
     DS_ASSERT(r->k > 0 && plan && k_ahead);
-    return graphed_step(r, plan, kv, keys, fill, ctx, k_ahead, drafted, graphed, NULL, err);
+    return graphed_step(r, plan, kv, keys, fill, ctx, k_ahead, true, drafted, graphed, NULL, err);
+}
+
+ds_status ds_runner_queue_ahead(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
+                                const uint64_t *keys, ds_runner_ban_fn fill, void *ctx,
+                                const int32_t *k_ahead, bool *drafted, int *graphed,
+                                ds_error *err) {
+    DS_ASSERT(r->k > 0 && plan && k_ahead);
+    return graphed_step(r, plan, kv, keys, fill, ctx, k_ahead, false, drafted, graphed, NULL,
+                        err);
+}
+
+ds_status ds_runner_wait_ahead(ds_runner *r, ds_error *err) {
+    ds_backend *be = r->model->be;
+    return be->ops->wait_mark ? be->ops->wait_mark(be, err) : runner_sync(r, err);
+}
+
+/* ---- chained steps (runner.h) ---------------------------------------------------------------- */
+
+ds_status ds_runner_chain_verify(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
+                                 const int32_t *ahead, ds_error *err) {
+    const int n = plan->n_items;
+    DS_ASSERT(r->chain && n > 0 && n <= r->max_seqs && ahead);
+    ds_backend *be = r->model->be;
+    const int d = plan->items[0].n_draft;
+    bool uniform = true;
+    for (int i = 0; i < n; i++) {
+        const ds_sched_item *it = &plan->items[i];
+        DS_ASSERT(it->n_tokens == 1 && it->wants_logits && it->n_draft >= 1 && ahead[i] >= 1);
+        uniform = uniform && it->n_draft == d;
+    }
+    /* no bans: the engine chains only steps whose rows are past min_tokens (the table may
+     * still hold an earlier step's; clearing it is queued behind the step in flight) */
+    if (!bans_sync(r, plan->n_tokens, NULL, NULL, NULL))
+        return ds_error_set(err, DS_ERR_INTERNAL, "runner: the backend refused an empty ban table");
+    memcpy(r->ahead_pos, ahead, (size_t)n * sizeof(int32_t));
+    use_half(r, r->vpar ^ 1); /* V(N)'s ids, rows and counts stay readable in the other half */
+    /* the drafts verified now reach the host only as the ids they matched (runner.h) */
+    r->d_unlanded = 0;
+    r->batch = build_batch(r, plan, kv, ahead);
+    r->n_out = 0;
+    ds_batch b = r->batch;
+    greedy_step g = {r, &b, r->ids, r->ids_at};
+    const bool graphs = uniform && graph_off_reason(r) == NULL && spec_graphs_ready(r);
+    const size_t idx = verify_graph_idx(r, n, d);
+    ds_status st = graphs ? ds_step_graph_run(be, r->graph_tag | (uint64_t)idx,
+                                              &r->graph_state[idx], &b, greedy_fused_step, &g,
+                                              NULL, err)
+                          : greedy_fused_step(&g, err);
+    if (st != DS_OK) return st;
+    be->ops->spec_accept(be, r->ids_at, r->next_at, r->m_at, r->shift_at, r->dev_m);
+    return DS_OK;
+}
+
+ds_status ds_runner_chain_drafts(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
+                                 const int32_t *k_ahead, ds_error *err) {
+    DS_ASSERT(r->chain);
+    ds_backend *be = r->model->be;
+    if (be->ops->mark) be->ops->mark(be); /* after the chained verification's spec_accept */
+    return draft_passes(r, plan, kv, k_ahead, true, err);
 }

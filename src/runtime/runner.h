@@ -104,6 +104,20 @@ typedef struct ds_runner {
     int32_t *dev_m;       /* [max_seqs] emitted count per item as the device decided it */
     int32_t *pshift;      /* [max_tokens] a draft pass's ds_batch.pos_shift */
     int32_t *oshift;      /* [max_seqs] a draft pass's ds_batch.out_shift */
+    /* chained steps (ds_runner_chain_verify): two verifications in flight, so what the host
+     * reads of one (its ids, rows, counts: ids, row0, dev_m point at half vpar of each) and
+     * where the device keeps it (ids_at, m_at, the shift-table half shift_at) come in two
+     * halves, the chained one taking the other half */
+    bool chain;           /* on (DS_OPT_SPEC_ASYNC, dev_accept, room in the buffers) */
+    int vpar;             /* half of the newest verification */
+    int shift_at;         /* its shift-table entries (spec_accept shift_at) */
+    int32_t *ids_h[2], *row0_h[2], *dev_m_h[2];
+    int32_t *vshift;      /* [max_seqs] a verification's ds_batch.pos_shift (chain: −1s unless
+                             chained) */
+    int32_t *last_row;    /* [max_seqs] each item's last row in the newest verification */
+    int32_t *ahead_pos;   /* [max_seqs] a chained verification's items: positions (and GDN
+                             ring places) ahead of n_computed when the one before it accepts
+                             everything; 0 otherwise */
 
     /* greedy decode steps (greedy_mode 0: none of these is allocated) */
     int greedy_mode;          /* 0 off, 1 fused argmax (+ graphs when the backend has them),
@@ -178,10 +192,14 @@ float *ds_runner_logits(ds_runner *r, int row, int n, ds_error *err);
 /* After acceptance: item i emitted n_emitted tokens; a verification's GDN state becomes the one
  * after its last accepted token. */
 void ds_runner_commit(ds_runner *r, const ds_sched_plan *plan, int i, int n_emitted);
-/* Graph states of a speculative runner (r->graph_state): verifications, draft passes 0 and
- * draft passes j ≥ 1, (max_seqs + 1)·(k + 1) each. */
+/* Graph states of a speculative runner (r->graph_state): four regions of
+ * (max_seqs + 1)·(k + 1) each — verifications, draft passes 0, draft passes j ≥ 1, and the
+ * verifications of the other half (chained steps: their ids go elsewhere). */
+static inline size_t ds_runner_spec_graph_region(const ds_runner *r) {
+    return ((size_t)r->max_seqs + 1) * (size_t)(r->k + 1);
+}
 static inline size_t ds_runner_spec_graph_states(const ds_runner *r) {
-    return 3 * ((size_t)r->max_seqs + 1) * (size_t)(r->k + 1);
+    return 4 * ds_runner_spec_graph_region(r);
 }
 /* The drafts of slot `slot` (k entries). */
 static inline const int32_t *ds_runner_drafts(const ds_runner *r, int slot) {
@@ -212,6 +230,47 @@ ds_status ds_runner_step_ahead(ds_runner *r, const ds_sched_plan *plan, const ds
                                const uint64_t *keys, ds_runner_ban_fn fill, void *ctx,
                                const int32_t *k_ahead, bool *drafted, int *graphed,
                                ds_error *err);
+/* ds_runner_step_ahead without its final wait: when *drafted, the verification's results are
+ * read after ds_runner_wait_ahead (and a chained verification may be queued first). */
+ds_status ds_runner_queue_ahead(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
+                                const uint64_t *keys, ds_runner_ban_fn fill, void *ctx,
+                                const int32_t *k_ahead, bool *drafted, int *graphed,
+                                ds_error *err);
+/* Waits for the oldest verification in flight: its ids, rows and counts are readable (at the
+ * pointers ds_runner_view gave before anything was chained behind it). */
+ds_status ds_runner_wait_ahead(ds_runner *r, ds_error *err);
+
+/* What the host reads of a verification (runner.h "chained steps"): valid until the one after
+ * the next is queued. */
+typedef struct ds_runner_view {
+    const int32_t *ids;   /* argmax of every row */
+    const int32_t *row0;  /* [items] first row of each item */
+    const int32_t *dev_m; /* [items] emitted count as the device decided it */
+} ds_runner_view;
+static inline ds_runner_view ds_runner_view_of(const ds_runner *r) {
+    return (ds_runner_view){r->ids, r->row0, r->dev_m};
+}
+
+/* ---- chained steps (issue 5: the next verification queued before the host reads this one) --
+ * With a verification V(N) in flight (ds_runner_queue_ahead or a chained one) whose host
+ * acceptance has not happened, ds_runner_chain_verify queues V(N + 1) for the same items as if
+ * V(N) accepted every draft: item i feeds its bonus token (spec_accept's next token of V(N)'s
+ * last row, from the token buffer) and the n_draft drafts of V(N)'s draft passes, at positions
+ * n_computed + ahead[i] + j, reading the GDN slot ahead[i] places further on its ring and
+ * writing the states after its rows to the places after that; the device lowers all of it by
+ * the drafts V(N) rejected (ds_batch.pos_shift / slot_ring, spec_accept's shift of V(N)), so
+ * V(N + 1) runs exactly as if it had been built after V(N)'s acceptance. ahead[i] =
+ * V(N)'s n_draft + 1 of item i; plan = V(N)'s items, each feeding 1 known token and
+ * n_draft ≥ 1 drafts (what V(N)'s passes drafted). spec_accept follows (into the other half);
+ * nothing waits. ds_runner_chain_drafts then marks and queues V(N + 1)'s draft passes
+ * (k_ahead[i] each, positions lowered by both shifts). The host accepts V(N) from
+ * ds_runner_view_of taken before the chain call: the emitted tokens are the target ids of its
+ * first dev_m[i] rows (V(N)'s drafts never reach the host). Needs r->chain; each item's KV
+ * blocks must cover every position V(N + 1) and its passes may write. */
+ds_status ds_runner_chain_verify(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
+                                 const int32_t *ahead, ds_error *err);
+ds_status ds_runner_chain_drafts(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
+                                 const int32_t *k_ahead, ds_error *err);
 
 /* ---- step graphs of serving steps (runtime/graph_warmup.h) -------------------------------
  * Runs a plan of greedy steps the way serving runs it, from the step graph of its shape when r

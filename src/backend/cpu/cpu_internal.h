@@ -44,7 +44,8 @@ typedef struct ds_cpu {
     /* the shift table (backend.h DS_SHIFT_TABLE): spec_accept's rejected drafts per sequence */
     int32_t shift[DS_SHIFT_TABLE];
     /* a batch with pos_shift / out_shift points its positions [T], seq_n_past [S] and out_rows
-     * [n_out] here, lowered (cpu_spec.c ds_cpu_shift_batch) */
+     * [n_out] here, lowered (cpu_spec.c ds_cpu_shift_batch), and with slot_ring its seq_slot
+     * [S] and state_out_slots [T] */
     int32_t *shifted;
     size_t shifted_cap;
 } ds_cpu;
@@ -113,7 +114,8 @@ void ds_cpu_op_argmax_logits(ds_backend *be, const ds_tensor *x, const ds_linear
 bool ds_cpu_set_argmax_bans(ds_backend *be, const int32_t *ids, int B, int n_ban);
 /* cpu_spec.c: backend.h spec_accept, and set_batch's lowering of a batch with pos_shift /
  * out_shift (cpu->batch then points at cpu->shifted for the lowered arrays). */
-void ds_cpu_op_spec_accept(ds_backend *be, int ids_at, int next_at, int m_at, int32_t *n_emitted);
+void ds_cpu_op_spec_accept(ds_backend *be, int ids_at, int next_at, int m_at, int shift_at,
+                           int32_t *n_emitted);
 void ds_cpu_shift_batch(ds_cpu *cpu);
 void ds_cpu_op_concat(ds_backend *be, const ds_tensor *a, const ds_tensor *b, ds_tensor *out);
 

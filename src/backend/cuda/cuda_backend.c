@@ -201,7 +201,7 @@ static void cu_destroy(ds_backend *be) {
         cudaFree(c->d_shift);
         cudaFree(c->d_moe_scratch);
         cudaFree(c->d_gdn_scratch);
-        for (int i = 0; i < 2; i++) {
+        for (int i = 0; i < DS_CUDA_META_BUFS; i++) {
             if (c->h_meta[i]) cudaFreeHost(c->h_meta[i]);
             if (c->meta_done[i]) cudaEventDestroy(c->meta_done[i]);
         }
@@ -343,9 +343,11 @@ static double cu_copy_bandwidth_gbps(ds_backend *be) {
 
 /* ---- batch ------------------------------------------------------------------------------- */
 
-/* Packs the host arrays into pinned staging and uploads them with one async copy. Two staging
- * buffers alternate; before refilling one we wait for its previous upload (issued a step ago,
- * normally long finished), so the host never overwrites bytes a pending copy still reads.
+/* Packs the host arrays into pinned staging and uploads them with one async copy. The staging
+ * buffers (DS_CUDA_META_BUFS) are used in turn; before refilling one we wait for its previous
+ * upload (issued DS_CUDA_META_BUFS batches ago: a chained verification and its draft passes
+ * are queued while the device still runs the step before, so two would make the host wait for
+ * it), so the host never overwrites bytes a pending copy still reads.
  * A batch with pos_shift / out_shift is lowered on the device by batch_shift_kernel, launched
  * here (so a capture records it) unless `shift` is 0: a graph replay, whose graph has it. */
 void ds_cuda_upload_batch(ds_backend *be, const ds_batch *b, int shift) {
@@ -430,7 +432,7 @@ void ds_cuda_upload_batch(ds_backend *be, const ds_batch *b, int shift) {
             DS_CU(c, cudaMemcpyAsync(c->d_meta, h, sizeof(int32_t) * (size_t)total,
                                      cudaMemcpyHostToDevice, c->stream));
         DS_CU(c, cudaEventRecord(c->meta_done[f], c->stream));
-        c->meta_flip ^= 1;
+        c->meta_flip = (f + 1) % DS_CUDA_META_BUFS;
     }
 
     ds_cuda_batch *d = &c->batch;
@@ -450,6 +452,8 @@ void ds_cuda_upload_batch(ds_backend *be, const ds_batch *b, int shift) {
     d->token_src = c->d_meta + o_tsrc;
     d->pos_shift = has_shift ? c->d_meta + o_pshift : NULL;
     d->out_shift = has_shift ? c->d_meta + o_oshift : NULL;
+    DS_ASSERT(b->slot_ring == 0 || (b->slot_ring >= 2 && b->pos_shift));
+    d->slot_ring = b->slot_ring;
     c->info.max_seq_tokens = max_tok;
     c->info.max_ctx = max_ctx;
     c->h_cur = h;
@@ -626,7 +630,7 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
     c->smem_optin = prop.sharedMemPerBlockOptin;
     CREATE_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CREATE_CHECK(cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking));
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < DS_CUDA_META_BUFS; i++) {
         CREATE_CHECK(cudaHostAlloc((void **)&c->h_meta[i], sizeof(int32_t) * DS_CUDA_META_INTS,
                                    cudaHostAllocDefault));
         CREATE_CHECK(cudaEventCreateWithFlags(&c->meta_done[i], cudaEventDisableTiming));

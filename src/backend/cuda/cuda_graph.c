@@ -122,6 +122,7 @@ ds_status ds_cuda_graph_end(ds_backend *be, ds_error *err) {
         .max_seq_tokens = c->info.max_seq_tokens,
         .has_state_out = c->batch.state_out != NULL,
         .has_shift = c->batch.pos_shift != NULL,
+        .slot_ring = c->batch.slot_ring,
         .exec = exec,
         .n_kernels = n_kernels,
         .outs = outs,
@@ -141,7 +142,8 @@ bool ds_cuda_graph_launch(ds_backend *be, uint64_t key, const ds_batch *b) {
     if (g->T != b->n_tokens || g->S != b->n_seqs || g->n_out != b->n_out ||
         g->max_blocks != b->max_blocks || g->has_state_out != (b->state_out_slots != NULL) ||
         g->max_seq_tokens != batch_max_seq_tokens(b) ||
-        g->has_shift != (b->pos_shift != NULL || b->out_shift != NULL))
+        g->has_shift != (b->pos_shift != NULL || b->out_shift != NULL) ||
+        g->slot_ring != b->slot_ring)
         return false;
     ds_cuda_upload_batch(be, b, 0); /* the graph lowers a shifted batch itself */
     if (DS_CU(c, cudaGraphLaunch(g->exec, c->stream))) return true; /* sticky error: synchronize */

@@ -27,6 +27,7 @@ extern "C" {
 #define DS_CUDA_MAX_TOKENS 2048      /* tokens per step (T) */
 #define DS_CUDA_MAX_SEQS 256         /* sequences per step (S) */
 #define DS_CUDA_META_INTS (1 << 21)  /* int32 batch metadata per step, block table included */
+#define DS_CUDA_META_BUFS 4          /* pinned staging buffers of it, used in turn */
 #define DS_CUDA_GEMV_MAX_ROWS 8      /* linear rows served by the GEMV; more go to cuBLASLt */
 #define DS_CUDA_SPLITK_WS_FLOATS (1 << 20) /* fp32 split-K partials of the GEMV */
 #define DS_CUDA_SPLITK_COUNTERS 4096 /* per-launch tile counters (self-resetting) */
@@ -39,7 +40,8 @@ extern "C" {
 #define DS_CUDA_MAX_GRAPHS 64        /* captured step graphs kept at once */
 #define DS_CUDA_PROF_EVENTS 8192     /* kernels timed per profiled step (DS_CUDA_PROFILE) */
 #define DS_CUDA_PROF_ENTRIES 512     /* distinct (kernel, shape) rows of the profile */
-#define DS_CUDA_MAX_OUTS 16          /* host outputs (argmax_logits) pending at once */
+#define DS_CUDA_MAX_OUTS 64          /* host outputs (argmax_logits, spec_accept) pending at
+                                        once: two chained verifications and their draft passes */
 
 /* The batch as the kernels see it: device pointers into one metadata buffer. */
 typedef struct ds_cuda_batch {
@@ -61,6 +63,7 @@ typedef struct ds_cuda_batch {
      * the batch has neither: set_batch then launches no batch_shift_kernel */
     const int32_t *pos_shift;
     const int32_t *out_shift;
+    int slot_ring;            /* ds_batch.slot_ring (0: seq_slot / state_out as given) */
 } ds_cuda_batch;
 
 /* Host outputs on their way: the stream copies device ids into pinned memory, synchronize
@@ -99,6 +102,7 @@ typedef struct ds_cuda_graph {
     uint64_t key;
     int T, S, n_out, max_blocks, max_seq_tokens, has_state_out; /* batch shape at capture */
     int has_shift;         /* recorded with batch_shift_kernel (ds_batch pos_shift / out_shift) */
+    int slot_ring;         /* recorded with this ds_batch.slot_ring (the shift kernel rotates slots) */
     cudaGraphExec_t exec;
     uint64_t n_kernels;    /* kernels recorded (added to the launch count per replay) */
     ds_cuda_outs outs;     /* host outputs of argmax_logits recorded in the graph */
@@ -151,8 +155,8 @@ typedef struct ds_cuda_ctx {
     int profiler_prefill, profiler_pf_seen;              /* DS_CUDA_PROFILER_PREFILL (ncu) */
 
     /* batch metadata: pinned staging (double-buffered, guarded by events) → device buffer */
-    int32_t *h_meta[2];           /* pinned [DS_CUDA_META_INTS] */
-    cudaEvent_t meta_done[2];     /* recorded after the upload from h_meta[i] */
+    int32_t *h_meta[DS_CUDA_META_BUFS]; /* pinned [DS_CUDA_META_INTS] each, used in turn */
+    cudaEvent_t meta_done[DS_CUDA_META_BUFS]; /* recorded after the upload from h_meta[i] */
     int meta_flip;
     int32_t *d_meta;              /* device [DS_CUDA_META_INTS] */
     ds_cuda_batch batch;          /* device view of the current batch */
@@ -386,7 +390,7 @@ void ds_cuda_argmax(ds_cuda_ctx *ctx, const float *logits, int R, int64_t V, int
 /* cuda_spec.cu: backend.h spec_accept over the current batch (device side), and the lowering
  * of the current batch by its pos_shift / out_shift (launched by set_batch, recorded with it
  * into a graph being captured). */
-void ds_cuda_spec_accept(ds_cuda_ctx *ctx, int ids_at, int next_at, int m_at);
+void ds_cuda_spec_accept(ds_cuda_ctx *ctx, int ids_at, int next_at, int m_at, int shift_at);
 void ds_cuda_batch_shift(ds_cuda_ctx *ctx);
 /* a one-thread kernel that keeps the stream busy for us microseconds (profiling head start) */
 void ds_cuda_spin(ds_cuda_ctx *ctx, double us);

@@ -156,13 +156,15 @@ void ds_cuda_op_argmax_logits(ds_backend *be, const ds_tensor *x, const ds_linea
 
 /* backend.h spec_accept: the kernel (cuda_spec.cu) keeps m per sequence at token-buffer
  * entries m_at.., copied to the host from there as argmax_logits' kept ids are. */
-void ds_cuda_op_spec_accept(ds_backend *be, int ids_at, int next_at, int m_at, int32_t *n_emitted) {
+void ds_cuda_op_spec_accept(ds_backend *be, int ids_at, int next_at, int m_at, int shift_at,
+                            int32_t *n_emitted) {
     ds_cuda_ctx *c = ds_cuda_ctx_of(be);
     const int S = c->batch.n_seqs, T = c->batch.n_tokens;
-    DS_ASSERT(S <= DS_SHIFT_TABLE && ids_at >= 0 && ids_at + T <= DS_TOKEN_BUF && next_at >= 0 &&
-              next_at + T <= DS_TOKEN_BUF && m_at >= 0 && m_at + S <= DS_TOKEN_BUF);
+    DS_ASSERT(shift_at >= 0 && shift_at + 2 * S <= DS_SHIFT_TABLE && ids_at >= 0 &&
+              ids_at + T <= DS_TOKEN_BUF && next_at >= 0 && next_at + T <= DS_TOKEN_BUF &&
+              m_at >= 0 && m_at + S <= DS_TOKEN_BUF);
     if (S == 0) return;
-    ds_cuda_spec_accept(c, ids_at, next_at, m_at);
+    ds_cuda_spec_accept(c, ids_at, next_at, m_at, shift_at);
     DS_CU(c, cudaMemcpyAsync(c->h_tokbuf + m_at, c->d_tokbuf + m_at, sizeof(int32_t) * (size_t)S,
                              cudaMemcpyDeviceToHost, c->stream));
     host_out_add(c, n_emitted, c->h_tokbuf + m_at, S);
