@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_internal.h"
 #include "model/loader.h"
 #include "model/model.h"
 #include "runtime/engine.h"
@@ -583,9 +584,11 @@ static void test_min_tokens_bans(void **state) {
 /* sanitizer builds (Debug + ASan: the demo model is far slower there): k = 2, graphs only */
 #define ACCEPT_K_MAX 2
 #define ACCEPT_GRAPHS_MIN 1
+#define CHAIN_K_MIN 2
 #else
 #define ACCEPT_K_MAX 3
 #define ACCEPT_GRAPHS_MIN 0
+#define CHAIN_K_MIN 1
 #endif
 
 /* Proves: greedy verifications accepted on the device (runner.h ds_runner_step_ahead: the
@@ -633,10 +636,15 @@ static void test_device_accept(void **state) {
         for (int k = 2; k <= ACCEPT_K_MAX; k++) {
             ds_engine_opts o;
             base_opts(&o, k);
-            ds_engine_stats on, off;
+            ds_engine_stats chain, on, off;
             /* (the CPU backend accepts on the device only when asked: runner.c dev_accept_init) */
             setenv("DS_OPT_SPEC_DEVICE_ACCEPT", "1", 1);
+            engine_run(&f, &o, w, N, 2, eng, &chain); /* chained steps too (default) */
+            expect_same(w, solo, eng, N, k);
+            check_counters(w, eng, N, &chain, k);
+            setenv("DS_OPT_SPEC_ASYNC", "0", 1);
             engine_run(&f, &o, w, N, 2, eng, &on);
+            unsetenv("DS_OPT_SPEC_ASYNC");
             expect_same(w, solo, eng, N, k);
             check_counters(w, eng, N, &on, k);
             setenv("DS_OPT_SPEC_DEVICE_ACCEPT", "0", 1);
@@ -644,15 +652,20 @@ static void test_device_accept(void **state) {
             unsetenv("DS_OPT_SPEC_DEVICE_ACCEPT");
             expect_same(w, solo, eng, N, k);
             printf("  device acceptance%s k=%d: %llu of %llu steps (off: %llu); %llu of %llu "
-                   "drafts accepted (off: %llu of %llu)\n",
+                   "drafts accepted (off: %llu of %llu); chained: %llu of %llu steps\n",
                    graphs ? " (graphs)" : "", k, (unsigned long long)on.spec_device_accepts,
                    (unsigned long long)on.steps, (unsigned long long)off.spec_device_accepts,
                    (unsigned long long)on.spec.n_accepted_tokens,
                    (unsigned long long)on.spec.n_draft_tokens,
                    (unsigned long long)off.spec.n_accepted_tokens,
-                   (unsigned long long)off.spec.n_draft_tokens);
+                   (unsigned long long)off.spec.n_draft_tokens,
+                   (unsigned long long)chain.spec_chained_steps,
+                   (unsigned long long)chain.steps);
             assert_true(on.spec_device_accepts * 2 > on.steps);
             assert_int_equal(off.spec_device_accepts, 0);
+            assert_int_equal(on.spec_chained_steps, 0);
+            assert_int_equal(off.spec_chained_steps, 0);
+            assert_true(chain.spec_chained_steps * 4 > chain.steps);
             assert_int_equal(on.spec.n_accepted_tokens, off.spec.n_accepted_tokens);
             /* partial acceptance happened, full acceptance too */
             assert_true(on.spec.n_accepted_tokens > 0 &&
@@ -666,6 +679,165 @@ static void test_device_accept(void **state) {
     }
 }
 
+/* ---- a log of what the mixers saw: each attention / GDN call's batch as the CPU backend's ops
+ * read it (after the device-side lowering), hashed per call ----------------------------------- */
+static ds_backend_ops g_log_ops;
+static uint64_t *g_log;
+static int g_log_n, g_log_cap;
+
+static uint64_t fnv(uint64_t h, int64_t v) {
+    for (int i = 0; i < 8; i++) h = (h ^ (uint64_t)((v >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+    return h;
+}
+
+static void log_batch(ds_backend *be, int layer, bool gdn) {
+    ds_cpu *cpu = ds_cpu_of(be);
+    const ds_batch *b = ds_cpu_batch(cpu);
+    uint64_t h = fnv(0xcbf29ce484222325ull, layer * 2 + gdn);
+    h = fnv(fnv(h, b->n_tokens), b->n_seqs);
+    for (int t = 0; t < b->n_tokens; t++) {
+        h = fnv(h, b->positions[t]);
+        h = fnv(h, ds_cpu_row_token(b->tokens, b->token_src, cpu->tokbuf, t));
+        if (gdn) h = fnv(h, b->state_out_slots ? b->state_out_slots[t] : -1);
+    }
+    for (int q = 0; q < b->n_seqs; q++) {
+        h = fnv(fnv(h, b->seq_n_past[q]), b->seq_start[q + 1]);
+        if (gdn) h = fnv(h, b->seq_slot[q]);
+    }
+    if (g_log_n == g_log_cap) {
+        g_log_cap = g_log_cap ? 2 * g_log_cap : 1024;
+        g_log = realloc(g_log, (size_t)g_log_cap * sizeof *g_log);
+        assert_non_null(g_log);
+    }
+    g_log[g_log_n++] = h;
+}
+
+static void log_attention(ds_backend *be, ds_cache *c, int layer, const ds_config *cfg,
+                          const ds_attn_weights *w, const ds_tensor *qkv, ds_tensor *out) {
+    log_batch(be, layer, false);
+    g_cpu->attention(be, c, layer, cfg, w, qkv, out);
+}
+
+static void log_gdn(ds_backend *be, ds_cache *c, int layer, const ds_config *cfg,
+                    const ds_gdn_weights *w, const ds_tensor *proj, ds_tensor *out) {
+    log_batch(be, layer, true);
+    g_cpu->gdn(be, c, layer, cfg, w, proj, out);
+}
+
+/* Runs request w alone through an engine with the mixers logged; *log / *n receive the log. */
+static void logged_run(fixture *f, const ds_engine_opts *o, const spec *w, result *out,
+                       ds_engine_stats *st, uint64_t **log, int *n) {
+    g_cpu = f->be->ops;
+    g_log_ops = *g_cpu;
+    g_log_ops.attention = log_attention;
+    g_log_ops.gdn = log_gdn;
+    f->be->ops = &g_log_ops;
+    g_log = NULL;
+    g_log_n = g_log_cap = 0;
+    engine_run(f, o, w, 1, 1, out, st);
+    f->be->ops = g_cpu;
+    *log = g_log;
+    *n = g_log_n;
+}
+
+/* Proves: chained steps (runner.h: each verification queued before the host read the one
+ * before it, its positions, GDN ring places and bonus token lowered on the device by the
+ * drafts that one rejected, its draft passes by both steps' rejections) emit exactly the tokens
+ * of each request alone and draft exactly what unchained device acceptance drafts: on a
+ * workload where every request ends by a stop id far from max_tokens (near max_tokens a chained
+ * step drafts for the case where both steps accept everything, so fewer), the draft tokens and
+ * the accepted ones agree per position, for k = 1..3 (sanitizer builds: 2). Without the
+ * same counts would hide a wrong MTP position (the demo's drafts hardly depend on them), so a
+ * request alone also runs with every attention and GDN call logged (positions, tokens, n_past,
+ * GDN slots and state-out slots as the ops read them): the unchained run's log must be the
+ * start of the chained one's, which only adds the discarded step queued behind the finish.
+ * Without the cumulative shift (passes j ≥ 1 lowered by the chained step's own rejections only)
+ * the counts still agreed and the logs differed. */
+static void test_chained_steps(void **state) {
+    (void)state;
+    enum { N = 8 };
+    fixture f;
+    fixture_open(&f, "demo");
+    spec *w = calloc(N, sizeof *w);
+    result *solo = calloc(N, sizeof *solo), *eng = calloc(N, sizeof *eng);
+    test_rng g = {0xc4a1edull};
+    for (int i = 0; i < N; i++) {
+        spec *s = &w[i];
+        s->n_prompt = rnd_int(&g, 1, 60);
+        for (int t = 0; t < s->n_prompt; t++) s->prompt[t] = rnd_int(&g, 0, 5000);
+        ds_sampling_params_init(&s->params);
+        s->params.temperature = 0.0f;
+        s->params.max_tokens = 96;
+        s->params.ignore_eos = true;
+        s->compare = true;
+    }
+    solo_all(&f, w, N, solo);
+    /* each ends at a stop id: the first token from output 6 + 2·(i mod 4) on not seen before
+     * it (the demo model soon repeats itself) */
+    for (int i = 0; i < N; i++) {
+        int at = -1;
+        for (int j = 6 + 2 * (i % 4); j < solo[i].n && at < 0; j++) {
+            bool seen = false;
+            for (int u = 0; u < j && !seen; u++) seen = solo[i].toks[u] == solo[i].toks[j];
+            if (!seen) at = j;
+        }
+        if (!(at > 0 && at + 24 < w[i].params.max_tokens)) fail_msg("request %d: stop at %d", i, at);
+        w[i].stop_ids[0] = solo[i].toks[at];
+        w[i].params.stop_token_ids = w[i].stop_ids;
+        w[i].params.n_stop_token_ids = 1;
+    }
+    solo_all(&f, w, N, solo);
+    setenv("DS_OPT_SPEC_DEVICE_ACCEPT", "1", 1);
+    for (int k = CHAIN_K_MIN; k <= ACCEPT_K_MAX; k++) {
+        ds_engine_opts o;
+        base_opts(&o, k);
+        ds_engine_stats chain, plain;
+        engine_run(&f, &o, w, N, 2, eng, &chain);
+        expect_same(w, solo, eng, N, k);
+        check_counters(w, eng, N, &chain, k);
+        setenv("DS_OPT_SPEC_ASYNC", "0", 1);
+        engine_run(&f, &o, w, N, 2, eng, &plain);
+        unsetenv("DS_OPT_SPEC_ASYNC");
+        expect_same(w, solo, eng, N, k);
+        printf("  chained steps k=%d: %llu of %llu steps; %llu of %llu drafts accepted "
+               "(unchained: %llu of %llu)\n",
+               k, (unsigned long long)chain.spec_chained_steps, (unsigned long long)chain.steps,
+               (unsigned long long)chain.spec.n_accepted_tokens,
+               (unsigned long long)chain.spec.n_draft_tokens,
+               (unsigned long long)plain.spec.n_accepted_tokens,
+               (unsigned long long)plain.spec.n_draft_tokens);
+        assert_true(chain.spec_chained_steps * 4 > chain.steps);
+        assert_int_equal(plain.spec_chained_steps, 0);
+        assert_memory_equal(&chain.spec, &plain.spec, sizeof chain.spec);
+        assert_true(chain.spec.n_accepted_tokens > 0 &&
+                    chain.spec.n_accepted_tokens < chain.spec.n_draft_tokens);
+        /* one request, every mixer call logged */
+        uint64_t *lc, *lp;
+        int nc, np;
+        logged_run(&f, &o, &w[1], &eng[1], &chain, &lc, &nc);
+        expect_same(&w[1], &solo[1], &eng[1], 1, k);
+        setenv("DS_OPT_SPEC_ASYNC", "0", 1);
+        logged_run(&f, &o, &w[1], &eng[1], &plain, &lp, &np);
+        unsetenv("DS_OPT_SPEC_ASYNC");
+        int same = 0;
+        while (same < np && same < nc && lc[same] == lp[same]) same++;
+        printf("  one request k=%d: %llu chained of %llu steps; mixer calls %d chained, %d "
+               "unchained, the first %d alike\n",
+               k, (unsigned long long)chain.spec_chained_steps, (unsigned long long)chain.steps,
+               nc, np, same);
+        assert_true(chain.spec_chained_steps > 0);
+        assert_int_equal(same, np);
+        assert_true(nc >= np);
+        free(lc);
+        free(lp);
+    }
+    unsetenv("DS_OPT_SPEC_DEVICE_ACCEPT");
+    free(w);
+    free(solo);
+    free(eng);
+    fixture_close(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_options),
@@ -676,6 +848,7 @@ int main(void) {
         cmocka_unit_test(test_cancel_frees_caches),
         cmocka_unit_test(test_min_tokens_bans),
         cmocka_unit_test(test_device_accept),
+        cmocka_unit_test(test_chained_steps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -59,6 +59,11 @@ struct ds_engine {
     int32_t *k_next;          /* [max_num_seqs] engine thread: drafts wanted per plan item */
     int32_t *k_ahead;         /* [max_num_seqs] engine thread: the same, drafted before the host
                                  accepted (ds_runner_step_ahead): as if every draft were taken */
+    /* chained steps (runner.h): the plans of the two verifications in flight, their items'
+     * draft counts for the step after them, and the chained one's positions ahead */
+    ds_sched_plan chain_plan[2];
+    int32_t *chain_k[2];      /* [max_num_seqs] each */
+    int32_t *chain_ahead;     /* [max_num_seqs] */
     uint64_t *ban_keys;       /* [max_num_seqs · (k + 1)] engine thread: ban key per greedy plan
                                  item (k = 0) or per verification row (k > 0) */
     int32_t *ban_item;        /* [max_num_seqs · (k + 1)] engine thread (k > 0): plan item of
@@ -305,6 +310,160 @@ static int drafts_allowed(const ds_engine *e, int left) {
     return left <= 0 ? 0 : left < e->k ? left : e->k;
 }
 
+/* Host acceptance of one verification (plan; st its status): per item, ds_spec_verify from
+ * the view's ids (or from logits), the runner's commit, the scheduler's advance, the tokens out,
+ * and e->k_next = its drafts for the next step. drafted: accepted on the device and drafted
+ * already (k_drafted drafts per item). chained: queued before the step before it was accepted
+ * (runner.h "chained steps"): its drafts never reached the host, so its emitted tokens are the
+ * ids of the first dev_m rows, as the device accepted them. Items whose request ended since the
+ * step was queued (a chained step's) are skipped: what the device did for them is dropped. */
+static void accept_step(ds_engine *e, const ds_sched_plan *plan, ds_status st,
+                        const ds_runner_view *v, int fused, bool drafted, bool chained,
+                        const int32_t *k_drafted) {
+    ds_runner *rn = &e->runner;
+    ds_error err = {0};
+    int32_t toks[DS_SPEC_MAX_K + 1];
+    ds_sample_result res[DS_SPEC_MAX_K + 1];
+    for (int i = 0; i < plan->n_items; i++) {
+        const ds_sched_item *it = &plan->items[i];
+        ds_request *r = it->seq->owner;
+        e->k_next[i] = 0;
+        if (r->seq.state != DS_SCHED_RUNNING) continue; /* ended while the step was queued */
+        if (st != DS_OK) { /* device failure: the step's requests cannot continue */
+            end_request(e, r, DS_FINISH_NONE, -1);
+            continue;
+        }
+        if (!it->wants_logits) {
+            ds_sched_seq_advance(&r->seq, it->n_tokens, false);
+            continue;
+        }
+        const int row = v->row0[i], n_rows = 1 + it->n_draft;
+        /* a fused step took only items whose ids suffice (rows below min_tokens banned) */
+        const bool fast = fused || drafted || ds_spec_argmax_suffices(&r->sampler, r->n_generated);
+        float *logits = fast ? NULL : ds_runner_logits(rn, row, n_rows, &err);
+        /* chained: the drafts the device accepted are the ids of the rows before them */
+        const int32_t *drafts = chained ? v->ids + row : ds_runner_drafts(rn, r->seq.slot);
+        const int n_draft = chained ? v->dev_m[i] - 1 : it->n_draft;
+        DS_ASSERT(n_draft >= 0 && n_draft <= it->n_draft);
+        ds_spec_result vr;
+        if ((!fast && !logits) ||
+            ds_spec_verify(&r->sampler, r->n_generated, drafts, n_draft,
+                           fast ? v->ids + row : NULL, logits, e->vocab, toks, res, &vr,
+                           &err) != DS_OK) {
+            end_request(e, r, DS_FINISH_NONE, -1);
+            continue;
+        }
+        if (drafted && vr.reason == DS_FINISH_NONE && vr.n_emitted != v->dev_m[i]) {
+            /* the device's acceptance placed its drafts for another count: never expected */
+            fprintf(stderr, "deltaserve: speculative step: the device accepted %d tokens where "
+                    "the host accepted %d; request ended\n", v->dev_m[i], vr.n_emitted);
+            end_request(e, r, DS_FINISH_NONE, -1);
+            continue;
+        }
+        ds_spec_stats_add(&e->counters.spec, it->n_draft, vr.n_accepted);
+        ds_runner_commit(rn, plan, i, vr.n_emitted);
+        ds_sched_seq_advance_spec(&r->seq, it->n_tokens, vr.n_emitted);
+        emit_tokens(e, r, toks, res, &vr);
+        if (r->seq.state == DS_SCHED_RUNNING && r->seq.spec) {
+            int left = r->seq.max_tokens - r->seq.n_tokens; /* tokens it may still emit − 1 */
+            e->k_next[i] = drafted ? k_drafted[i] : drafts_allowed(e, left);
+        }
+    }
+}
+
+/* True when nothing waits for the engine thread's loop (submissions, cancels, stop): only then
+ * may a batch go on in chained steps, which stay inside run_step. */
+static bool engine_idle(ds_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    const bool idle = !e->sub_head && !e->wake && !e->stopping;
+    pthread_mutex_unlock(&e->mu);
+    return idle;
+}
+
+/* Whether the verification after `cur` (in flight, not yet accepted; kd_cur[i] drafts per item
+ * from its passes) may be queued now, as nxt with draft counts kd_nxt for the step after it
+ * (runner.h "chained steps"): the engine is idle, every item still runs, drafts and is past
+ * min_tokens for every row the next verification decides (so the ids alone decide, nothing
+ * banned), and its KV blocks can cover every position the chained verification and its draft
+ * passes may write (reserved here). Fills nxt, kd_nxt and e->chain_ahead. */
+static bool chain_next(ds_engine *e, const ds_sched_plan *cur, const int32_t *kd_cur,
+                       ds_sched_plan *nxt, int32_t *kd_nxt) {
+    if (!e->runner.chain || !engine_idle(e)) return false;
+    for (int i = 0; i < cur->n_items; i++) {
+        const ds_sched_item *it = &cur->items[i];
+        const ds_sched_seq *q = it->seq;
+        const ds_request *r = q->owner;
+        /* its next rows decide tokens n_generated + 1 + j at least */
+        if (q->state != DS_SCHED_RUNNING || !q->spec || it->n_tokens != 1 || it->n_draft < 1 ||
+            kd_cur[i] < 1 || !ds_spec_argmax_suffices(&r->sampler, r->n_generated + 1))
+            return false;
+    }
+    int n_tokens = 0;
+    for (int i = 0; i < cur->n_items; i++) {
+        const ds_sched_item *it = &cur->items[i];
+        ds_sched_seq *q = it->seq;
+        const int a = it->n_draft + 1; /* positions ahead if cur accepts everything */
+        /* as ds_runner_step_ahead's k_ahead, one step further */
+        const int left = q->max_tokens - (q->n_tokens + a + kd_cur[i] + 1);
+        kd_nxt[i] = drafts_allowed(e, left);
+        const int64_t last = (int64_t)q->n_computed + a + kd_cur[i] +
+                             (kd_nxt[i] > 1 ? kd_nxt[i] - 1 : 0); /* last position written */
+        if (!ds_kv_blocks_append(&e->kv, q->slot, last + 1)) return false;
+        e->chain_ahead[i] = a;
+        nxt->items[i] = (ds_sched_item){.seq = q, .n_tokens = 1, .n_draft = kd_cur[i],
+                                        .wants_logits = true, .fresh_slot = false};
+        n_tokens += 1 + kd_cur[i];
+    }
+    nxt->n_items = cur->n_items;
+    nxt->n_tokens = n_tokens;
+    nxt->n_out = cur->n_items;
+    nxt->n_preempted = 0;
+    return true;
+}
+
+/* A verification accepted on the device is in flight (ds_runner_queue_ahead: plan, k_ahead
+ * drafts per item). While its batch can go on unchanged (chain_next), the next verification is
+ * queued before this one is read; then this one is waited for and accepted on the host, and the
+ * chained one becomes the one in flight. Otherwise this one is waited for and accepted, and the
+ * engine's loop resumes (the scheduler plans the next step). */
+static void run_ahead(ds_engine *e, const ds_sched_plan *plan, int fused) {
+    ds_runner *rn = &e->runner;
+    const ds_sched_plan *cur = plan;
+    const int32_t *kd_cur = e->k_ahead;
+    bool chained = false; /* cur was chained */
+    for (int h = 0;; h ^= 1) {
+        const ds_runner_view v = ds_runner_view_of(rn); /* cur's, before a chain flips halves */
+        ds_sched_plan *nxt = &e->chain_plan[h];
+        int32_t *kd_nxt = e->chain_k[h];
+        const bool chain = chain_next(e, cur, kd_cur, nxt, kd_nxt);
+        ds_error err = {0};
+        ds_status st = DS_OK;
+        if (chain) st = ds_runner_chain_verify(rn, nxt, &e->kv, e->chain_ahead, &err);
+        if (st == DS_OK) st = ds_runner_wait_ahead(rn, &err); /* cur's results */
+        if (st == DS_OK && chain) st = ds_runner_chain_drafts(rn, nxt, &e->kv, kd_nxt, &err);
+        if (st != DS_OK) fprintf(stderr, "deltaserve: speculative step: %s\n", err.msg);
+        e->counters.steps++;
+        e->counters.ban_uploads = rn->ban_uploads;
+        if (st == DS_OK) {
+            e->counters.spec_fused_steps++;
+            e->counters.spec_device_accepts++;
+            if (chained) e->counters.spec_chained_steps++;
+        }
+        accept_step(e, cur, st, &v, fused, true, chained, kd_cur);
+        for (int i = 0; i < cur->n_items; i++)
+            if (e->k_next[i] > 0) ds_sched_seq_set_drafts(cur->items[i].seq, e->k_next[i]);
+        if (st != DS_OK) { /* the chained step's requests are the same: ended above */
+            return;
+        }
+        if (!chain) return;
+        publish_stats(e);
+        cur = nxt;
+        kd_cur = kd_nxt;
+        chained = true;
+        fused = 1;
+    }
+}
+
 /* One speculative step (see the top of this file). */
 static void run_step_spec(ds_engine *e) {
     const ds_sched_plan *plan = ds_scheduler_schedule(&e->sched);
@@ -328,60 +487,23 @@ static void run_step_spec(ds_engine *e) {
             const int left = q->max_tokens - (q->n_tokens + plan->items[i].n_draft + 1);
             e->k_ahead[i] = q->spec ? drafts_allowed(e, left) : 0;
         }
-        st = ds_runner_step_ahead(rn, plan, &e->kv, e->ban_keys, fill_spec_bans, &bctx,
-                                  e->k_ahead, &drafted, &fused, &err);
+        st = ds_runner_queue_ahead(rn, plan, &e->kv, e->ban_keys, fill_spec_bans, &bctx,
+                                   e->k_ahead, &drafted, &fused, &err);
+        if (st == DS_OK && drafted) {
+            run_ahead(e, plan, fused); /* waits, accepts, and goes on while it can */
+            return;
+        }
     } else {
         st = ds_runner_verify(rn, plan, &e->kv, &err);
     }
     e->counters.steps++;
     e->counters.ban_uploads = rn->ban_uploads;
-    if (st == DS_OK && (fused || drafted)) e->counters.spec_fused_steps++;
-    int32_t toks[DS_SPEC_MAX_K + 1];
-    ds_sample_result res[DS_SPEC_MAX_K + 1];
-    for (int i = 0; i < plan->n_items; i++) {
-        const ds_sched_item *it = &plan->items[i];
-        ds_request *r = it->seq->owner;
-        e->k_next[i] = 0;
-        if (st != DS_OK) { /* device failure: the step's requests cannot continue */
-            end_request(e, r, DS_FINISH_NONE, -1);
-            continue;
-        }
-        if (!it->wants_logits) {
-            ds_sched_seq_advance(&r->seq, it->n_tokens, false);
-            continue;
-        }
-        const int row = rn->row0[i], n_rows = 1 + it->n_draft;
-        /* a fused step took only items whose ids suffice (rows below min_tokens banned) */
-        const bool fast = fused || drafted || ds_spec_argmax_suffices(&r->sampler, r->n_generated);
-        float *logits = fast ? NULL : ds_runner_logits(rn, row, n_rows, &err);
-        ds_spec_result vr;
-        if ((!fast && !logits) ||
-            ds_spec_verify(&r->sampler, r->n_generated, ds_runner_drafts(rn, r->seq.slot),
-                           it->n_draft, fast ? rn->ids + row : NULL, logits, e->vocab, toks, res,
-                           &vr, &err) != DS_OK) {
-            end_request(e, r, DS_FINISH_NONE, -1);
-            continue;
-        }
-        if (drafted && vr.reason == DS_FINISH_NONE && vr.n_emitted != rn->dev_m[i]) {
-            /* the device's acceptance placed its drafts for another count: never expected */
-            fprintf(stderr, "deltaserve: speculative step: the device accepted %d tokens where "
-                    "the host accepted %d; request ended\n", rn->dev_m[i], vr.n_emitted);
-            end_request(e, r, DS_FINISH_NONE, -1);
-            continue;
-        }
-        ds_spec_stats_add(&e->counters.spec, it->n_draft, vr.n_accepted);
-        ds_runner_commit(rn, plan, i, vr.n_emitted);
-        ds_sched_seq_advance_spec(&r->seq, it->n_tokens, vr.n_emitted);
-        emit_tokens(e, r, toks, res, &vr);
-        if (r->seq.state == DS_SCHED_RUNNING && r->seq.spec) {
-            int left = r->seq.max_tokens - r->seq.n_tokens; /* tokens it may still emit − 1 */
-            e->k_next[i] = drafted ? e->k_ahead[i] : drafts_allowed(e, left);
-        }
-    }
+    if (st == DS_OK && fused) e->counters.spec_fused_steps++;
+    const ds_runner_view v = ds_runner_view_of(rn);
+    accept_step(e, plan, st, &v, fused, false, false, NULL);
     if (st != DS_OK) return;
-    if (drafted) e->counters.spec_device_accepts++;
     /* drafts for the next step; also fills the MTP's KV over every row this step fed */
-    if (!drafted && ds_runner_draft(rn, plan, &e->kv, e->k_next, &err) != DS_OK) {
+    if (ds_runner_draft(rn, plan, &e->kv, e->k_next, &err) != DS_OK) {
         for (int i = 0; i < plan->n_items; i++) {
             ds_request *r = plan->items[i].seq->owner;
             if (r->seq.state != DS_SCHED_NONE) end_request(e, r, DS_FINISH_NONE, -1);
@@ -525,6 +647,11 @@ static void engine_free_parts(ds_engine *e) {
     ds_state_slots_free(&e->slots);
     free(e->k_next);
     free(e->k_ahead);
+    for (int h = 0; h < 2; h++) {
+        free(e->chain_plan[h].items);
+        free(e->chain_k[h]);
+    }
+    free(e->chain_ahead);
     free(e->ban_keys);
     free(e->ban_item);
     pthread_mutex_destroy(&e->mu);
@@ -565,6 +692,11 @@ ds_status ds_engine_create(ds_model *model, const ds_engine_opts *opts, ds_engin
     e->counters.num_speculative_tokens = e->k;
     e->k_next = ds_xcalloc((size_t)o->max_num_seqs, sizeof(int32_t));
     e->k_ahead = ds_xcalloc((size_t)o->max_num_seqs, sizeof(int32_t));
+    for (int h = 0; e->k > 0 && h < 2; h++) {
+        e->chain_plan[h].items = ds_xcalloc((size_t)o->max_num_seqs, sizeof(ds_sched_item));
+        e->chain_k[h] = ds_xcalloc((size_t)o->max_num_seqs, sizeof(int32_t));
+    }
+    if (e->k > 0) e->chain_ahead = ds_xcalloc((size_t)o->max_num_seqs, sizeof(int32_t));
     const size_t rows = (size_t)o->max_num_seqs * (size_t)(e->k + 1); /* a step's output rows */
     e->ban_keys = ds_xcalloc(rows, sizeof(uint64_t));
     e->ban_item = ds_xcalloc(rows, sizeof(int32_t));

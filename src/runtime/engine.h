@@ -106,6 +106,9 @@ typedef struct ds_engine_stats {
     uint64_t spec_device_accepts; /* verification steps accepted on the device and followed by
                                      their draft passes without a host round trip (runner.h
                                      ds_runner_step_ahead) */
+    uint64_t spec_chained_steps;  /* of those, verifications queued before the host had read
+                                     the one before them (runner.h "chained steps",
+                                     DS_OPT_SPEC_ASYNC) */
     ds_spec_stats spec;           /* drafts, draft tokens, accepted tokens (per position) */
     int graph_shapes_captured;    /* step shapes with a recorded graph (warmup or first use) */
     int graph_shapes_eager;       /* step shapes whose recording failed: they run eagerly */
