@@ -206,6 +206,10 @@ void ds_metrics_render(ds_metrics *m, const ds_engine_stats *st, const char *mod
                 "Verification steps accepted on the device, their draft passes issued before "
                 "the host saw the result (no host round trip between verify and draft).",
                 st->spec_device_accepts);
+        counter(out, L, "spec_chained_verifications_total",
+                "Verification steps queued before the host had read the one before them (the "
+                "device never waits for the host's acceptance; DS_OPT_SPEC_ASYNC).",
+                st->spec_chained_steps);
     }
 
     pthread_mutex_lock(&m->mu);

@@ -1,9 +1,10 @@
 #!/bin/bash
 # The server's greedy speculative verification on CUDA (runner.c ds_runner_step_graphed, the
 # start-up graph warmup): serves the trained demo model (it has an MTP head) with
-# --num-speculative-tokens 0, then 2 (acceptance on the device, runner.h ds_runner_step_ahead),
-# then 2 with DS_OPT_SPEC_DEVICE_ACCEPT=0 (the host accepts), sends the same greedy completions
-# to each, and checks
+# --num-speculative-tokens 0, then 2 (acceptance on the device, runner.h ds_runner_step_ahead,
+# with chained verifications), then 2 with DS_OPT_SPEC_ASYNC=0 (k=2s: not chained), then 2 with
+# DS_OPT_SPEC_DEVICE_ACCEPT=0 (the host accepts), sends the same greedy completions to each, and
+# checks
 # that the texts are identical; prints each server's start-up graph report, the acceptance and
 # graph gauges from /metrics. One request has min_tokens 8 on a prompt after which the demo
 # model wants EOS at once: every server must emit at least 8 tokens, the same ones, and with
@@ -18,12 +19,16 @@ log="$OUT/serve_spec_check.log"
 work=$(mktemp -d)
 trap 'kill $pid 2>/dev/null; rm -rf "$work"' EXIT
 rc=0
-# k = 2 twice: acceptance on the device (the default on CUDA), then DS_OPT_SPEC_DEVICE_ACCEPT=0
-for run in 0 2 2h; do
+# k = 2 three times: acceptance on the device (the default on CUDA) with chained verifications,
+# without (2s), then DS_OPT_SPEC_DEVICE_ACCEPT=0 (2h)
+n_run=0
+for run in 0 2 2s 2h; do
     k=${run:0:1}
-    port=$((18000 + ${#run} * 10 + k))
+    port=$((18000 + n_run * 10 + k))
+    n_run=$((n_run + 1))
     sw=1; [ "$run" = 2h ] && sw=0
-    DS_OPT_SPEC_DEVICE_ACCEPT=$sw timeout 120 "$BIN/deltaserve" serve -m models/qwen35-demo --device "${DS_SSC_DEVICE:-cuda}" --port "$port" \
+    chain=1; [ "$run" = 2s ] && chain=0
+    DS_OPT_SPEC_ASYNC=$chain DS_OPT_SPEC_DEVICE_ACCEPT=$sw timeout 120 "$BIN/deltaserve" serve -m models/qwen35-demo --device "${DS_SSC_DEVICE:-cuda}" --port "$port" \
         --max-num-seqs 4 --max-model-len 1024 --num-speculative-tokens "$k" >"$work/server$run.log" 2>&1 &
     pid=$!
     python3 - "$port" "$work/out$run.json" "${DS_SSC_DEVICE:-cuda}" "$run" <<'EOF' >>"$log" 2>&1 || rc=1
@@ -59,7 +64,7 @@ vals = {}
 for line in metrics.splitlines():
     if line.startswith("#"):
         continue
-    if any(w in line for w in ("graph_shapes", "spec_decode", "acceptance", "ban_uploads", "greedy_steps", "fused_verif", "device_accepts")):
+    if any(w in line for w in ("graph_shapes", "spec_decode", "acceptance", "ban_uploads", "greedy_steps", "fused_verif", "device_accepts", "chained_verif")):
         print(f"  k={tag} {line}")
     name = line.split("{")[0].split(" ")[0]
     vals[name] = float(line.rsplit(" ", 1)[1])
@@ -69,6 +74,9 @@ if tag != "0" and sys.argv[3] == "cuda" and not (vals.get("deltaserve:spec_fused
     sys.exit(1)
 if tag == "2" and sys.argv[3] == "cuda" and not vals.get("deltaserve:spec_device_accepts_total", 0) > 0:
     print("  k=2 FAILED: no verification accepted on the device")
+    sys.exit(1)
+if tag == "2" and sys.argv[3] == "cuda" and not vals.get("deltaserve:spec_chained_verifications_total", 0) > 0:
+    print("  k=2 FAILED: no verification chained")
     sys.exit(1)
 json.dump(outs, open(path, "w"))
 open(path + ".acc", "w").write("%d %d" % (vals.get("vllm:spec_decode_num_accepted_tokens_total", 0),
@@ -90,8 +98,8 @@ if [ -n "${acc2:-}" ] && [ -n "${acc2h:-}" ] && [ $((10 * acc2)) -lt $((9 * acc2
     echo "serve spec check: FAILED (device acceptance accepted under 90 % of the host path's drafts)" >>"$log"
     rc=1
 fi
-if [ -s "$work/out0.json" ] && cmp -s "$work/out0.json" "$work/out2.json" && cmp -s "$work/out0.json" "$work/out2h.json"; then
-    echo "serve spec check: greedy texts with k = 2 (accepted on the device, and on the host: k=2h) identical to k = 0 (3 prompts x 64 tokens, 1 with min_tokens 8)" >>"$log"
+if [ -s "$work/out0.json" ] && cmp -s "$work/out0.json" "$work/out2.json" && cmp -s "$work/out0.json" "$work/out2s.json" && cmp -s "$work/out0.json" "$work/out2h.json"; then
+    echo "serve spec check: greedy texts with k = 2 (accepted on the device chained and not: k=2s, and on the host: k=2h) identical to k = 0 (3 prompts x 64 tokens, 1 with min_tokens 8)" >>"$log"
 else
     echo "serve spec check: FAILED (texts differ or a server did not answer)" >>"$log"
     tail -20 "$work/server2.log" >>"$log"
