@@ -358,6 +358,8 @@ typedef struct greedy_step {
 static ds_status greedy_fused_step(void *ctx, ds_error *err) {
     greedy_step *g = ctx;
     ds_model *m = g->r->model;
+    /* logits rows would be a second lm_head pass nobody reads (and a graph shape of their own) */
+    DS_ASSERT(g->b->n_out == 0);
     ds_status st = ds_model_forward(m, g->r->cache, g->b, err);
     if (st != DS_OK) return st;
     ds_tensor xn = ds_view2d(m->s.normed.data, m->s.normed.dtype, g->b->n_tokens, m->cfg.hidden);
@@ -877,6 +879,7 @@ ds_status ds_runner_chain_verify(ds_runner *r, const ds_sched_plan *plan, const 
     r->batch = build_batch(r, plan, kv, ahead);
     r->n_out = 0;
     ds_batch b = r->batch;
+    b.n_out = 0; /* the forward stops at the final norm: the fused head takes every row */
     greedy_step g = {r, &b, r->ids, r->ids_at};
     const bool graphs = uniform && graph_off_reason(r) == NULL && spec_graphs_ready(r);
     const size_t idx = verify_graph_idx(r, n, d);
