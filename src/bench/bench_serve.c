@@ -418,7 +418,11 @@ static cJSON *level_json(const level_result *r, double rate) {
     return o;
 }
 
-static void git_commit(char *out, size_t cap) {
+static void git_commit(const char *build, char *out, size_t cap) {
+    if (build && build[0] && strcmp(build, "unknown") != 0) {
+        snprintf(out, cap, "%s", build);
+        return;
+    }
     snprintf(out, cap, "unknown");
     FILE *p = popen("git rev-parse HEAD 2>/dev/null", "r");
     if (!p) return;
@@ -512,7 +516,7 @@ int ds_bench_serve_run(const ds_bench_opts *o) {
         goto done;
     }
     char commit[128], date[64];
-    git_commit(commit, sizeof commit);
+    git_commit(o->build_commit, commit, sizeof commit);
     time_t now = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
     cJSON_AddStringToObject(result, "date", date);

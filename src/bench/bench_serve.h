@@ -24,6 +24,8 @@
 
 typedef struct ds_bench_opts {
     const char *base_url;        /* http://127.0.0.1:8000 */
+    const char *build_commit;    /* the client binary's commit (NULL / "unknown": ask git in the
+                                    working directory, whose metadata may be older) */
     const char *model;           /* NULL: the first model of GET /v1/models */
     const char *api_key;         /* NULL: none */
     const char *dataset;         /* "random" | "jsonl" */

@@ -10,6 +10,10 @@
  * draft tokens) and the mean accepted length (1 + accepted / drafts, tokens per verification),
  * printed after the tables and added to --result-json as "spec_decode". The difference covers
  * the whole invocation (every level, and the warm-up request). */
+#ifndef DS_GIT_COMMIT
+#define DS_GIT_COMMIT "unknown" /* set by CMake for the deltaserve target */
+#endif
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -166,6 +170,7 @@ int ds_cmd_bench_serve(int argc, char **argv) {
     ds_bench_opts o;
     ds_bench_opts_default(&o);
     o.api_key = getenv("DELTASERVE_API_KEY");
+    o.build_commit = DS_GIT_COMMIT;
     const char *host = NULL;
     long port = -1;
     bool bad = false;
