@@ -57,6 +57,8 @@ rm -rf .carry/gpu
 mkdir -p .carry/gpu
 tar -C "$STAGE" -cf - $BINS lib |
     xz -9 --lzma2=dict=64MiB -T1 > .carry/gpu/bin.tar.xz
+# the commit the binaries were built from (the device's copy of .git may be older: run_all.sh)
+git describe --always --dirty --abbrev=12 > .carry/gpu/COMMIT
 ls -la .carry/gpu
 ls "$STAGE/lib"
 # what the device tool sends: tracked + untracked-not-ignored files + the carry

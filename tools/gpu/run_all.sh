@@ -39,7 +39,7 @@ fi
 DSENV=(env "LD_LIBRARY_PATH=$BIN/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}")
 export DS_TEST_DATA=$PWD/tests/data
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
-{ echo "commit: $(git rev-parse --short HEAD 2>/dev/null) (dirty tree possible)"; uname -r; } >> "$OUT/gpu.txt"
+{ echo "commit: binaries built from $(cat .carry/gpu/COMMIT 2>/dev/null || echo unknown)"; uname -r; } >> "$OUT/gpu.txt"
 for b in test_cuda_ops test_cuda_model deltaserve; do
     if "${DSENV[@]}" ldd "$BIN/$b" | grep -i "not found" >> "$OUT/gpu.txt"; then log "$b: missing libraries"; fi
 done
