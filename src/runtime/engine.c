@@ -17,7 +17,17 @@
  *   per sequence that wants logits: ds_spec_verify (accept drafts, correction/bonus token),
  *     ds_runner_commit (GDN state of the last accepted token), push the 1..k+1 tokens
  *   ds_runner_draft                    the MTP over the step's rows, k drafts per sequence
- * (runtime/spec.h).
+ * (runtime/spec.h). All-greedy decode verifications go the device way instead (run_ahead):
+ *   ds_runner_queue_ahead(plan)        verify, accept on the device, mark, draft: nothing waits
+ *   then, while the batch goes on unchanged (chain_next: nothing waits for this loop, every item
+ *   drafts and is past min_tokens, KV blocks reserved two steps ahead):
+ *     ds_runner_chain_verify           the NEXT verification, queued before this one is read
+ *     ds_runner_wait_ahead             this one's ids and counts
+ *     ds_runner_chain_drafts           the next one's draft passes
+ *     accept this one on the host      (accept_step; a chained step's tokens are the ids of its
+ *                                      first dev_m rows) and repeat with the next as this one
+ *   so the device never idles for the host's acceptance (runner.h "chained steps"). When an item
+ *   finishes, the queued step's work for it is dropped and the loop returns to the scheduler.
  *
  * A step that is pure greedy decode (every item feeds one token, wants only its argmax: greedy,
  * no penalties, no logprobs) runs through ds_runner_step_greedy_bans when the runner offers it

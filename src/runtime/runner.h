@@ -7,10 +7,10 @@
  * the sequences that want them come back in ONE device → host copy per step.
  *
  * Speculative decoding (ds_runner_init_spec, k > 0; spec.h has the whole step): every sequence
- * slot owns k + 2 GDN state slots of the cache; a verification item feeds [last token, drafts]
- * with the state after each token written to the sequence's spare slots
- * (ds_batch.state_out_slots), ds_runner_commit makes the spare after the last accepted token
- * the current one (an index swap), and ds_runner_draft runs the MTP over the step's rows and
+ * slot owns k + 2 GDN state slots of the cache, used as a ring; a verification item feeds
+ * [last token, drafts] with the state after each token written to the ring's next places
+ * (ds_batch.state_out_slots), ds_runner_commit moves the current slot on to the place after the
+ * last accepted token (no copy), and ds_runner_draft runs the MTP over the step's rows and
  * k − 1 further one-token draft steps, keeping the drafts per slot. The step's greedy decisions
  * come from argmax ids (ds_runner_ids); logits rows are downloaded only for the items that ask
  * (ds_runner_logits).
