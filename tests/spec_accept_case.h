@@ -6,7 +6,8 @@
  * tokens entries hold other ids, so a kernel that ignored token_src would compare the wrong
  * drafts), the target ids come from argmax_logits over one-hot rows with an identity lm_head
  * (so the test chooses them), and the drafts match as: (none), all, the first only, none, all:
- * m = 1, 2, 2, 1, 4. Then
+ * m = 1, 2, 2, 1, 4. The target ids stay on the device (argmax_logits without host ids); the
+ * host reads them and the counts with copy_tokens. Then
  *  - each row's next token (token-buffer entry next_at + row) is read back through token_src and
  *    an identity embedding;
  *  - a batch laid out like the verification with pos_shift / out_shift = its sequence's own
@@ -43,6 +44,7 @@ typedef struct sa_result {
     int32_t gathered[SA_S];   /* the row each lowered out row picked */
     int32_t positions[SA_T];  /* the lowered batch's positions (read_meta) */
     int32_t n_past[SA_S];
+    int32_t ids[SA_T];        /* the target ids, kept on the device only, read by copy_tokens */
     int32_t m2[SA_S];         /* the second spec_accept's counts */
     int32_t ring_positions[SA_T], ring_n_past[SA_S]; /* the ring batch, lowered */
     int32_t ring_slot[SA_S], ring_state_out[SA_T];
@@ -167,8 +169,11 @@ static void sa_run(ds_backend *be, sa_read_meta read_meta, sa_result *res) {
     op->set_batch(be, &vb);
     void *d_tg = sa_one_hot(be, L.target, SA_T);
     ds_tensor x_tg = sa_view(be, d_tg, SA_T, SA_V);
-    op->argmax_logits(be, &x_tg, &head, got, SA_IDS_AT);
-    op->spec_accept(be, SA_IDS_AT, SA_NEXT_AT, SA_M_AT, SA_SHIFT_AT, res->n_emitted);
+    op->argmax_logits(be, &x_tg, &head, NULL, SA_IDS_AT); /* kept on the device only */
+    op->spec_accept(be, SA_IDS_AT, SA_NEXT_AT, SA_M_AT, SA_SHIFT_AT);
+    /* the host's one copy: the target ids and the counts */
+    op->copy_tokens(be, SA_IDS_AT, SA_T, res->ids);
+    op->copy_tokens(be, SA_M_AT, SA_S, res->n_emitted);
     ds_error err = {0};
     (void)op->synchronize(be, &err);
 
@@ -206,7 +211,8 @@ static void sa_run(ds_backend *be, sa_read_meta read_meta, sa_result *res) {
     ds_batch vb2 = vb;
     vb2.pos_shift = pshift;
     op->set_batch(be, &vb2);
-    op->spec_accept(be, SA_IDS_AT, SA_NEXT_AT, SA_M_AT, SA_SHIFT_AT2, res->m2);
+    op->spec_accept(be, SA_IDS_AT, SA_NEXT_AT, SA_M_AT, SA_SHIFT_AT2);
+    op->copy_tokens(be, SA_M_AT, SA_S, res->m2);
     (void)op->synchronize(be, &err);
     int32_t cshift[SA_S], rslot[SA_S], rout[SA_T];
     for (int s = 0; s < SA_S; s++) {
@@ -246,6 +252,7 @@ static int sa_mismatches(const sa_result *res) {
         bad += res->ring_slot[s] != ds_slot_ring_back(sa_ring_slot(s), SA_RING, d2);
         for (int t = L.start[s]; t < L.start[s + 1]; t++) {
             const int j = t - L.start[s];
+            bad += res->ids[t] != L.target[t];
             bad += res->next[t] != L.target[t < last ? t : last];
             bad += res->positions[t] != 10 * (s + 1) + j - (rows - m);
             bad += res->ring_positions[t] != 10 * (s + 1) + j - d2;

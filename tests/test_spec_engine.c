@@ -724,6 +724,20 @@ static void log_gdn(ds_backend *be, ds_cache *c, int layer, const ds_config *cfg
     g_cpu->gdn(be, c, layer, cfg, w, proj, out);
 }
 
+/* Device → host copies of token ids: copy_tokens calls, and argmax_logits with host ids. */
+static int g_copies, g_argmax_host;
+
+static void log_copy_tokens(ds_backend *be, int at, int n, int32_t *host) {
+    g_copies++;
+    g_cpu->copy_tokens(be, at, n, host);
+}
+
+static void log_argmax_logits(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head,
+                              int32_t *ids, int keep_at) {
+    if (ids) g_argmax_host++;
+    g_cpu->argmax_logits(be, x, lm_head, ids, keep_at);
+}
+
 /* Runs request w alone through an engine with the mixers logged; *log / *n receive the log. */
 static void logged_run(fixture *f, const ds_engine_opts *o, const spec *w, result *out,
                        ds_engine_stats *st, uint64_t **log, int *n) {
@@ -731,9 +745,12 @@ static void logged_run(fixture *f, const ds_engine_opts *o, const spec *w, resul
     g_log_ops = *g_cpu;
     g_log_ops.attention = log_attention;
     g_log_ops.gdn = log_gdn;
+    g_log_ops.copy_tokens = log_copy_tokens;
+    g_log_ops.argmax_logits = log_argmax_logits;
     f->be->ops = &g_log_ops;
     g_log = NULL;
     g_log_n = g_log_cap = 0;
+    g_copies = g_argmax_host = 0;
     engine_run(f, o, w, 1, 1, out, st);
     f->be->ops = g_cpu;
     *log = g_log;
@@ -750,7 +767,9 @@ static void logged_run(fixture *f, const ds_engine_opts *o, const spec *w, resul
  * same counts would hide a wrong MTP position (the demo's drafts hardly depend on them), so a
  * request alone also runs with every attention and GDN call logged (positions, tokens, n_past,
  * GDN slots and state-out slots as the ops read them): the unchained run's log must be the
- * start of the chained one's, which only adds the discarded step queued behind the finish.
+ * start of the chained one's, which only adds the discarded step queued behind the finish; and
+ * each step accepted on the device made exactly one device → host copy of token ids (issue 5:
+ * the drafts it verified, its ids and counts in one copy_tokens; no argmax_logits host copy).
  * Without the cumulative shift (passes j ≥ 1 lowered by the chained step's own rejections only)
  * the counts still agreed and the logs differed. */
 static void test_chained_steps(void **state) {
@@ -816,6 +835,7 @@ static void test_chained_steps(void **state) {
         int nc, np;
         logged_run(&f, &o, &w[1], &eng[1], &chain, &lc, &nc);
         expect_same(&w[1], &solo[1], &eng[1], 1, k);
+        const int copies_c = g_copies, argmax_c = g_argmax_host;
         setenv("DS_OPT_SPEC_ASYNC", "0", 1);
         logged_run(&f, &o, &w[1], &eng[1], &plain, &lp, &np);
         unsetenv("DS_OPT_SPEC_ASYNC");
@@ -828,6 +848,18 @@ static void test_chained_steps(void **state) {
         assert_true(chain.spec_chained_steps > 0);
         assert_int_equal(same, np);
         assert_true(nc >= np);
+        /* one device → host copy of ids per step accepted on the device (the chained run also
+         * copies for the step it drops after the finish), no argmax_logits copies at all */
+        printf("  one request k=%d: token copies %d chained / %d unchained for %llu / %llu steps "
+               "accepted on the device; argmax_logits with host ids %d / %d\n",
+               k, copies_c, g_copies, (unsigned long long)chain.spec_device_accepts,
+               (unsigned long long)plain.spec_device_accepts, argmax_c, g_argmax_host);
+        assert_true(plain.spec_device_accepts > 0);
+        assert_int_equal(g_copies, (int)plain.spec_device_accepts);
+        assert_true(copies_c == (int)chain.spec_device_accepts ||
+                    copies_c == (int)chain.spec_device_accepts + 1);
+        assert_int_equal(argmax_c, 0);
+        assert_int_equal(g_argmax_host, 0);
         free(lc);
         free(lp);
     }

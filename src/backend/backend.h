@@ -204,9 +204,15 @@ typedef struct ds_backend_ops {
      * keep_at ≥ 0 also keeps the ids on the device, at entries [keep_at, keep_at + R) of the
      * token buffer (keep_at + R ≤ DS_TOKEN_BUF), for later batches' token_src; −1 keeps none.
      * Several calls may be pending (not yet synchronized) at once, each into its own ids, as
-     * long as at most one of them has keep_at = −1 and their kept ranges do not overlap. */
+     * long as at most one of them has keep_at = −1 and their kept ranges do not overlap.
+     * ids NULL (with keep_at ≥ 0): the ids stay on the device only (copy_tokens reads them). */
     void (*argmax_logits)(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head,
                           int32_t *ids, int keep_at);
+    /* host[0, n) = token-buffer entries [at, at + n) as they are once the ops queued before
+     * this call have run; written by the next synchronize / wait_mark (a device backend copies
+     * them asynchronously, in one copy). At most two calls may be pending at once (two
+     * speculative steps in flight). NULL when the backend has no argmax_logits. */
+    void (*copy_tokens)(ds_backend *be, int at, int n, int32_t *host);
     /* Banned ids of argmax_logits (catalogue item 6: min_tokens masks without host
      * round-trips; NULL when the backend has no argmax_logits). ids [B, n_ban] host, row r
      * padded with -1 (any id outside [0, V) is ignored): from now on argmax_logits row r < B
@@ -228,8 +234,8 @@ typedef struct ds_backend_ops {
      * number of leading drafts equal to the target id of the row before them (the tokens it
      * emits: accepted drafts, then the correction / bonus). Writes token-buffer entry
      * next_at + row = the target id of row min(row, seq_start[s] + m_s − 1), each row's next
-     * token for the MTP pass over the verified rows; token-buffer entry m_at + s = m_s, whose
-     * host copy reaches n_emitted[s] by the next synchronize; shift-table entry
+     * token for the MTP pass over the verified rows; token-buffer entry m_at + s = m_s (the
+     * host reads the ids and counts through copy_tokens); shift-table entry
      * shift_at + 2s = r_s = rows − m_s (the drafts rejected: for the draft passes' pos_shift /
      * out_shift, and a chained verification's) and entry shift_at + 2s + 1 = r_s plus the shift
      * the verification itself was lowered by (its pos_shift entry, 0 when none): where a draft
@@ -237,8 +243,7 @@ typedef struct ds_backend_ops {
      * The entries read must not be among those written. Ranges must fit DS_TOKEN_BUF and
      * DS_SHIFT_TABLE. Finishes (EOS, max_tokens) are the host's: it learns them from the ids
      * and discards what the device drafted past them. */
-    void (*spec_accept)(ds_backend *be, int ids_at, int next_at, int m_at, int shift_at,
-                        int32_t *n_emitted);
+    void (*spec_accept)(ds_backend *be, int ids_at, int next_at, int m_at, int shift_at);
     /* A wait for part of the queued work (NULL: the backend finishes every op before returning,
      * and its host outputs are written at once). mark() notes the current point of the queue;
      * wait_mark() returns once the device has passed the last mark, with the host outputs of the

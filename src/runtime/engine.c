@@ -24,8 +24,8 @@
  *     ds_runner_chain_verify           the NEXT verification, queued before this one is read
  *     ds_runner_wait_ahead             this one's ids and counts
  *     ds_runner_chain_drafts           the next one's draft passes
- *     accept this one on the host      (accept_step; a chained step's tokens are the ids of its
- *                                      first dev_m rows) and repeat with the next as this one
+ *     accept this one on the host      (accept_step, from the step's one host copy: the drafts
+ *                                      it verified, its ids, the device's counts), and repeat
  *   so the device never idles for the host's acceptance (runner.h "chained steps"). When an item
  *   finishes, the queued step's work for it is dropped and the loop returns to the scheduler.
  *
@@ -323,12 +323,11 @@ static int drafts_allowed(const ds_engine *e, int left) {
 /* Host acceptance of one verification (plan; st its status): per item, ds_spec_verify from
  * the view's ids (or from logits), the runner's commit, the scheduler's advance, the tokens out,
  * and e->k_next = its drafts for the next step. drafted: accepted on the device and drafted
- * already (k_drafted drafts per item). chained: queued before the step before it was accepted
- * (runner.h "chained steps"): its drafts never reached the host, so its emitted tokens are the
- * ids of the first dev_m rows, as the device accepted them. Items whose request ended since the
- * step was queued (a chained step's) are skipped: what the device did for them is dropped. */
+ * already (k_drafted drafts per item), its count checked against the device's. Items whose
+ * request ended since the step was queued (a chained step's, runner.h "chained steps") are
+ * skipped: what the device did for them is dropped. */
 static void accept_step(ds_engine *e, const ds_sched_plan *plan, ds_status st,
-                        const ds_runner_view *v, int fused, bool drafted, bool chained,
+                        const ds_runner_view *v, int fused, bool drafted,
                         const int32_t *k_drafted) {
     ds_runner *rn = &e->runner;
     ds_error err = {0};
@@ -351,15 +350,11 @@ static void accept_step(ds_engine *e, const ds_sched_plan *plan, ds_status st,
         /* a fused step took only items whose ids suffice (rows below min_tokens banned) */
         const bool fast = fused || drafted || ds_spec_argmax_suffices(&r->sampler, r->n_generated);
         float *logits = fast ? NULL : ds_runner_logits(rn, row, n_rows, &err);
-        /* chained: the drafts the device accepted are the ids of the rows before them */
-        const int32_t *drafts = chained ? v->ids + row : ds_runner_drafts(rn, r->seq.slot);
-        const int n_draft = chained ? v->dev_m[i] - 1 : it->n_draft;
-        DS_ASSERT(n_draft >= 0 && n_draft <= it->n_draft);
         ds_spec_result vr;
         if ((!fast && !logits) ||
-            ds_spec_verify(&r->sampler, r->n_generated, drafts, n_draft,
-                           fast ? v->ids + row : NULL, logits, e->vocab, toks, res, &vr,
-                           &err) != DS_OK) {
+            ds_spec_verify(&r->sampler, r->n_generated, ds_runner_drafts(rn, r->seq.slot),
+                           it->n_draft, fast ? v->ids + row : NULL, logits, e->vocab, toks, res,
+                           &vr, &err) != DS_OK) {
             end_request(e, r, DS_FINISH_NONE, -1);
             continue;
         }
@@ -459,7 +454,7 @@ static void run_ahead(ds_engine *e, const ds_sched_plan *plan, int fused) {
             e->counters.spec_device_accepts++;
             if (chained) e->counters.spec_chained_steps++;
         }
-        accept_step(e, cur, st, &v, fused, true, chained, kd_cur);
+        accept_step(e, cur, st, &v, fused, true, kd_cur);
         for (int i = 0; i < cur->n_items; i++)
             if (e->k_next[i] > 0) ds_sched_seq_set_drafts(cur->items[i].seq, e->k_next[i]);
         if (st != DS_OK) { /* the chained step's requests are the same: ended above */
@@ -510,7 +505,7 @@ static void run_step_spec(ds_engine *e) {
     e->counters.ban_uploads = rn->ban_uploads;
     if (st == DS_OK && fused) e->counters.spec_fused_steps++;
     const ds_runner_view v = ds_runner_view_of(rn);
-    accept_step(e, plan, st, &v, fused, false, false, NULL);
+    accept_step(e, plan, st, &v, fused, false, NULL);
     if (st != DS_OK) return;
     /* drafts for the next step; also fills the MTP's KV over every row this step fed */
     if (ds_runner_draft(rn, plan, &e->kv, e->k_next, &err) != DS_OK) {

@@ -79,30 +79,35 @@ static bool dev_accept_init(ds_runner *r) {
                     ds_env_switch("DS_OPT_FUSED_ARGMAX", true) && end <= DS_TOKEN_BUF &&
                     4 * S <= DS_SHIFT_TABLE;
     if (!r->dev_accept) return true;
-    r->next_at = (int)(r->k * S + 2 * S * K1);
+    r->next_at = (int)(r->k * S + 2 * S * (K1 + 1));
     r->chain = ds_env_switch("DS_OPT_SPEC_ASYNC", true);
-    r->dev_m_h[0] = calloc((size_t)S, sizeof(int32_t));
-    r->dev_m_h[1] = calloc((size_t)S, sizeof(int32_t));
-    r->ids_h[1] = malloc((size_t)r->max_out * sizeof(int32_t));
+    const size_t snap = (size_t)(r->k * S + 2 * S * (K1 + 1)); /* a half's copy_tokens, at most */
+    for (int h = 0; h < 2; h++) {
+        r->tb_h[h] = calloc(snap, sizeof(int32_t));
+        r->land_slot[h] = malloc((size_t)S * sizeof(int32_t));
+        r->land_k[h] = malloc((size_t)S * sizeof(int32_t));
+        if (!r->tb_h[h] || !r->land_slot[h] || !r->land_k[h]) return false;
+    }
     r->row0_h[1] = malloc((size_t)S * sizeof(int32_t));
     r->pshift = malloc((size_t)S * sizeof(int32_t));
     r->oshift = malloc((size_t)S * sizeof(int32_t));
     r->vshift = malloc((size_t)S * sizeof(int32_t));
     r->last_row = malloc((size_t)S * sizeof(int32_t));
     r->ahead_pos = calloc((size_t)S, sizeof(int32_t));
-    return r->dev_m_h[0] && r->dev_m_h[1] && r->ids_h[1] && r->row0_h[1] && r->pshift &&
-           r->oshift && r->vshift && r->last_row && r->ahead_pos;
+    return r->row0_h[1] && r->pshift && r->oshift && r->vshift && r->last_row && r->ahead_pos;
 }
 
-/* Makes half h current: where the next verification's ids and counts go (runner.h). */
+/* Makes half h current: where the next verification's ids and counts go on the device (after
+ * the drafts' k·S entries, half h's S·(k+1) ids then S counts) and where the host reads them
+ * (in half h's snapshot, at the same offsets) (runner.h). */
 static void use_half(ds_runner *r, int h) {
     const int S = r->max_seqs, K1 = r->k + 1;
     r->vpar = h;
-    r->ids = r->ids_h[h];
+    r->ids_at = r->k * S + h * S * (K1 + 1);
+    r->m_at = r->ids_at + S * K1;
+    r->ids = r->tb_h[h] + r->ids_at;
+    r->dev_m = r->tb_h[h] + r->m_at;
     r->row0 = r->row0_h[h];
-    r->dev_m = r->dev_m_h[h];
-    r->ids_at = r->k * S + h * S * K1;
-    r->m_at = r->next_at + S * K1 + h * S;
     r->shift_at = h * 2 * S;
 }
 
@@ -138,7 +143,7 @@ ds_status ds_runner_init_spec(ds_runner *r, ds_model *m, int max_seqs, int max_t
         r->drafts = calloc(S * K, sizeof(int32_t));
         r->state_out = malloc(T * sizeof(int32_t));
         r->next = malloc(T * sizeof(int32_t));
-        r->ids = r->ids_h[0] = malloc(O * sizeof(int32_t));
+        r->ids = r->ids_h0 = malloc(O * sizeof(int32_t));
         r->row0 = r->row0_h[0] = malloc(S * sizeof(int32_t));
         r->d_order = malloc(S * sizeof(int32_t));
         r->d_k = malloc(S * sizeof(int32_t));
@@ -196,13 +201,13 @@ void ds_runner_free(ds_runner *r) {
     if (r->cache) r->model->be->ops->cache_free(r->model->be, r->cache);
     void *bufs[] = {r->tokens,   r->positions, r->seq_start, r->seq_slot, r->seq_n_past,
                     r->block_table, r->out_rows, r->logits, r->gdn_cur,  r->drafts,
-                    r->state_out, r->next,     r->ids_h[0],  r->row0_h[0], r->d_order,
+                    r->state_out, r->next,     r->ids_h0,    r->row0_h[0], r->d_order,
                     r->d_k,      r->d_tokens,  r->d_pos,     r->d_start,  r->d_slot,
                     r->d_past,   r->d_table,   r->gids,      r->graph_state, r->ban_keys,
                     r->ban_table, r->ban_count, r->dh,   r->token_src, r->dslot, r->dkp,
-                    r->slot_dgen, r->slot_place, r->dev_m_h[0], r->dev_m_h[1], r->pshift,
-                    r->oshift, r->ids_h[1], r->row0_h[1], r->vshift, r->last_row,
-                    r->ahead_pos};
+                    r->slot_dgen, r->slot_place, r->tb_h[0], r->tb_h[1], r->pshift,
+                    r->oshift, r->land_slot[0], r->land_slot[1], r->land_k[0], r->land_k[1],
+                    r->row0_h[1], r->vshift, r->last_row, r->ahead_pos};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     *r = (ds_runner){0};
 }
@@ -310,20 +315,53 @@ static ds_batch build_batch(ds_runner *r, const ds_sched_plan *plan, const ds_kv
     };
 }
 
-/* Every synchronize of a speculative runner: the last draft call's host copies are in dh. */
 static ds_status runner_sync(ds_runner *r, ds_error *err) {
-    ds_status st = r->model->be->ops->synchronize(r->model->be, err);
-    if (st == DS_OK) r->d_pending = false;
-    return st;
+    return r->model->be->ops->synchronize(r->model->be, err);
 }
 
-/* After a synchronize that followed a device-chained draft call: its drafts' host copies (dh)
- * into drafts, where acceptance reads them. */
+/* Drafts of a device-chained draft call into r->drafts, where host acceptance reads them: from
+ * src, a host copy of the token buffer's draft region; n places, place p = slot[p]'s kp[p]
+ * drafts. */
+static void drafts_land_from(ds_runner *r, const int32_t *src, const int32_t *slot,
+                             const int32_t *kp, int n) {
+    for (int p = 0; p < n; p++)
+        for (int j = 0; j < kp[p]; j++)
+            r->drafts[(size_t)slot[p] * (size_t)r->k + (size_t)j] = src[draft_entry(r, j, p)];
+}
+
+/* A step whose acceptance is the host's: queues the host copy of the last draft call's drafts
+ * (one copy_tokens of the draft region) to come with the step's synchronize. */
+static void drafts_fetch(ds_runner *r) {
+    ds_backend *be = r->model->be;
+    if (r->dev_drafts && r->d_unlanded > 0)
+        be->ops->copy_tokens(be, 0, r->k * r->max_seqs, r->dh);
+}
+
+/* After that synchronize: the fetched drafts into r->drafts. */
 static void drafts_land(ds_runner *r) {
-    for (int p = 0; p < r->d_unlanded; p++)
-        for (int j = 0; j < r->dkp[p]; j++)
-            r->drafts[(size_t)r->dslot[p] * (size_t)r->k + (size_t)j] = r->dh[draft_entry(r, j, p)];
+    drafts_land_from(r, r->dh, r->dslot, r->dkp, r->d_unlanded);
     r->d_unlanded = 0;
+}
+
+/* A verification accepted on the device takes over the landing of the last draft call (the
+ * drafts it verifies): its one host copy (copy_tokens from entry 0) holds them, and the call
+ * after it will overwrite dslot / dkp, so they are kept with its half h until it is read. */
+static void land_take(ds_runner *r, int h) {
+    r->land_n[h] = r->d_unlanded;
+    memcpy(r->land_slot[h], r->dslot, (size_t)r->d_unlanded * sizeof(int32_t));
+    memcpy(r->land_k[h], r->dkp, (size_t)r->d_unlanded * sizeof(int32_t));
+    r->d_unlanded = 0;
+}
+
+/* The tail of a verification accepted on the device (current half): spec_accept, then the
+ * step's one device → host copy — the draft region, both halves' ids and counts up to this
+ * half's, into the half's host snapshot (runner.h) — and the half joins those in flight. */
+static void accept_on_device(ds_runner *r) {
+    ds_backend *be = r->model->be;
+    be->ops->spec_accept(be, r->ids_at, r->next_at, r->m_at, r->shift_at);
+    be->ops->copy_tokens(be, 0, r->m_at + r->max_seqs, r->tb_h[r->vpar]);
+    DS_ASSERT(r->n_fly < 2);
+    r->fly[r->n_fly++] = r->vpar;
 }
 
 ds_status ds_runner_step(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
@@ -478,6 +516,7 @@ ds_status ds_runner_verify(ds_runner *r, const ds_sched_plan *plan, const ds_kv_
         ds_tensor lg = ds_view2d(m->s.logits.data, DS_DTYPE_F32, r->n_out, r->vocab);
         op->argmax(m->be, &lg, r->ids);
     }
+    drafts_fetch(r);
     if ((st = runner_sync(r, err)) != DS_OK) return st;
     drafts_land(r);
     return DS_OK;
@@ -598,7 +637,8 @@ static ds_status draft_passes(ds_runner *r, const ds_sched_plan *plan, const ds_
         return st != DS_OK || ahead ? st : runner_sync(r, err);
     }
     const int e0 = draft_entry(r, 0, 0);
-    ds_status st = draft_pass(r, &mb, &m->s.normed, dev ? r->dh + e0 : r->d_tokens, dev ? e0 : -1,
+    /* device chain: the ids stay in the token buffer (no host copy: runner.h) */
+    ds_status st = draft_pass(r, &mb, &m->s.normed, dev ? NULL : r->d_tokens, dev ? e0 : -1,
                               idx0, err);
     if (st != DS_OK) return st;
     if (!dev)
@@ -646,7 +686,7 @@ static ds_status draft_passes(ds_runner *r, const ds_sched_plan *plan, const ds_
         ds_tensor hid = ds_view2d(m->mtp.out_h.data, m->mtp.out_h.dtype, nj, H);
         const long idxj = graphs ? (long)(2 * region + (size_t)nj * (size_t)K1 + (size_t)j) : -1;
         const int ej = draft_entry(r, j, 0);
-        st = draft_pass(r, &db, &hid, dev ? r->dh + ej : r->d_tokens, dev ? ej : -1, idxj, err);
+        st = draft_pass(r, &db, &hid, dev ? NULL : r->d_tokens, dev ? ej : -1, idxj, err);
         if (st != DS_OK) return st;
         if (!dev)
             for (int p = 0; p < nj; p++)
@@ -655,7 +695,7 @@ static ds_status draft_passes(ds_runner *r, const ds_sched_plan *plan, const ds_
     }
     if (!dev) return runner_sync(r, err);
     /* device chain: nothing waits here; the next verification feeds the drafts from the token
-     * buffer and its synchronize brings their host copies (drafts_land) */
+     * buffer, and they reach the host with its one copy (land_take) or drafts_fetch */
     r->dgen++;
     if (r->dgen == 0) r->dgen = 1; /* 0 means "no call yet" */
     for (int p = 0; p < n_d; p++) {
@@ -666,7 +706,6 @@ static ds_status draft_passes(ds_runner *r, const ds_sched_plan *plan, const ds_
         r->slot_place[slot] = p;
     }
     r->d_unlanded = n_d;
-    r->d_pending = true;
     return DS_OK;
 }
 
@@ -788,36 +827,36 @@ static ds_status graphed_step(ds_runner *r, const ds_sched_plan *plan, const ds_
         r->n_out = 0; /* no logits rows: ds_runner_logits must not be asked for this step */
         b = r->batch;
         idx = verify_graph_idx(r, n, d);
-        g.ids = r->ids;
-        /* with dev_accept every verification keeps its ids on the device too (one graph per
-         * shape serves both kinds of step) */
+        /* with dev_accept every verification keeps its ids on the device only (one graph per
+         * shape serves both kinds of step; the host copy is the step's copy_tokens) */
+        g.ids = r->dev_accept ? NULL : r->ids;
         g.keep = r->dev_accept ? r->ids_at : -1;
     }
     b.n_out = 0;
     g.b = &b;
-    /* accepting on the device, this step's draft call rewrites dh and the drafts' token-buffer
-     * entries; the previous call's host copies must be in first (they are the drafts verified
-     * now): normally done by the time the host got here, so this wait is short */
-    ds_status st = ahead && r->d_pending ? runner_sync(r, err) : DS_OK;
-    if (st != DS_OK) return st;
-    st = eager ? greedy_fused_step(&g, err)
-               : ds_step_graph_run(be, r->graph_tag | (uint64_t)idx, &r->graph_state[idx], &b,
-                                   greedy_fused_step, &g, why, err);
+    DS_ASSERT(!ahead || r->n_fly == 0); /* a first step: nothing in flight */
+    if (ahead) land_take(r, r->vpar); /* the drafts verified now come with its copy */
+    ds_status st = eager ? greedy_fused_step(&g, err)
+                         : ds_step_graph_run(be, r->graph_tag | (uint64_t)idx,
+                                             &r->graph_state[idx], &b, greedy_fused_step, &g,
+                                             why, err);
     *graphed = eager ? 0 : r->graph_state[idx];
     if (st == DS_OK && ahead) {
-        /* the backend's batch is still the verification's: accept on the device, mark, queue
-         * the draft passes, and wait only for the mark: the ids and the counts arrive while the
-         * device still drafts. The drafts just verified, which the caller's acceptance reads
-         * from r->drafts, are landed before the new call rewrites dh. */
+        /* the backend's batch is still the verification's: accept on the device (with the
+         * step's one host copy), mark, queue the draft passes, and wait only for the mark: the
+         * ids and the counts arrive while the device still drafts */
         const ds_backend_ops *op = be->ops;
-        op->spec_accept(be, r->ids_at, r->next_at, r->m_at, r->shift_at, r->dev_m);
+        accept_on_device(r);
         if (op->mark) op->mark(be);
-        drafts_land(r);
         memset(r->ahead_pos, 0, (size_t)n * sizeof(int32_t)); /* not chained */
         st = draft_passes(r, plan, kv, k_ahead, true, err);
         if (st == DS_OK && wait) st = ds_runner_wait_ahead(r, err);
         *drafted = st == DS_OK;
-        return st; /* this call's host copies come with a later wait: the next step lands them */
+        return st;
+    }
+    if (st == DS_OK && r->k > 0) {
+        if (r->dev_accept) be->ops->copy_tokens(be, r->ids_at, b.n_tokens, r->ids);
+        drafts_fetch(r);
     }
     if (st == DS_OK) st = runner_sync(r, err);
     if (st == DS_OK && r->k > 0) drafts_land(r);
@@ -851,7 +890,16 @@ ds_status ds_runner_queue_ahead(ds_runner *r, const ds_sched_plan *plan, const d
 
 ds_status ds_runner_wait_ahead(ds_runner *r, ds_error *err) {
     ds_backend *be = r->model->be;
-    return be->ops->wait_mark ? be->ops->wait_mark(be, err) : runner_sync(r, err);
+    DS_ASSERT(r->n_fly > 0);
+    ds_status st = be->ops->wait_mark ? be->ops->wait_mark(be, err) : runner_sync(r, err);
+    if (st != DS_OK) return st;
+    /* the oldest in flight is read: the drafts it verified into r->drafts */
+    const int h = r->fly[0];
+    r->fly[0] = r->fly[1];
+    r->n_fly--;
+    drafts_land_from(r, r->tb_h[h], r->land_slot[h], r->land_k[h], r->land_n[h]);
+    r->land_n[h] = 0;
+    return DS_OK;
 }
 
 /* ---- chained steps (runner.h) ---------------------------------------------------------------- */
@@ -874,13 +922,12 @@ ds_status ds_runner_chain_verify(ds_runner *r, const ds_sched_plan *plan, const 
         return ds_error_set(err, DS_ERR_INTERNAL, "runner: the backend refused an empty ban table");
     memcpy(r->ahead_pos, ahead, (size_t)n * sizeof(int32_t));
     use_half(r, r->vpar ^ 1); /* V(N)'s ids, rows and counts stay readable in the other half */
-    /* the drafts verified now reach the host only as the ids they matched (runner.h) */
-    r->d_unlanded = 0;
+    land_take(r, r->vpar);    /* V(N)'s draft passes: the drafts verified now */
     r->batch = build_batch(r, plan, kv, ahead);
     r->n_out = 0;
     ds_batch b = r->batch;
     b.n_out = 0; /* the forward stops at the final norm: the fused head takes every row */
-    greedy_step g = {r, &b, r->ids, r->ids_at};
+    greedy_step g = {r, &b, NULL, r->ids_at}; /* ids on the device: accept_on_device copies */
     const bool graphs = uniform && graph_off_reason(r) == NULL && spec_graphs_ready(r);
     const size_t idx = verify_graph_idx(r, n, d);
     ds_status st = graphs ? ds_step_graph_run(be, r->graph_tag | (uint64_t)idx,
@@ -888,7 +935,7 @@ ds_status ds_runner_chain_verify(ds_runner *r, const ds_sched_plan *plan, const 
                                               NULL, err)
                           : greedy_fused_step(&g, err);
     if (st != DS_OK) return st;
-    be->ops->spec_accept(be, r->ids_at, r->next_at, r->m_at, r->shift_at, r->dev_m);
+    accept_on_device(r);
     return DS_OK;
 }
 

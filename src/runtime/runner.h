@@ -84,15 +84,15 @@ typedef struct ds_runner {
     ds_batch batch;       /* the step's batch (the MTP re-runs its rows) */
     int n_out;            /* logits rows of the step */
     /* drafts chained on the device (spec.h "draft passes"; dev_drafts): pass j of the drafting
-     * item at place p (d_order) keeps its id at token-buffer entry j·max_seqs + p; its host
-     * copy lands in dh[j·max_seqs + p] at the next synchronize, and ds_runner_verify /
-     * ds_runner_step_graphed / ds_runner_step_ahead move it to drafts (drafts_land) */
+     * item at place p (d_order) keeps its id at token-buffer entry j·max_seqs + p, with no host
+     * copy of its own; they reach the host with the next verification's one copy (accepted on
+     * the device: ds_runner_wait_ahead lands them in drafts), or, when the host accepts it, with
+     * a copy_tokens of the draft region into dh at its synchronize (drafts_fetch / drafts_land) */
     bool dev_drafts;
     int32_t *dh;          /* [k, max_seqs] */
     int32_t *token_src;   /* [max_tokens] the verification's ds_batch.token_src */
     int32_t *dslot, *dkp; /* [max_seqs] slot and draft count per place of the last draft call */
-    int d_unlanded;       /* places of the last draft call whose host copies are not in drafts */
-    bool d_pending;       /* a draft call was queued since the last synchronize */
+    int d_unlanded;       /* places of the last draft call whose drafts are not in drafts */
     uint32_t dgen;        /* draft calls so far (0: none) */
     uint32_t *slot_dgen;  /* [max_seqs] the call that drafted each slot's current drafts */
     int32_t *slot_place;  /* [max_seqs] the slot's place p in that call */
@@ -111,7 +111,17 @@ typedef struct ds_runner {
     bool chain;           /* on (DS_OPT_SPEC_ASYNC, dev_accept, room in the buffers) */
     int vpar;             /* half of the newest verification */
     int shift_at;         /* its shift-table entries (spec_accept shift_at) */
-    int32_t *ids_h[2], *row0_h[2], *dev_m_h[2];
+    int32_t *ids_h0;      /* [max_out] the host ids without dev_accept */
+    int32_t *row0_h[2];
+    /* the step's one device → host copy (copy_tokens of the token buffer from entry 0 up to its
+     * half's counts: the drafts it verified, the ids, the counts), per half; ids and dev_m
+     * point into it. The drafts land in r->drafts when it is read (ds_runner_wait_ahead), for
+     * the places of the draft call that made them, kept per half (the call after it rewrites
+     * dslot / dkp first) */
+    int32_t *tb_h[2];
+    int32_t *land_slot[2], *land_k[2];
+    int land_n[2];
+    int fly[2], n_fly;    /* halves of the verifications in flight, oldest first */
     int32_t *vshift;      /* [max_seqs] a verification's ds_batch.pos_shift (chain: −1s unless
                              chained) */
     int32_t *last_row;    /* [max_seqs] each item's last row in the newest verification */

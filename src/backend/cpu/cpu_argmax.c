@@ -75,14 +75,23 @@ void ds_cpu_op_argmax_logits(ds_backend *be, const ds_tensor *x, const ds_linear
     const int64_t K = lm_head->n_in, V = lm_head->n_out, R = n_rows(x);
     DS_ASSERT(last_dim(x) == K);
     DS_ASSERT(keep_at < 0 || keep_at + R <= DS_TOKEN_BUF);
+    DS_ASSERT(ids || keep_at >= 0);
     if (R == 0) return;
     float *logits = ds_cpu_work(cpu, DS_CPU_WORK_A, (size_t)R * (size_t)V); /* [R, V] */
     ds_cpu_linear_f32(cpu, x->data, R, K, lm_head, logits, V);
     for (int64_t r = 0; r < R; r++) {
         float *row = logits + r * V;
-        ids[r] = r < cpu->ban_rows
-                     ? (int32_t)argmax_row_banned(row, V, cpu->bans + r * cpu->ban_n, cpu->ban_n)
-                     : (int32_t)argmax_row(row, V);
-        if (keep_at >= 0) cpu->tokbuf[keep_at + r] = ids[r];
+        const int32_t id =
+            r < cpu->ban_rows
+                ? (int32_t)argmax_row_banned(row, V, cpu->bans + r * cpu->ban_n, cpu->ban_n)
+                : (int32_t)argmax_row(row, V);
+        if (ids) ids[r] = id;
+        if (keep_at >= 0) cpu->tokbuf[keep_at + r] = id;
     }
+}
+
+void ds_cpu_op_copy_tokens(ds_backend *be, int at, int n, int32_t *host) {
+    ds_cpu *cpu = ds_cpu_of(be);
+    DS_ASSERT(at >= 0 && n >= 0 && at + n <= DS_TOKEN_BUF && (host || n == 0));
+    if (n) memcpy(host, cpu->tokbuf + at, (size_t)n * sizeof(int32_t));
 }

@@ -173,6 +173,7 @@ static const ds_backend_ops cpu_ops = {
     .concat = ds_cpu_op_concat,
     .argmax_logits = ds_cpu_op_argmax_logits,
     .set_argmax_bans = ds_cpu_set_argmax_bans,
+    .copy_tokens = ds_cpu_op_copy_tokens,
     .spec_accept = ds_cpu_op_spec_accept,
 };
 

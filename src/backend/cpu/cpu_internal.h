@@ -112,10 +112,10 @@ void ds_cpu_op_argmax(ds_backend *be, const ds_tensor *logits, int32_t *ids); /*
 void ds_cpu_op_argmax_logits(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head,
                              int32_t *ids, int keep_at);
 bool ds_cpu_set_argmax_bans(ds_backend *be, const int32_t *ids, int B, int n_ban);
+void ds_cpu_op_copy_tokens(ds_backend *be, int at, int n, int32_t *host);
 /* cpu_spec.c: backend.h spec_accept, and set_batch's lowering of a batch with pos_shift /
  * out_shift (cpu->batch then points at cpu->shifted for the lowered arrays). */
-void ds_cpu_op_spec_accept(ds_backend *be, int ids_at, int next_at, int m_at, int shift_at,
-                           int32_t *n_emitted);
+void ds_cpu_op_spec_accept(ds_backend *be, int ids_at, int next_at, int m_at, int shift_at);
 void ds_cpu_shift_batch(ds_cpu *cpu);
 void ds_cpu_op_concat(ds_backend *be, const ds_tensor *a, const ds_tensor *b, ds_tensor *out);
 

@@ -7,8 +7,7 @@
 
 #include "backend/cpu/cpu_internal.h"
 
-void ds_cpu_op_spec_accept(ds_backend *be, int ids_at, int next_at, int m_at, int shift_at,
-                           int32_t *n_emitted) {
+void ds_cpu_op_spec_accept(ds_backend *be, int ids_at, int next_at, int m_at, int shift_at) {
     ds_cpu *cpu = ds_cpu_of(be);
     const ds_batch *b = ds_cpu_batch(cpu);
     const int S = b->n_seqs, T = b->n_tokens;
@@ -33,7 +32,6 @@ void ds_cpu_op_spec_accept(ds_backend *be, int ids_at, int next_at, int m_at, in
         cpu->shift[shift_at + 2 * s] = (r1 - r0) - m;
         cpu->shift[shift_at + 2 * s + 1] = before + (r1 - r0) - m;
         cpu->tokbuf[m_at + s] = m;
-        n_emitted[s] = m;
     }
 }
 

@@ -206,6 +206,8 @@ static void cu_destroy(ds_backend *be) {
             if (c->meta_done[i]) cudaEventDestroy(c->meta_done[i]);
         }
         if (c->h_ids) cudaFreeHost(c->h_ids);
+        for (int i = 0; i < DS_CUDA_COPY_BUFS; i++)
+            if (c->h_copy[i]) cudaFreeHost(c->h_copy[i]);
         if (c->h_tokbuf) cudaFreeHost(c->h_tokbuf);
         if (c->mark_event) cudaEventDestroy(c->mark_event);
         if (c->stream) cudaStreamDestroy(c->stream);
@@ -522,6 +524,7 @@ static const ds_backend_ops cuda_ops = {
     .concat = ds_cuda_op_concat,
     .argmax_logits = ds_cuda_op_argmax_logits,
     .set_argmax_bans = ds_cuda_set_argmax_bans,
+    .copy_tokens = ds_cuda_op_copy_tokens,
     .spec_accept = ds_cuda_op_spec_accept,
     .mark = cu_mark,
     .wait_mark = cu_wait_mark,
@@ -647,6 +650,9 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
     CREATE_CHECK(cudaMemset(c->d_tokbuf, 0, sizeof(int32_t) * DS_TOKEN_BUF));
     CREATE_CHECK(cudaHostAlloc((void **)&c->h_tokbuf, sizeof(int32_t) * DS_TOKEN_BUF,
                                cudaHostAllocDefault));
+    for (int i = 0; i < DS_CUDA_COPY_BUFS; i++)
+        CREATE_CHECK(cudaHostAlloc((void **)&c->h_copy[i], sizeof(int32_t) * DS_TOKEN_BUF,
+                                   cudaHostAllocDefault));
     CREATE_CHECK(cudaMalloc((void **)&c->d_shift, sizeof(int32_t) * DS_SHIFT_TABLE));
     CREATE_CHECK(cudaMemset(c->d_shift, 0, sizeof(int32_t) * DS_SHIFT_TABLE));
     CREATE_CHECK(cudaEventCreateWithFlags(&c->mark_event, cudaEventDisableTiming));

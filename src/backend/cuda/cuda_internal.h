@@ -28,6 +28,7 @@ extern "C" {
 #define DS_CUDA_MAX_SEQS 256         /* sequences per step (S) */
 #define DS_CUDA_META_INTS (1 << 21)  /* int32 batch metadata per step, block table included */
 #define DS_CUDA_META_BUFS 4          /* pinned staging buffers of it, used in turn */
+#define DS_CUDA_COPY_BUFS 4          /* pinned buffers of copy_tokens, used in turn */
 #define DS_CUDA_GEMV_MAX_ROWS 8      /* linear rows served by the GEMV; more go to cuBLASLt */
 #define DS_CUDA_SPLITK_WS_FLOATS (1 << 20) /* fp32 split-K partials of the GEMV */
 #define DS_CUDA_SPLITK_COUNTERS 4096 /* per-launch tile counters (self-resetting) */
@@ -306,6 +307,8 @@ typedef struct ds_cuda_ctx {
     int32_t *h_ids;               /* pinned [DS_CUDA_MAX_TOKENS] */
     int32_t *d_tokbuf;            /* [DS_TOKEN_BUF] the token buffer (backend.h token_src) */
     int32_t *h_tokbuf;            /* pinned [DS_TOKEN_BUF] its ids on their way to the host */
+    int32_t *h_copy[DS_CUDA_COPY_BUFS]; /* pinned [DS_TOKEN_BUF] each: copy_tokens, in turn */
+    int copy_flip;
     int32_t *d_shift;             /* [DS_SHIFT_TABLE] the shift table (backend.h spec_accept) */
     cudaEvent_t mark_event;       /* backend.h mark / wait_mark: the last mark */
     int mark_outs;                /* host outputs pending when it was recorded */

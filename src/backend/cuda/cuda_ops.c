@@ -146,18 +146,39 @@ void ds_cuda_op_argmax_logits(ds_backend *be, const ds_tensor *x, const ds_linea
     DS_ASSERT(R <= DS_CUDA_MAX_TOKENS && N <= (int64_t)DS_CUDA_AMAX_BLOCKS * 16);
     DS_ASSERT(K % 8 == 0 && (uintptr_t)x->data % 16 == 0 && (uintptr_t)w->data % 16 == 0);
     DS_ASSERT(keep_at < 0 || keep_at + R <= DS_TOKEN_BUF);
+    DS_ASSERT(ids || keep_at >= 0);
     if (R == 0) return;
     int32_t *d = keep_at >= 0 ? c->d_tokbuf + keep_at : c->d_ids;
     int32_t *h = keep_at >= 0 ? c->h_tokbuf + keep_at : c->h_ids;
     ds_cuda_argmax_gemv(c, w->data, N, K, x->data, K, (int)R, d);
+    if (!ids) return; /* kept on the device only */
     DS_CU(c, cudaMemcpyAsync(h, d, sizeof(int32_t) * (size_t)R, cudaMemcpyDeviceToHost, c->stream));
     host_out_add(c, ids, h, (int)R);
 }
 
-/* backend.h spec_accept: the kernel (cuda_spec.cu) keeps m per sequence at token-buffer
- * entries m_at.., copied to the host from there as argmax_logits' kept ids are. */
-void ds_cuda_op_spec_accept(ds_backend *be, int ids_at, int next_at, int m_at, int shift_at,
-                            int32_t *n_emitted) {
+/* backend.h copy_tokens: one async copy of the entries into the next of DS_CUDA_COPY_BUFS
+ * pinned buffers (each call its own, so a copy the stream makes for a later step never
+ * overwrites bytes the host has yet to take from an earlier one), delivered at the next wait.
+ * Not in a graph recording: its pinned buffer changes from call to call. */
+void ds_cuda_op_copy_tokens(ds_backend *be, int at, int n, int32_t *host) {
+    ds_cuda_ctx *c = ds_cuda_ctx_of(be);
+    DS_ASSERT(at >= 0 && n >= 0 && at + n <= DS_TOKEN_BUF && (host || n == 0));
+    if (n == 0 || ds_cuda_refuse_in_capture(c, "copy_tokens")) return;
+    int32_t *pin = c->h_copy[c->copy_flip];
+    c->copy_flip = (c->copy_flip + 1) % DS_CUDA_COPY_BUFS;
+    for (int i = 0; i < c->pending.n; i++)
+        if (c->pending.o[i].pinned >= pin && c->pending.o[i].pinned < pin + DS_TOKEN_BUF) {
+            ds_cuda_check(c, cudaErrorInvalidValue, "copy_tokens: too many copies pending",
+                          __FILE__, __LINE__);
+            return;
+        }
+    DS_CU(c, cudaMemcpyAsync(pin, c->d_tokbuf + at, sizeof(int32_t) * (size_t)n,
+                             cudaMemcpyDeviceToHost, c->stream));
+    host_out_add(c, host, pin, n);
+}
+
+/* backend.h spec_accept: the kernel (cuda_spec.cu); the host reads m through copy_tokens. */
+void ds_cuda_op_spec_accept(ds_backend *be, int ids_at, int next_at, int m_at, int shift_at) {
     ds_cuda_ctx *c = ds_cuda_ctx_of(be);
     const int S = c->batch.n_seqs, T = c->batch.n_tokens;
     DS_ASSERT(shift_at >= 0 && shift_at + 2 * S <= DS_SHIFT_TABLE && ids_at >= 0 &&
@@ -165,9 +186,6 @@ void ds_cuda_op_spec_accept(ds_backend *be, int ids_at, int next_at, int m_at, i
               m_at >= 0 && m_at + S <= DS_TOKEN_BUF);
     if (S == 0) return;
     ds_cuda_spec_accept(c, ids_at, next_at, m_at, shift_at);
-    DS_CU(c, cudaMemcpyAsync(c->h_tokbuf + m_at, c->d_tokbuf + m_at, sizeof(int32_t) * (size_t)S,
-                             cudaMemcpyDeviceToHost, c->stream));
-    host_out_add(c, n_emitted, c->h_tokbuf + m_at, S);
 }
 
 /* The banned-id table of argmax_logits (backend.h): header + table packed into pinned staging
