@@ -870,6 +870,81 @@ static void test_chained_steps(void **state) {
     fixture_close(&f);
 }
 
+/* ---- a device failure in the middle of chained steps ------------------------------------ */
+static ds_backend_ops g_fail_ops;
+static int g_sync_calls, g_fail_at;
+
+static ds_status fail_sync(ds_backend *be, ds_error *err) {
+    if (++g_sync_calls == g_fail_at)
+        return ds_error_set(err, DS_ERR_DEVICE, "injected device failure");
+    return g_cpu->synchronize(be, err);
+}
+
+/* Proves: when the device fails while verifications are chained (the CPU backend's
+ * synchronize made to fail once, a dozen steps into a long greedy request), that request ends
+ * aborted, the runner forgets what was in flight, and the engine goes on serving: the next
+ * request comes out as it does alone. (Before ds_runner_drop_inflight the next step asserted
+ * that nothing was in flight and the process aborted.) */
+static void test_chained_failure(void **state) {
+    (void)state;
+    fixture f;
+    fixture_open(&f, "demo");
+    spec w[2];
+    result solo[2], out[2];
+    test_rng g = {0xfa11ull};
+    memset(w, 0, sizeof w);
+    for (int i = 0; i < 2; i++) {
+        w[i].n_prompt = 8 + i;
+        for (int t = 0; t < w[i].n_prompt; t++) w[i].prompt[t] = rnd_int(&g, 0, 5000);
+        ds_sampling_params_init(&w[i].params);
+        w[i].params.temperature = 0.0f;
+        w[i].params.max_tokens = 64;
+        w[i].params.ignore_eos = true;
+        w[i].compare = true;
+    }
+    solo_all(&f, w, 2, solo);
+    setenv("DS_OPT_SPEC_DEVICE_ACCEPT", "1", 1);
+    g_cpu = f.be->ops;
+    g_fail_ops = *g_cpu;
+    g_fail_ops.synchronize = fail_sync;
+    f.be->ops = &g_fail_ops;
+    g_sync_calls = 0;
+    g_fail_at = 12;
+    ds_engine_opts o;
+    base_opts(&o, 2);
+    ds_engine *e;
+    ds_error err = {0};
+    if (ds_engine_create(&f.model, &o, &e, &err) != DS_OK) fail_msg("engine: %s", err.msg);
+    for (int i = 0; i < 2; i++) {
+        ds_request *r = submit_retry(e, &w[i], &out[i]);
+        assert_non_null(r);
+        drain_soft(r, w[i].n_prompt, &out[i]);
+        ds_request_release(r);
+        assert_true(out[i].err[0] == 0);
+        assert_true(out[i].finished);
+    }
+    ds_engine_stats st;
+    ds_engine_get_stats(e, &st);
+    ds_engine_destroy(e);
+    f.be->ops = g_cpu;
+    unsetenv("DS_OPT_SPEC_DEVICE_ACCEPT");
+    printf("  injected failure at synchronize %d of %d: request 0 %d tokens (%s), request 1 %d "
+           "tokens (%s); %llu chained steps, %llu aborted\n",
+           g_fail_at, g_sync_calls, out[0].n,
+           out[0].reason == DS_FINISH_NONE ? "aborted" : ds_finish_reason_name(out[0].reason),
+           out[1].n,
+           out[1].reason == DS_FINISH_NONE ? "aborted" : ds_finish_reason_name(out[1].reason),
+           (unsigned long long)st.spec_chained_steps,
+           (unsigned long long)st.requests_aborted);
+    assert_true(g_sync_calls > g_fail_at);
+    assert_int_equal(out[0].reason, DS_FINISH_NONE); /* aborted by the failure */
+    assert_true(out[0].n < w[0].params.max_tokens);
+    assert_int_equal(st.requests_aborted, 1);
+    assert_true(st.spec_chained_steps > 0);
+    expect_same(&w[1], &solo[1], &out[1], 1, 2);
+    fixture_close(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_options),
@@ -881,6 +956,7 @@ int main(void) {
         cmocka_unit_test(test_min_tokens_bans),
         cmocka_unit_test(test_device_accept),
         cmocka_unit_test(test_chained_steps),
+        cmocka_unit_test(test_chained_failure),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

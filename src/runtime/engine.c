@@ -458,6 +458,7 @@ static void run_ahead(ds_engine *e, const ds_sched_plan *plan, int fused) {
         for (int i = 0; i < cur->n_items; i++)
             if (e->k_next[i] > 0) ds_sched_seq_set_drafts(cur->items[i].seq, e->k_next[i]);
         if (st != DS_OK) { /* the chained step's requests are the same: ended above */
+            ds_runner_drop_inflight(rn);
             return;
         }
         if (!chain) return;
@@ -498,6 +499,7 @@ static void run_step_spec(ds_engine *e) {
             run_ahead(e, plan, fused); /* waits, accepts, and goes on while it can */
             return;
         }
+        if (st != DS_OK) ds_runner_drop_inflight(rn);
     } else {
         st = ds_runner_verify(rn, plan, &e->kv, &err);
     }

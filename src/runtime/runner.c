@@ -902,6 +902,15 @@ ds_status ds_runner_wait_ahead(ds_runner *r, ds_error *err) {
     return DS_OK;
 }
 
+void ds_runner_drop_inflight(ds_runner *r) {
+    ds_error ignored = {0};
+    if (r->n_fly > 0) (void)runner_sync(r, &ignored); /* let the queued work finish */
+    r->n_fly = 0;
+    r->land_n[0] = r->land_n[1] = 0;
+    /* the drafts of the last call reach no host copy now: its sequences were ended */
+    r->d_unlanded = 0;
+}
+
 /* ---- chained steps (runner.h) ---------------------------------------------------------------- */
 
 ds_status ds_runner_chain_verify(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,

@@ -249,6 +249,9 @@ ds_status ds_runner_queue_ahead(ds_runner *r, const ds_sched_plan *plan, const d
 /* Waits for the oldest verification in flight: its ids, rows and counts are readable (at the
  * pointers ds_runner_view gave before anything was chained behind it). */
 ds_status ds_runner_wait_ahead(ds_runner *r, ds_error *err);
+/* After a failed step accepted on the device (its requests are ended): forgets the
+ * verifications in flight, so the runner can take the next step. */
+void ds_runner_drop_inflight(ds_runner *r);
 
 /* What the host reads of a verification (runner.h "chained steps"): valid until the one after
  * the next is queued. */
