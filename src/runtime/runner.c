@@ -63,7 +63,7 @@ static bool greedy_init(ds_runner *r) {
 /* Acceptance on the device (runner.h ds_runner_step_ahead): on with device drafts when the
  * backend has spec_accept, the lm_head + argmax run fused (DS_OPT_FUSED_ARGMAX: the ids can
  * stay on the device), the token buffer has room after the drafts' k·S entries for S·(k+1)
- * ids, S·(k+1) next tokens and S counts, and DS_OPT_SPEC_DEVICE_ACCEPT allows: by default only
+ * ids, S counts and S·(k+1) next tokens, and DS_OPT_SPEC_DEVICE_ACCEPT allows: by default only
  * where verifications run from step graphs (a device backend, whose host work can overlap the
  * device's: the CPU backend finishes every op before the host goes on, so there is nothing to
  * overlap), with =1 on any backend (the tests), with =0 nowhere. A verification whose shape has
@@ -71,17 +71,23 @@ static bool greedy_init(ds_runner *r) {
 static bool dev_accept_init(ds_runner *r) {
     const ds_backend_ops *op = r->model->be->ops;
     const int64_t S = r->max_seqs, K1 = r->k + 1;
-    /* token buffer: the drafts' k·S entries, then two halves of S·(k+1) ids, S·(k+1) next
-     * tokens, two halves of S counts; shift table: two halves of 2·S entries */
-    const int64_t end = r->k * S + 3 * S * K1 + 2 * S;
+    /* token buffer: the drafts' k·S entries, S·(k+1) ids, S counts, S·(k+1) next tokens — one
+     * region each: the ops that read a verification's ids and counts (spec_accept, its
+     * copy_tokens) run right behind it, before the next one writes them, so two in flight
+     * need halves only on the host (the copies) and in the shift table (two halves of 2·S
+     * entries: a chained verification's draft pass 0 reads the shift the one before wrote
+     * after that one's successor wrote its own) */
+    const int64_t end = r->k * S + 2 * S * K1 + S;
     const bool wanted = ds_env_switch("DS_OPT_SPEC_DEVICE_ACCEPT", graph_off_reason(r) == NULL);
     r->dev_accept = wanted && op->spec_accept != NULL && op->argmax_logits != NULL &&
                     ds_env_switch("DS_OPT_FUSED_ARGMAX", true) && end <= DS_TOKEN_BUF &&
                     4 * S <= DS_SHIFT_TABLE;
     if (!r->dev_accept) return true;
-    r->next_at = (int)(r->k * S + 2 * S * (K1 + 1));
+    r->ids_at = (int)(r->k * S);
+    r->m_at = (int)(r->ids_at + S * K1);
+    r->next_at = (int)(r->m_at + S);
     r->chain = ds_env_switch("DS_OPT_SPEC_ASYNC", true);
-    const size_t snap = (size_t)(r->k * S + 2 * S * (K1 + 1)); /* a half's copy_tokens, at most */
+    const size_t snap = (size_t)r->next_at; /* a step's copy_tokens: drafts, ids, counts */
     for (int h = 0; h < 2; h++) {
         r->tb_h[h] = calloc(snap, sizeof(int32_t));
         r->land_slot[h] = malloc((size_t)S * sizeof(int32_t));
@@ -97,18 +103,15 @@ static bool dev_accept_init(ds_runner *r) {
     return r->row0_h[1] && r->pshift && r->oshift && r->vshift && r->last_row && r->ahead_pos;
 }
 
-/* Makes half h current: where the next verification's ids and counts go on the device (after
- * the drafts' k·S entries, half h's S·(k+1) ids then S counts) and where the host reads them
- * (in half h's snapshot, at the same offsets) (runner.h). */
+/* Makes half h current: where the host reads the next verification's ids and counts (half
+ * h's copy of the token buffer, at the device offsets), its rows, and its shift-table half
+ * (runner.h). */
 static void use_half(ds_runner *r, int h) {
-    const int S = r->max_seqs, K1 = r->k + 1;
     r->vpar = h;
-    r->ids_at = r->k * S + h * S * (K1 + 1);
-    r->m_at = r->ids_at + S * K1;
     r->ids = r->tb_h[h] + r->ids_at;
     r->dev_m = r->tb_h[h] + r->m_at;
     r->row0 = r->row0_h[h];
-    r->shift_at = h * 2 * S;
+    r->shift_at = h * 2 * r->max_seqs;
 }
 
 ds_status ds_runner_init(ds_runner *r, ds_model *m, int max_seqs, int max_tokens, int n_blocks,
@@ -354,12 +357,12 @@ static void land_take(ds_runner *r, int h) {
 }
 
 /* The tail of a verification accepted on the device (current half): spec_accept, then the
- * step's one device → host copy — the draft region, both halves' ids and counts up to this
- * half's, into the half's host snapshot (runner.h) — and the half joins those in flight. */
+ * step's one device → host copy — the draft region, the ids and the counts, into the half's
+ * host copy (runner.h) — and the half joins those in flight. */
 static void accept_on_device(ds_runner *r) {
     ds_backend *be = r->model->be;
     be->ops->spec_accept(be, r->ids_at, r->next_at, r->m_at, r->shift_at);
-    be->ops->copy_tokens(be, 0, r->m_at + r->max_seqs, r->tb_h[r->vpar]);
+    be->ops->copy_tokens(be, 0, r->next_at, r->tb_h[r->vpar]);
     DS_ASSERT(r->n_fly < 2);
     r->fly[r->n_fly++] = r->vpar;
 }
@@ -760,10 +763,10 @@ ds_status ds_runner_step_graphed(ds_runner *r, const ds_sched_plan *plan, const 
 /* ds_runner_step_graphed_bans, and with k_ahead ds_runner_step_ahead (*drafted: whether it
  * accepted on the device and drafted). */
 /* Index in r->graph_state (and r's graph keys) of the verification of n items with d drafts
- * each, its ids in the current half (runner.h ds_runner_spec_graph_states). */
+ * each (runner.h ds_runner_spec_graph_states); both halves replay it (the device keeps one
+ * region of ids). */
 static size_t verify_graph_idx(const ds_runner *r, int n, int d) {
-    return (r->vpar ? 3 * ds_runner_spec_graph_region(r) : 0) + (size_t)n * (size_t)(r->k + 1) +
-           (size_t)d;
+    return (size_t)n * (size_t)(r->k + 1) + (size_t)d;
 }
 
 static ds_status graphed_step(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,

@@ -106,8 +106,9 @@ typedef struct ds_runner {
     int32_t *oshift;      /* [max_seqs] a draft pass's ds_batch.out_shift */
     /* chained steps (ds_runner_chain_verify): two verifications in flight, so what the host
      * reads of one (its ids, rows, counts: ids, row0, dev_m point at half vpar of each) and
-     * where the device keeps it (ids_at, m_at, the shift-table half shift_at) come in two
-     * halves, the chained one taking the other half */
+     * its shift-table half (shift_at) come in two halves, the chained one taking the other
+     * half; on the device one region of ids and counts serves both (each verification's
+     * spec_accept and copy run before the next one writes it), so one graph does too */
     bool chain;           /* on (DS_OPT_SPEC_ASYNC, dev_accept, room in the buffers) */
     int vpar;             /* half of the newest verification */
     int shift_at;         /* its shift-table entries (spec_accept shift_at) */
@@ -202,14 +203,13 @@ float *ds_runner_logits(ds_runner *r, int row, int n, ds_error *err);
 /* After acceptance: item i emitted n_emitted tokens; a verification's GDN state becomes the one
  * after its last accepted token. */
 void ds_runner_commit(ds_runner *r, const ds_sched_plan *plan, int i, int n_emitted);
-/* Graph states of a speculative runner (r->graph_state): four regions of
- * (max_seqs + 1)·(k + 1) each — verifications, draft passes 0, draft passes j ≥ 1, and the
- * verifications of the other half (chained steps: their ids go elsewhere). */
+/* Graph states of a speculative runner (r->graph_state): three regions of
+ * (max_seqs + 1)·(k + 1) each — verifications, draft passes 0, draft passes j ≥ 1. */
 static inline size_t ds_runner_spec_graph_region(const ds_runner *r) {
     return ((size_t)r->max_seqs + 1) * (size_t)(r->k + 1);
 }
 static inline size_t ds_runner_spec_graph_states(const ds_runner *r) {
-    return 4 * ds_runner_spec_graph_region(r);
+    return 3 * ds_runner_spec_graph_region(r);
 }
 /* The drafts of slot `slot` (k entries). */
 static inline const int32_t *ds_runner_drafts(const ds_runner *r, int slot) {
