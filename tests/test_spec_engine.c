@@ -863,6 +863,19 @@ static void test_chained_steps(void **state) {
         free(lc);
         free(lp);
     }
+    /* a token budget below what the chain would feed (2 sequences x (1 + k) tokens): the
+     * scheduler cuts one sequence's drafts to fit (1 + 3 and 1 + 1 of 6 at k = 3), the chained
+     * step must fit it too (it feeds what the passes drafted: 3 each) */
+    ds_engine_opts o;
+    base_opts(&o, ACCEPT_K_MAX);
+    o.max_num_seqs = 2;
+    o.max_num_batched_tokens = 2 * ACCEPT_K_MAX;
+    ds_engine_stats tight;
+    engine_run(&f, &o, w, N, 2, eng, &tight);
+    expect_same(w, solo, eng, N, ACCEPT_K_MAX);
+    printf("  budget %d tokens, k=%d: %llu chained of %llu steps\n", o.max_num_batched_tokens,
+           ACCEPT_K_MAX, (unsigned long long)tight.spec_chained_steps,
+           (unsigned long long)tight.steps);
     unsetenv("DS_OPT_SPEC_DEVICE_ACCEPT");
     free(w);
     free(solo);

@@ -389,8 +389,9 @@ static bool engine_idle(ds_engine *e) {
  * from its passes) may be queued now, as nxt with draft counts kd_nxt for the step after it
  * (runner.h "chained steps"): the engine is idle, every item still runs, drafts and is past
  * min_tokens for every row the next verification decides (so the ids alone decide, nothing
- * banned), and its KV blocks can cover every position the chained verification and its draft
- * passes may write (reserved here). Fills nxt, kd_nxt and e->chain_ahead. */
+ * banned), the step fits max_num_batched_tokens, and its KV blocks can cover every position
+ * the chained verification and its draft passes may write (reserved here). Fills nxt, kd_nxt
+ * and e->chain_ahead. */
 static bool chain_next(ds_engine *e, const ds_sched_plan *cur, const int32_t *kd_cur,
                        ds_sched_plan *nxt, int32_t *kd_nxt) {
     if (!e->runner.chain || !engine_idle(e)) return false;
@@ -403,7 +404,10 @@ static bool chain_next(ds_engine *e, const ds_sched_plan *cur, const int32_t *kd
             kd_cur[i] < 1 || !ds_spec_argmax_suffices(&r->sampler, r->n_generated + 1))
             return false;
     }
+    /* the step's token budget (the scheduler cut cur's drafts to it; its passes drafted more) */
     int n_tokens = 0;
+    for (int i = 0; i < cur->n_items; i++) n_tokens += 1 + kd_cur[i];
+    if (n_tokens > e->o.max_num_batched_tokens) return false;
     for (int i = 0; i < cur->n_items; i++) {
         const ds_sched_item *it = &cur->items[i];
         ds_sched_seq *q = it->seq;
@@ -417,7 +421,6 @@ static bool chain_next(ds_engine *e, const ds_sched_plan *cur, const int32_t *kd
         e->chain_ahead[i] = a;
         nxt->items[i] = (ds_sched_item){.seq = q, .n_tokens = 1, .n_draft = kd_cur[i],
                                         .wants_logits = true, .fresh_slot = false};
-        n_tokens += 1 + kd_cur[i];
     }
     nxt->n_items = cur->n_items;
     nxt->n_tokens = n_tokens;
