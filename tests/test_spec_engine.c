@@ -591,6 +591,16 @@ static void test_min_tokens_bans(void **state) {
 #define CHAIN_K_MIN 1
 #endif
 
+/* A greedy request compared with its solo run, its prompt 1..60 random ids below 5000 (drawn
+ * from g in this order); the caller sets max_tokens and the rest. */
+static void greedy_request(spec *s, test_rng *g) {
+    s->n_prompt = rnd_int(g, 1, 60);
+    for (int t = 0; t < s->n_prompt; t++) s->prompt[t] = rnd_int(g, 0, 5000);
+    ds_sampling_params_init(&s->params);
+    s->params.temperature = 0.0f;
+    s->compare = true;
+}
+
 /* Proves: greedy verifications accepted on the device (runner.h ds_runner_step_ahead: the
  * draft passes issued before the host saw the ids, their positions lowered by the rejected
  * drafts) emit exactly the tokens of each request alone, with finishes by max_tokens, EOS and
@@ -616,14 +626,9 @@ static void test_device_accept(void **state) {
         result *solo = calloc(N, sizeof *solo), *eng = calloc(N, sizeof *eng);
         test_rng g = {0xacce97ull};
         for (int i = 0; i < N; i++) {
-            spec *s = &w[i];
-            s->n_prompt = rnd_int(&g, 1, 60);
-            for (int t = 0; t < s->n_prompt; t++) s->prompt[t] = rnd_int(&g, 0, 5000);
-            ds_sampling_params_init(&s->params);
-            s->params.temperature = 0.0f;
-            s->params.max_tokens = i == 0 ? 2 : i == 1 ? 3 : rnd_int(&g, 24, 64);
-            s->params.ignore_eos = i % 3 == 0;
-            s->compare = true;
+            greedy_request(&w[i], &g);
+            w[i].params.max_tokens = i == 0 ? 2 : i == 1 ? 3 : rnd_int(&g, 24, 64);
+            w[i].params.ignore_eos = i % 3 == 0;
         }
         amen_spec(&w[N - 1], N_AMEN, 0, 24); /* ends with EOS after a few tokens */
         solo_all(&f, w, N, solo);
@@ -781,14 +786,9 @@ static void test_chained_steps(void **state) {
     result *solo = calloc(N, sizeof *solo), *eng = calloc(N, sizeof *eng);
     test_rng g = {0xc4a1edull};
     for (int i = 0; i < N; i++) {
-        spec *s = &w[i];
-        s->n_prompt = rnd_int(&g, 1, 60);
-        for (int t = 0; t < s->n_prompt; t++) s->prompt[t] = rnd_int(&g, 0, 5000);
-        ds_sampling_params_init(&s->params);
-        s->params.temperature = 0.0f;
-        s->params.max_tokens = 96;
-        s->params.ignore_eos = true;
-        s->compare = true;
+        greedy_request(&w[i], &g);
+        w[i].params.max_tokens = 96;
+        w[i].params.ignore_eos = true;
     }
     solo_all(&f, w, N, solo);
     /* each ends at a stop id: the first token from output 6 + 2·(i mod 4) on not seen before

@@ -623,8 +623,8 @@ static ds_status draft_passes(ds_runner *r, const ds_sched_plan *plan, const ds_
             uniform = uniform && plan->items[i].n_tokens == 1 && plan->items[i].n_draft == d;
         if (uniform) idx0 = (long)(region + (size_t)n * (size_t)K1 + (size_t)d);
     }
-    /* the previous call's host copies were landed by the verification that fed its drafts
-     * (chained steps never read them: ds_runner_chain_verify dropped them) */
+    /* the previous call's drafts were landed, or handed to the verification that verified them
+     * (land_take), before this call rewrites dslot / dkp */
     DS_ASSERT(r->d_unlanded == 0);
 
     mb.tokens = r->next;

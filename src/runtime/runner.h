@@ -277,8 +277,8 @@ static inline ds_runner_view ds_runner_view_of(const ds_runner *r) {
  * n_draft ≥ 1 drafts (what V(N)'s passes drafted). spec_accept follows (into the other half);
  * nothing waits. ds_runner_chain_drafts then marks and queues V(N + 1)'s draft passes
  * (k_ahead[i] each, positions lowered by both shifts). The host accepts V(N) from
- * ds_runner_view_of taken before the chain call: the emitted tokens are the target ids of its
- * first dev_m[i] rows (V(N)'s drafts never reach the host). Needs r->chain; each item's KV
+ * ds_runner_view_of taken before the chain call, after ds_runner_wait_ahead landed the drafts
+ * it verified (they come with its one host copy). Needs r->chain; each item's KV
  * blocks must cover every position V(N + 1) and its passes may write. */
 ds_status ds_runner_chain_verify(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
                                  const int32_t *ahead, ds_error *err);

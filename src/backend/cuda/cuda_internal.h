@@ -41,8 +41,8 @@ extern "C" {
 #define DS_CUDA_MAX_GRAPHS 64        /* captured step graphs kept at once */
 #define DS_CUDA_PROF_EVENTS 8192     /* kernels timed per profiled step (DS_CUDA_PROFILE) */
 #define DS_CUDA_PROF_ENTRIES 512     /* distinct (kernel, shape) rows of the profile */
-#define DS_CUDA_MAX_OUTS 64          /* host outputs (argmax_logits, spec_accept) pending at
-                                        once: two chained verifications and their draft passes */
+#define DS_CUDA_MAX_OUTS 64          /* host outputs (argmax_logits, copy_tokens) pending at
+                                        once */
 
 /* The batch as the kernels see it: device pointers into one metadata buffer. */
 typedef struct ds_cuda_batch {
