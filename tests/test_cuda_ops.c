@@ -27,6 +27,7 @@
 
 #include "backend/cuda/cuda_internal.h"
 #include "spec_accept_case.h"
+#include "spec_sample_case.h"
 #endif
 
 /* tolerances (relative L2) for bf16 activations against the fp32 CPU backend */
@@ -938,6 +939,37 @@ static void test_spec_accept(void **state) {
 #endif
 }
 
+/* spec_sample (spec_sample_case.h): the CUDA ids against the CPU reference's for the same seeds
+ * (the same counter-based numbers: they differ only where float rounding moves a threshold or
+ * a Gumbel maximum), and the CUDA ids' own distributions (chi-square per row and group). */
+static void test_spec_sample(void **state) {
+    (void)state;
+#ifdef DS_HAVE_CUDA
+    assert_non_null(g_cuda->ops->spec_sample);
+    static ss_case c;
+    ss_case_make(&c);
+    static int32_t ic[SS_T], ig[SS_T];
+    int diff = 0, rows = 0;
+    for (int i = 0; i < 32; i++) {
+        ss_call(g_cpu, &c, 50000 + (uint64_t)i * SS_S, ic);
+        ss_call(g_cuda, &c, 50000 + (uint64_t)i * SS_S, ig);
+        for (int t = 0; t < SS_T; t++) diff += ic[t] != ig[t];
+        rows += SS_T;
+    }
+    static ss_stats st;
+    ss_stats_run(g_cuda, &c, 256, 7, &st);
+    printf("  spec_sample: CUDA ids differ from the CPU's in %d of %d rows; greedy rows off %d\n",
+           diff, rows, st.greedy_wrong);
+    for (int g = 1; g < SS_G; g++)
+        printf("  group %d: z %.2f %.2f %.2f, draft accepted %.4f vs p(d) %.4f\n", g, st.z[g][0],
+               st.z[g][1], st.z[g][2], st.accept0[g], c.p[g][0][c.draft[g][0]]);
+    assert_true(diff * 1000 <= rows); /* ≤ 0.1 % */
+    assert_int_equal(st.greedy_wrong, 0);
+    for (int g = 1; g < SS_G; g++)
+        for (int j = 0; j < SS_ROWS; j++) assert_true(st.z[g][j] < 4.5);
+#endif
+}
+
 /* ---- MoE ------------------------------------------------------------------------------------- */
 
 /* moe_add_rmsnorm (the combine fused with the residual add + RMSNorm, DS_OPT_FUSED_NORM) vs
@@ -1843,6 +1875,7 @@ int main(void) {
         cmocka_unit_test(test_mixers),      cmocka_unit_test(test_model_fixtures),
         cmocka_unit_test(test_argmax_logits), cmocka_unit_test(test_argmax_logits_bans),
         cmocka_unit_test(test_concat),      cmocka_unit_test(test_spec_accept),
+        cmocka_unit_test(test_spec_sample),
         cmocka_unit_test(test_gdn_snapshots), cmocka_unit_test(test_bench),
     };
     /* DS_CUDA_TESTS=name,name… runs a subset (e.g. under compute-sanitizer) */

@@ -264,35 +264,6 @@ static void test_greedy_general_path(void **state) {
 
 /* ---- chi-square ---------------------------------------------------------------------------- */
 
-/* Wilson–Hilferty z of Pearson's X² for counts against expected probabilities (bins with an
- * expected count < 5 are pooled). */
-static double chi2_z(const int *counts, const double *p, int n, int total, int *df_out) {
-    double x2 = 0, pool_e = 0, pool_o = 0;
-    int bins = 0;
-    for (int i = 0; i < n; i++) {
-        double e = p[i] * total;
-        if (e < 5.0) {
-            pool_e += e;
-            pool_o += counts[i];
-            continue;
-        }
-        x2 += (counts[i] - e) * (counts[i] - e) / e;
-        bins++;
-    }
-    if (pool_e > 0) {
-        if (pool_e >= 1.0) {
-            x2 += (pool_o - pool_e) * (pool_o - pool_e) / pool_e;
-            bins++;
-        } else if (pool_o > 5) {
-            x2 += 1e6; /* mass where the target has (almost) none */
-        }
-    }
-    int df = bins - 1 > 0 ? bins - 1 : 1;
-    *df_out = df;
-    double a = 2.0 / (9.0 * df);
-    return (pow(x2 / df, 1.0 / 3.0) - (1.0 - a)) / sqrt(a);
-}
-
 static void softmax_t(const float *logits, int V, double temp, double *p) {
     double m = -INFINITY, s = 0;
     for (int i = 0; i < V; i++) m = fmax(m, logits[i] / temp);
@@ -367,6 +338,7 @@ static void test_rejection_sampling_unit(void **state) {
     int32_t toks[3];
     ds_sample_result res[3];
     for (int i = 0; i < N; i++) {
+        smp.seed = 99 + (uint64_t)i; /* the numbers are the seed's and the position's */
         memcpy(tmp, rows, sizeof(float) * 3 * (size_t)V);
         ds_spec_result r;
         assert_int_equal(ds_spec_verify(&smp, 1, drafts, 2, NULL, tmp, V, toks, res, &r, &err),
@@ -379,16 +351,16 @@ static void test_rejection_sampling_unit(void **state) {
         }
     }
     int df;
-    double z0 = chi2_z(c0, p0, V, N, &df);
+    double z0 = test_chi2_z(c0, p0, V, N, &df);
     printf("  first token: %d draws, z %.2f (df %d); accepted %.4f vs p(d1) %.4f\n", N, z0, df,
            (double)n_acc0 / N, p0[drafts[0]]);
     assert_true(z0 < 4.0);
-    double z1 = chi2_z(c1, p1, V, n_acc0, &df);
+    double z1 = test_chi2_z(c1, p1, V, n_acc0, &df);
     printf("  second token | first accepted: %d draws, z %.2f (df %d)\n", n_acc0, z1, df);
     assert_true(z1 < 4.0);
     /* power: a different temperature is detected */
     softmax_t(rows, V, temp * 1.15, pw);
-    double zw = chi2_z(c0, pw, V, N, &df);
+    double zw = test_chi2_z(c0, pw, V, N, &df);
     printf("  power check (T x 1.15): z %.2f\n", zw);
     assert_true(zw > 4.0);
     /* with the draft always rejected-by-construction (a token of probability ~0) the output is
@@ -400,12 +372,13 @@ static void test_rejection_sampling_unit(void **state) {
     bad[0] = worst;
     memset(c0, 0, sizeof(int) * (size_t)V);
     for (int i = 0; i < N / 2; i++) {
+        smp.seed = 7 * (uint64_t)N + (uint64_t)i;
         memcpy(tmp, rows, sizeof(float) * 2 * (size_t)V);
         ds_spec_result r;
         assert_int_equal(ds_spec_verify(&smp, 1, bad, 1, NULL, tmp, V, toks, res, &r, &err), DS_OK);
         c0[toks[0]]++;
     }
-    z0 = chi2_z(c0, p0, V, N / 2, &df);
+    z0 = test_chi2_z(c0, p0, V, N / 2, &df);
     printf("  unlikely draft: z %.2f\n", z0);
     assert_true(z0 < 4.0);
 
@@ -486,7 +459,7 @@ static void test_rejection_sampling_end_to_end(void **state) {
         ds_sampler_free(&smp);
     }
     int df;
-    double z = chi2_z(cnt, pb, V, n_cond, &df);
+    double z = test_chi2_z(cnt, pb, V, n_cond, &df);
     printf("  end to end: %d of %d runs began with token %d; second token z %.2f (df %d); "
            "draft accepted %.3f vs p %.3f\n",
            n_cond, RUNS, first, z, df, (double)n_acc / n_cond, pb[fd.d[0]]);

@@ -32,6 +32,7 @@
 #include "model/model.h"
 #include "runtime/engine.h"
 #include "runtime/session.h"
+#include "sampling/sampler.h"
 
 #define MAX_PROMPT 256
 #define MAX_OUT 512
@@ -958,6 +959,209 @@ static void test_chained_failure(void **state) {
     fixture_close(&f);
 }
 
+/* ---- sampled verifications on the device (backend.h spec_sample) ----------------------------- */
+
+#ifdef DS_SANITIZE_BUILD
+#define SAMPLED_RUNS 900
+#else
+#define SAMPLED_RUNS 4000
+#endif
+
+/* Proves: sampled requests (temperature, top_k, top_p) verified on the device — spec_sample's
+ * target ids, spec_accept, chained steps, one copy per step — emit tokens distributed as the
+ * target model's processed distribution. The reference distribution is the host sampler's own
+ * (ds_sampler_probs over a plain forward's logits): a request's second token, given its first
+ * (sampled at prefill by the host) was the likeliest one, over `runs` seeded requests (k = 2;
+ * the second token's row holds the MTP's draft) against that distribution by chi-square; and
+ * every verification took the device's sampled path (spec_sampled_steps, no fused greedy
+ * ones). On the tiny fixture the MTP head is random (its drafts are rejected: the residual
+ * draw), on the demo model after a familiar phrase it is mostly right (acceptance). A residual
+ * that kept the draft, or an acceptance test against the wrong row, fails the chi-square. */
+static void sampled_distribution(const char *model, const int32_t *prompt, int np, float temp,
+                                 int runs, bool want_accepts) {
+    fixture f;
+    fixture_open(&f, model);
+    const int V = f.cfg.vocab;
+    spec base;
+    memset(&base, 0, sizeof base);
+    base.n_prompt = np;
+    memcpy(base.prompt, prompt, (size_t)np * sizeof(int32_t));
+    ds_sampling_params_init(&base.params);
+    base.params.temperature = temp;
+    base.params.top_k = 60;
+    base.params.top_p = 0.97f;
+    base.params.max_tokens = 3;
+    base.params.ignore_eos = true;
+    base.params.has_seed = true;
+    /* the reference: the target's processed distributions after the prompt and after
+     * prompt + its likeliest first token */
+    ds_session ss;
+    ds_error err = {0};
+    assert_int_equal(ds_session_init(&ss, &f.model, 1, 64, &err), DS_OK);
+    float *row = malloc(sizeof(float) * (size_t)V);
+    double *pb = malloc(sizeof(double) * (size_t)V);
+    ds_sampler smp;
+    assert_int_equal(ds_sampler_init(&smp, &base.params, V, f.cfg.eos_ids, f.cfg.n_eos, &err), DS_OK);
+    for (int t = 0; t < np; t++)
+        assert_int_equal(ds_session_feed(&ss, 0, &base.prompt[t], 1, false, row, &err), DS_OK);
+    assert_int_equal(ds_sampler_probs(&smp, row, 0, &err), DS_OK);
+    int first = 0;
+    for (int v = 1; v < V; v++)
+        if (row[v] > row[first]) first = v;
+    const double p_first = row[first];
+    assert_int_equal(ds_session_feed(&ss, 0, &first, 1, false, row, &err), DS_OK);
+    assert_int_equal(ds_sampler_probs(&smp, row, 1, &err), DS_OK);
+    int top = 0;
+    for (int v = 0; v < V; v++) {
+        pb[v] = row[v];
+        if (row[v] > row[top]) top = v;
+    }
+    ds_sampler_free(&smp);
+    ds_session_free(&ss);
+
+    ds_engine_opts o;
+    base_opts(&o, 2);
+    setenv("DS_OPT_SPEC_DEVICE_ACCEPT", "1", 1);
+    ds_engine *e;
+    if (ds_engine_create(&f.model, &o, &e, &err) != DS_OK) fail_msg("engine: %s", err.msg);
+    unsetenv("DS_OPT_SPEC_DEVICE_ACCEPT");
+    int *cnt = calloc((size_t)V, sizeof(int));
+    int n_cond = 0;
+    enum { WAVE = 32 };
+    spec w[WAVE];
+    result res[WAVE];
+    ds_request *reqs[WAVE];
+    runs = (runs + WAVE - 1) / WAVE * WAVE;
+    for (int run = 0; run < runs; run += WAVE) {
+        for (int i = 0; i < WAVE; i++) {
+            w[i] = base;
+            w[i].params.seed = 1000 + (uint64_t)(run + i);
+            reqs[i] = submit_retry(e, &w[i], &res[i]);
+        }
+        for (int i = 0; i < WAVE; i++) {
+            assert_non_null(reqs[i]);
+            drain_soft(reqs[i], np, &res[i]);
+            ds_request_release(reqs[i]);
+            if (res[i].err[0]) fail_msg("request: %s", res[i].err);
+            assert_true(res[i].finished && res[i].n == 3);
+            if (res[i].toks[0] != first) continue;
+            n_cond++;
+            cnt[res[i].toks[1]]++;
+        }
+    }
+    ds_engine_stats st;
+    ds_engine_get_stats(e, &st);
+    ds_engine_destroy(e);
+    int df;
+    const double z = test_chi2_z(cnt, pb, V, n_cond, &df);
+    printf("  %s, sampled on the device: %d of %d requests began with token %d (p %.3f); second "
+           "token z %.2f (df %d, its likeliest p %.3f, drawn %.3f); %llu sampled verifications "
+           "(%llu chained), %llu fused; %llu of %llu drafts accepted\n",
+           model, n_cond, runs, first, p_first, z, df, pb[top], cnt[top] / (double)n_cond,
+           (unsigned long long)st.spec_sampled_steps, (unsigned long long)st.spec_chained_steps,
+           (unsigned long long)st.spec_fused_steps, (unsigned long long)st.spec.n_accepted_tokens,
+           (unsigned long long)st.spec.n_draft_tokens);
+    assert_true(n_cond > runs / 10);
+    assert_true(z < 4.5);
+    assert_true(st.spec_sampled_steps > 0 && st.spec_fused_steps == 0);
+    assert_int_equal(st.spec_sampled_steps, st.spec_device_accepts);
+    if (want_accepts) assert_true(st.spec.n_accepted_tokens * 50 > st.spec.n_draft_tokens);
+    free(cnt);
+    free(row);
+    free(pb);
+    fixture_close(&f);
+}
+
+static void test_sampled_distribution(void **state) {
+    (void)state;
+    int32_t prompt[5];
+    test_rng g = {0x5a3b1e};
+    for (int t = 0; t < 5; t++) prompt[t] = rnd_int(&g, 0, 511);
+    sampled_distribution("tiny-moe-mtp", prompt, 5, 0.8f, SAMPLED_RUNS, false);
+    sampled_distribution("demo", AMEN, 6, 1.0f, SAMPLED_RUNS / 2, true);
+}
+
+/* Proves, on the demo model (its MTP head is often right: drafts accepted and rejected), with
+ * sampled requests (temperature; temperature + top_p; temperature + top_k + min_p) and greedy
+ * ones in the same verifications: the greedy requests emit exactly their solo tokens (argmax
+ * rows of spec_sample); a sampled request's tokens depend only on its seed: decided on the
+ * device (chained steps of up to 8 sequences) or by the host's rejection sampling from
+ * downloaded logits (DS_OPT_SPEC_DEVICE_SAMPLE=0, unchained steps of 2), the tokens are the
+ * same — both draw each position's numbers from its seed and position (counter_rng.h) and
+ * invert the same residual CDF, and a step that mixes in a prefill chunk is decided by the host
+ * either way; and the device path decided most steps (spec_sampled_steps; drafts accepted). */
+static void test_sampled_device_steps(void **state) {
+    (void)state;
+    enum { N = 6 };
+    fixture f;
+    fixture_open(&f, "demo");
+    spec *w = calloc(N, sizeof *w);
+    result *solo = calloc(N, sizeof *solo), *a = calloc(N, sizeof *a), *b = calloc(N, sizeof *b);
+    test_rng g = {0x5a3b1ed};
+    for (int i = 0; i < N; i++) {
+        greedy_request(&w[i], &g);
+        w[i].params.max_tokens = rnd_int(&g, 24, 48);
+        w[i].params.ignore_eos = true;
+        if (i % 2 == 0) continue;
+        w[i].compare = false;
+        w[i].params.temperature = i == 1 ? 0.7f : i == 3 ? 0.9f : 1.1f;
+        w[i].params.has_seed = true;
+        w[i].params.seed = 77 + (uint64_t)i;
+        if (i == 3) w[i].params.top_p = 0.9f;
+        if (i == 5) w[i].params.top_k = 20, w[i].params.min_p = 0.05f;
+    }
+    solo_all(&f, w, N, solo);
+    ds_engine_opts o;
+    base_opts(&o, 2);
+    ds_engine_stats sa, sb, sc;
+    setenv("DS_OPT_SPEC_DEVICE_ACCEPT", "1", 1);
+    engine_run(&f, &o, w, N, 2, a, &sa);
+    expect_same(w, solo, a, N, 2);
+    /* the host's rejection sampling from downloaded logits, 2 sequences per step, unchained */
+    o.max_num_seqs = 2;
+    setenv("DS_OPT_SPEC_ASYNC", "0", 1);
+    setenv("DS_OPT_SPEC_DEVICE_SAMPLE", "0", 1);
+    engine_run(&f, &o, w, N, 2, b, &sb);
+    unsetenv("DS_OPT_SPEC_DEVICE_SAMPLE");
+    unsetenv("DS_OPT_SPEC_ASYNC");
+    unsetenv("DS_OPT_SPEC_DEVICE_ACCEPT");
+    expect_same(w, solo, b, N, 2);
+    (void)sc;
+    /* up to the last k + 1 tokens: near max_tokens the device path drafts as if every draft
+     * were accepted (k_ahead) and the host path for the tokens left, so a last row may have a
+     * draft on one path and none on the other, and then its rule differs */
+    int n_same = 0;
+    for (int i = 0; i < N; i++) {
+        const int n_cmp = a[i].n - 3;
+        const bool same = a[i].n == b[i].n &&
+                          !memcmp(a[i].toks, b[i].toks, sizeof(int32_t) * (size_t)n_cmp);
+        n_same += same;
+        if (!same) {
+            int j = 0;
+            while (j < n_cmp && a[i].toks[j] == b[i].toks[j]) j++;
+            printf("  request %d (T %.1f): device and host differ at token %d of %d\n", i,
+                   (double)w[i].params.temperature, j, a[i].n);
+        }
+    }
+    printf("  sampled + greedy on the device: %llu sampled verifications of %llu steps (%llu "
+           "chained), %llu of %llu drafts accepted; host, 2 sequences: %llu of %llu; "
+           "%d of %d requests identical\n",
+           (unsigned long long)sa.spec_sampled_steps, (unsigned long long)sa.steps,
+           (unsigned long long)sa.spec_chained_steps, (unsigned long long)sa.spec.n_accepted_tokens,
+           (unsigned long long)sa.spec.n_draft_tokens, (unsigned long long)sb.spec_sampled_steps,
+           (unsigned long long)sb.steps, n_same, N);
+    assert_int_equal(n_same, N);
+    assert_true(sa.spec_sampled_steps * 2 > sa.steps);
+    assert_int_equal(sb.spec_sampled_steps, 0);
+    assert_true(sa.spec_chained_steps > 0);
+    assert_true(sa.spec.n_accepted_tokens > 0 && sa.spec.n_accepted_tokens < sa.spec.n_draft_tokens);
+    free(w);
+    free(solo);
+    free(a);
+    free(b);
+    fixture_close(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_options),
@@ -970,6 +1174,8 @@ int main(void) {
         cmocka_unit_test(test_device_accept),
         cmocka_unit_test(test_chained_steps),
         cmocka_unit_test(test_chained_failure),
+        cmocka_unit_test(test_sampled_distribution),
+        cmocka_unit_test(test_sampled_device_steps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

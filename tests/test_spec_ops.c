@@ -8,10 +8,16 @@
  *  - the token buffer: argmax_logits with keep_at keeps its ids there, a batch row with
  *    token_src ≥ 0 embeds that id instead of its tokens entry, keep_at = -1 leaves the buffer;
  *  - spec_accept and the pos_shift / out_shift lowering (spec_accept_case.h: the emitted counts,
- *    next tokens, lowered out rows, positions and n_past as specified). */
+ *    next tokens, lowered out rows, positions and n_past as specified);
+ *  - spec_sample (spec_sample_case.h): greedy rows are the argmax; sampled rows, whatever
+ *    their draft (likely, unlikely, outside top_k, none), are distributed as the target's
+ *    processed distribution (chi-square over 16k seeded draws per group), drafts are accepted
+ *    at the rate p(d), a wrong temperature or a missing top_k is detected, and the same seeds
+ *    give the same ids. */
 #include "test_cpu_common.h"
 
 #include "spec_accept_case.h"
+#include "spec_sample_case.h"
 
 typedef struct gdn_fx {
     ds_config cfg;
@@ -250,12 +256,55 @@ static void test_spec_accept(void **state) {
     be->ops->destroy(be);
 }
 
+static void test_spec_sample(void **state) {
+    (void)state;
+    ds_backend *be = tc_backend(1);
+    assert_non_null(be->ops->spec_sample);
+    static ss_case c;
+    ss_case_make(&c);
+    static ss_stats st;
+    ss_stats_run(be, &c, 256, 7, &st); /* 256 · 64 draws per group */
+    assert_int_equal(st.greedy_wrong, 0);
+    for (int g = 1; g < SS_G; g++) {
+        const double pd = c.p[g][0][c.draft[g][0]];
+        const double sd = sqrt(pd * (1 - pd) / st.draws);
+        printf("  group %d (T %.1f top_k %d top_p %.2f min_p %.2f): z %.2f %.2f %.2f; draft "
+               "accepted %.4f vs p(d) %.4f\n", g, (double)ss_params[g].temperature,
+               ss_params[g].top_k, (double)ss_params[g].top_p, (double)ss_params[g].min_p,
+               st.z[g][0], st.z[g][1], st.z[g][2], st.accept0[g], pd);
+        for (int j = 0; j < SS_ROWS; j++) assert_true(st.z[g][j] < 4.5);
+        assert_true(fabs(st.accept0[g] - pd) < 4.5 * sd + 1e-9);
+    }
+    /* power: the counts of the temperature group against T × 1.15, and of the top_k group
+     * against no top_k, are rejected */
+    double pw[SS_V];
+    ds_spec_sampling wrong = ss_params[1];
+    wrong.temperature *= 1.15f;
+    ss_expected(c.logits[1][2], &wrong, pw);
+    const double z_t = test_chi2_z(st.counts[1][2], pw, SS_V, st.draws, NULL);
+    wrong = ss_params[2];
+    wrong.top_k = 0;
+    ss_expected(c.logits[2][2], &wrong, pw);
+    const double z_k = test_chi2_z(st.counts[2][2], pw, SS_V, st.draws, NULL);
+    printf("  power: T x 1.15 z %.1f, top_k off z %.1f\n", z_t, z_k);
+    assert_true(z_t > 4.5 && z_k > 4.5);
+    /* the same seeds, the same ids; other seeds, other ids */
+    static int32_t a[SS_T], b[SS_T], d[SS_T];
+    ss_call(be, &c, 1000, a);
+    ss_call(be, &c, 1000, b);
+    ss_call(be, &c, 2000, d);
+    assert_memory_equal(a, b, sizeof a);
+    assert_true(memcmp(a, d, sizeof a) != 0);
+    be->ops->destroy(be);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gdn_state_snapshots),
         cmocka_unit_test(test_concat),
         cmocka_unit_test(test_token_buffer),
         cmocka_unit_test(test_spec_accept),
+        cmocka_unit_test(test_spec_sample),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

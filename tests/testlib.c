@@ -135,6 +135,32 @@ double test_rel_l2(const float *a, const float *ref, size_t n) {
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
+double test_chi2_z(const int *counts, const double *p, int n, int total, int *df_out) {
+    double x2 = 0, pool_e = 0, pool_o = 0;
+    int bins = 0;
+    for (int i = 0; i < n; i++) {
+        if (p[i] == 0.0 && counts[i] > 0) return 1e6; /* a draw the target never makes */
+        const double e = p[i] * total;
+        if (e < 5.0) {
+            pool_e += e;
+            pool_o += counts[i];
+            continue;
+        }
+        x2 += (counts[i] - e) * (counts[i] - e) / e;
+        bins++;
+    }
+    if (pool_e >= 1.0) {
+        x2 += (pool_o - pool_e) * (pool_o - pool_e) / pool_e;
+        bins++;
+    } else if (pool_o > 5) {
+        return 1e6; /* mass where the target has (almost) none */
+    }
+    const int df = bins - 1 > 0 ? bins - 1 : 1;
+    if (df_out) *df_out = df;
+    const double a = 2.0 / (9.0 * df);
+    return (pow(x2 / df, 1.0 / 3.0) - (1.0 - a)) / sqrt(a);
+}
+
 void *test_backend_from_host(ds_backend *be, const float *vals, size_t n) {
     const ds_dtype dt = be->ops->act_dtype;
     void *d = be->ops->alloc(be, n * ds_dtype_size(dt) + 16);

@@ -58,6 +58,11 @@ int test_for_each_file(const char *dir_path, test_file_fn fn, void *ctx);
 typedef int (*test_fuzz_fn)(const uint8_t *data, size_t size);
 void test_fuzz_truncations(test_fuzz_fn one, const uint8_t *seed, size_t len);
 double test_rel_l2(const float *a, const float *ref, size_t n);
+/* Pearson's X² of counts [n] (total draws) against probabilities p [n], as a Wilson–Hilferty z
+ * (about N(0, 1) when the counts follow p): bins expected below 5 are pooled; any count where p
+ * is exactly 0, or more than 5 draws pooled where less than 1 was expected, gives 1e6. df_out
+ * (may be NULL) gets the degrees of freedom. */
+double test_chi2_z(const int *counts, const double *p, int n, int total, int *df_out);
 
 /* A new buffer of backend be in its activation dtype (F32 or BF16) holding vals [n]. */
 void *test_backend_from_host(ds_backend *be, const float *vals, size_t n);

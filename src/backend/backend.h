@@ -16,6 +16,7 @@
 
 #include <stdint.h>
 
+#include "backend/spec_sampling.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "model/config.h"
@@ -81,6 +82,7 @@ static inline int32_t ds_slot_ring_back(int32_t slot, int R, int32_t d) {
 #define DS_TOKEN_BUF 8192
 /* Entries of every backend's shift table (spec_accept, ds_batch.pos_shift / out_shift). */
 #define DS_SHIFT_TABLE 4096
+
 
 /* Sizes of the per-sequence caches: KV blocks for attention layers, one GDN state slot
  * (conv history + fp32 recurrent state) per slot for linear-attention layers. */
@@ -244,6 +246,36 @@ typedef struct ds_backend_ops {
      * DS_SHIFT_TABLE. Finishes (EOS, max_tokens) are the host's: it learns them from the ids
      * and discards what the device drafted past them. */
     void (*spec_accept)(ds_backend *be, int ids_at, int next_at, int m_at, int shift_at);
+    /* Per-sequence parameters of spec_sample: row s of seqs for the current batch's sequence
+     * s (S ≤ DS_SPEC_SAMPLING_MAX; S = 0 clears). Copied at once, outside any graph recording,
+     * to a fixed backend address that every spec_sample reads (a recorded graph replays with
+     * the current table), ordered after the ops queued before it. NULL when the backend has
+     * no spec_sample. */
+    void (*set_spec_sampling)(ds_backend *be, const ds_spec_sampling *seqs, int S);
+    /* Target ids of a sampled verification, so that spec_accept's leading-match rule is
+     * speculative rejection sampling against deterministic drafts (issue 5: no host round
+     * trip for temperature > 0). The current batch is the verification; logits [T, V] f32 are
+     * its rows (row t = batch row t). Row t of sequence s, whose token sits at position p_t (as
+     * lowered on the device), decides the token at p_t + 1 from P = the sampling table's row
+     * s; its draft d is the token of row t + 1 when that row is in the same sequence, else none.
+     *  - P.temperature ≤ 0: the argmax (lowest id on ties, NaN never wins).
+     *  - else z = logits[t] / P.temperature; survivors: z ≥ max z + log(min_p) when min_p > 0;
+     *    z at least the top_k-th largest z when 0 < top_k < V; and, of those (weights
+     *    w = exp(z − max z), total W), z at least the largest value c such that the survivors
+     *    with z ≥ c weigh ≥ top_p · W when top_p < 1. Ties at a threshold all survive; NaN
+     *    never does. p = w / (their total) over the survivors, 0 elsewhere.
+     *    With the key k = ds_crng_key(P.seed, p_t + 1): a draft d is accepted (id = d) when
+     *    ds_crng_uniform(k, DS_CRNG_ACCEPT) < p(d); otherwise, and for a row without a draft,
+     *    the id is the inverse CDF, in id order, of p with d removed and renormalised at
+     *    u = ds_crng_uniform(k, DS_CRNG_RESIDUAL): the lowest id whose cumulative weight over
+     *    the survivors v ≠ d exceeds u times their total (rounding: the last with weight);
+     *    d itself when no other survivor has weight. The host's rejection rule
+     *    (runtime/spec.c ds_spec_verify) draws the same numbers the same way.
+     * So the emitted tokens are distributed as p row by row (the standard rule for a one-hot
+     * proposal: accept with p(d), else draw from max(0, p − δ_d)). Writes token-buffer entry
+     * ids_at + t for every row (spec_accept's ids_at; the draft entries read must not be among
+     * them). A row whose largest z is not finite gets the plain argmax (0 when all NaN). */
+    void (*spec_sample)(ds_backend *be, const ds_tensor *logits, int ids_at);
     /* A wait for part of the queued work (NULL: the backend finishes every op before returning,
      * and its host outputs are written at once). mark() notes the current point of the queue;
      * wait_mark() returns once the device has passed the last mark, with the host outputs of the

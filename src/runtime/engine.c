@@ -339,6 +339,7 @@ static void engine_free_parts(ds_engine *e) {
     free(e->chain_ahead);
     free(e->ban_keys);
     free(e->ban_item);
+    free(e->samp);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     free(e);
@@ -385,6 +386,7 @@ ds_status ds_engine_create(ds_model *model, const ds_engine_opts *opts, ds_engin
     const size_t rows = (size_t)o->max_num_seqs * (size_t)(e->k + 1); /* a step's output rows */
     e->ban_keys = ds_xcalloc(rows, sizeof(uint64_t));
     e->ban_item = ds_xcalloc(rows, sizeof(int32_t));
+    e->samp = ds_xcalloc((size_t)o->max_num_seqs, sizeof(ds_spec_sampling));
 
     st = ds_runner_init_spec(&e->runner, model, o->max_num_seqs, o->max_num_batched_tokens,
                              (int)n_blocks, o->block_size, (int)max_blocks, e->k, err);

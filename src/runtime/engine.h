@@ -109,6 +109,9 @@ typedef struct ds_engine_stats {
     uint64_t spec_chained_steps;  /* of those, verifications queued before the host had read
                                      the one before them (runner.h "chained steps",
                                      DS_OPT_SPEC_ASYNC) */
+    uint64_t spec_sampled_steps;  /* of those, verifications with sampled (temperature > 0)
+                                     requests decided by spec_sample on the device (their
+                                     fused_steps count only the greedy ones) */
     ds_spec_stats spec;           /* drafts, draft tokens, accepted tokens (per position) */
     int graph_shapes_captured;    /* step shapes with a recorded graph (warmup or first use) */
     int graph_shapes_eager;       /* step shapes whose recording failed: they run eagerly */

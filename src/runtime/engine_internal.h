@@ -39,6 +39,8 @@ struct ds_engine {
                                  item (k = 0) or per verification row (k > 0) */
     int32_t *ban_item;        /* [max_num_seqs · (k + 1)] engine thread (k > 0): plan item of
                                  each verification row */
+    ds_spec_sampling *samp;   /* [max_num_seqs] engine thread (k > 0): a verification's device
+                                 sampling parameters per plan item (ds_runner_set_sampling) */
     uint64_t n_serial;        /* engine thread: serials handed to requests so far */
     ds_request *done;         /* engine thread: finished this round, events not yet delivered */
     ds_engine_stats counters; /* engine thread: the counters part of the stats */

@@ -47,31 +47,51 @@ static void emit_tokens(ds_engine *e, ds_request *r, const int32_t *toks,
     if (vr->reason != DS_FINISH_NONE) ds_engine_end_request(e, r, vr->reason, vr->stop_token);
 }
 
-/* A verification whose every item is a decode (one known token + its drafts) deciding from the
- * argmax ids alone: ds_runner_step_graphed_bans's plan (it checks that the draft counts agree).
- * An item below min_tokens qualifies when the runner bans ids on the device (greedy, no
- * penalties, no logprobs). Fills e->ban_keys per verification row (item i's 1 + n_draft rows
- * after those of the items before it): row j decides output token n_generated + j, so it bans
- * (key = the request's serial) while that is below min_tokens; and e->ban_item, its item. */
+/* A verification whose every item is a decode (one known token + its drafts) decided on the
+ * device: ds_runner_step_graphed_bans's plan (it checks that the draft counts agree). Greedy
+ * items decide from the argmax ids alone; an item below min_tokens qualifies when the runner
+ * bans ids on the device (greedy, no penalties, no logprobs). With the runner's dev_sample,
+ * sampled items whose processed distribution the device knows (ds_spec_sample_suffices)
+ * qualify too: then the whole verification samples on the device (spec_sample; its greedy
+ * items take the argmax there), which bans nothing, so no row may need a ban. Fills
+ * e->ban_keys per verification row (item i's 1 + n_draft rows after those of the items before
+ * it): row j decides output token n_generated + j, so it bans (key = the request's serial)
+ * while that is below min_tokens; e->ban_item, its item; e->samp per item, and tells the
+ * runner which kind of verification this is (ds_runner_set_sampling). */
 static bool spec_graph_plan(ds_engine *e, const ds_sched_plan *plan) {
     const bool bans = ds_runner_device_bans(&e->runner);
-    int row = 0;
+    ds_runner_set_sampling(&e->runner, NULL, 0); /* until this plan qualifies */
+    int row = 0, n_sampled = 0;
+    bool banned = false;
     for (int i = 0; i < plan->n_items; i++) {
         const ds_sched_item *it = &plan->items[i];
         const ds_request *r = it->seq->owner;
         const ds_sampler *smp = &r->sampler;
         if (it->n_tokens != 1 || !it->wants_logits) return false;
-        if (!ds_spec_argmax_suffices(smp, r->n_generated) &&
+        const bool sample = e->runner.dev_sample && ds_spec_sample_suffices(smp, r->n_generated);
+        if (!sample && !ds_spec_argmax_suffices(smp, r->n_generated) &&
             (!bans || !ds_spec_argmax_banned_suffices(smp)))
             return false;
+        n_sampled += sample;
+        e->samp[i] = ds_spec_sampling_of(smp);
         const bool has_bans = smp->n_eos + smp->params.n_stop_token_ids > 0;
         for (int j = 0; j <= it->n_draft; j++, row++) {
             const bool below = r->n_generated + j < smp->params.min_tokens;
             e->ban_keys[row] = below && has_bans ? r->serial : 0;
             e->ban_item[row] = i;
+            banned = banned || e->ban_keys[row] != 0;
         }
     }
-    return plan->n_items > 0;
+    if (plan->n_items == 0 || (n_sampled > 0 && banned)) return false;
+    ds_runner_set_sampling(&e->runner, n_sampled > 0 ? e->samp : NULL, plan->n_items);
+    return true;
+}
+
+/* Whether the device alone decides rows n_generated.. of r in the verifications the runner
+ * queues now (greedy: the argmax ids; sampled verifications: spec_sample too). */
+static bool device_decides(const ds_engine *e, const ds_request *r, int n_generated) {
+    return ds_spec_argmax_suffices(&r->sampler, n_generated) ||
+           (e->runner.sampled && ds_spec_sample_suffices(&r->sampler, n_generated));
 }
 
 typedef struct spec_bans_ctx {
@@ -172,7 +192,7 @@ static bool chain_next(ds_engine *e, const ds_sched_plan *cur, const int32_t *kd
         const ds_request *r = q->owner;
         /* its next rows decide tokens n_generated + 1 + j at least */
         if (q->state != DS_SCHED_RUNNING || !q->spec || it->n_tokens != 1 || it->n_draft < 1 ||
-            kd_cur[i] < 1 || !ds_spec_argmax_suffices(&r->sampler, r->n_generated + 1))
+            kd_cur[i] < 1 || !device_decides(e, r, r->n_generated + 1))
             return false;
     }
     /* the step's token budget (the scheduler cut cur's drafts to it; its passes drafted more) */
@@ -224,7 +244,8 @@ static void run_ahead(ds_engine *e, const ds_sched_plan *plan, int fused) {
         e->counters.steps++;
         e->counters.ban_uploads = rn->ban_uploads;
         if (st == DS_OK) {
-            e->counters.spec_fused_steps++;
+            if (rn->sampled) e->counters.spec_sampled_steps++;
+            else e->counters.spec_fused_steps++;
             e->counters.spec_device_accepts++;
             if (chained) e->counters.spec_chained_steps++;
         }

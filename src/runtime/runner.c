@@ -17,6 +17,7 @@ static atomic_uint g_runner_serial;
  * else uploaded since; otherwise it uploads its own again (bans_sync). */
 static atomic_uint g_bans_setter;
 static atomic_uint g_bans_serial; /* bans_id of the last runner created */
+static atomic_uint g_samp_setter; /* bans_id of the runner that set a sampling table last */
 
 
 /* greedy_mode 3: greedy ids-only steps with the lm_head and the argmax unfused (logits written,
@@ -100,7 +101,28 @@ static bool dev_accept_init(ds_runner *r) {
     r->vshift = malloc((size_t)S * sizeof(int32_t));
     r->last_row = malloc((size_t)S * sizeof(int32_t));
     r->ahead_pos = calloc((size_t)S, sizeof(int32_t));
-    return r->row0_h[1] && r->pshift && r->oshift && r->vshift && r->last_row && r->ahead_pos;
+    /* sampled verifications: every row's logits, then spec_sample (the table holds one row
+     * per sequence of a step) */
+    r->dev_sample = op->spec_sample != NULL && op->set_spec_sampling != NULL &&
+                    S <= DS_SPEC_SAMPLING_MAX && ds_env_switch("DS_OPT_SPEC_DEVICE_SAMPLE", true);
+    if (r->dev_sample) r->samp = malloc((size_t)S * sizeof(ds_spec_sampling));
+    return r->row0_h[1] && r->pshift && r->oshift && r->vshift && r->last_row && r->ahead_pos &&
+           (!r->dev_sample || r->samp);
+}
+
+void ds_runner_set_sampling(ds_runner *r, const ds_spec_sampling *items, int n) {
+    r->sampled = items != NULL;
+    if (!items) return;
+    DS_ASSERT(r->dev_sample && n > 0 && n <= r->max_seqs);
+    const bool same = atomic_load(&g_samp_setter) == r->bans_id && n <= r->samp_n &&
+                      memcmp(r->samp, items, (size_t)n * sizeof *items) == 0;
+    if (same) return;
+    ds_backend *be = r->model->be;
+    memcpy(r->samp, items, (size_t)n * sizeof *items);
+    r->samp_n = n;
+    be->ops->set_spec_sampling(be, items, n);
+    r->samp_uploads++;
+    atomic_store(&g_samp_setter, r->bans_id);
 }
 
 /* Makes half h current: where the host reads the next verification's ids and counts (half
@@ -210,7 +232,7 @@ void ds_runner_free(ds_runner *r) {
                     r->ban_table, r->ban_count, r->dh,   r->token_src, r->dslot, r->dkp,
                     r->slot_dgen, r->slot_place, r->tb_h[0], r->tb_h[1], r->pshift,
                     r->oshift, r->land_slot[0], r->land_slot[1], r->land_k[0], r->land_k[1],
-                    r->row0_h[1], r->vshift, r->last_row, r->ahead_pos};
+                    r->row0_h[1], r->vshift, r->last_row, r->ahead_pos, r->samp};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     *r = (ds_runner){0};
 }
@@ -405,6 +427,20 @@ static ds_status greedy_fused_step(void *ctx, ds_error *err) {
     if (st != DS_OK) return st;
     ds_tensor xn = ds_view2d(m->s.normed.data, m->s.normed.dtype, g->b->n_tokens, m->cfg.hidden);
     m->be->ops->argmax_logits(m->be, &xn, &m->w.lm_head, g->ids, g->keep);
+    return DS_OK;
+}
+
+/* The work of a sampled verification (ds_step_fn; ds_runner_set_sampling): the forward with a
+ * logits row for every row (b->out_rows the identity), then spec_sample's target ids into the
+ * token buffer at g->keep, where spec_accept reads them as it reads the fused head's argmax. */
+static ds_status sampled_verify_step(void *ctx, ds_error *err) {
+    greedy_step *g = ctx;
+    ds_model *m = g->r->model;
+    DS_ASSERT(g->b->n_out == g->b->n_tokens && g->keep >= 0 && !g->ids);
+    ds_status st = ds_model_forward(m, g->r->cache, g->b, err);
+    if (st != DS_OK) return st;
+    ds_tensor lg = ds_view2d(m->s.logits.data, DS_DTYPE_F32, g->b->n_out, m->cfg.vocab);
+    m->be->ops->spec_sample(m->be, &lg, g->keep);
     return DS_OK;
 }
 
@@ -740,10 +776,10 @@ static const char *graph_off_reason(const ds_runner *r) {
     return NULL;
 }
 
-/* Graph states and key tag of a speculative runner, made at first use: three regions of
- * ds_runner_spec_graph_states / 3 states, each indexed n · (k + 1) + d for n sequences: the
- * verifications with d drafts each, the draft passes 0 over them (d drafts verified), and the
- * draft passes j = d ≥ 1 of n sequences. */
+/* Graph states and key tag of a speculative runner, made at first use: four regions of
+ * ds_runner_spec_graph_states / 4 states, each indexed n · (k + 1) + d for n sequences: the
+ * verifications with d drafts each, the draft passes 0 over them (d drafts verified), the
+ * draft passes j = d ≥ 1 of n sequences, and the sampled verifications with d drafts each. */
 static bool spec_graphs_ready(ds_runner *r) {
     if (r->graph_state) return true;
     const size_t n_states = ds_runner_spec_graph_states(r);
@@ -766,7 +802,17 @@ ds_status ds_runner_step_graphed(ds_runner *r, const ds_sched_plan *plan, const 
  * each (runner.h ds_runner_spec_graph_states); both halves replay it (the device keeps one
  * region of ids). */
 static size_t verify_graph_idx(const ds_runner *r, int n, int d) {
-    return (size_t)n * (size_t)(r->k + 1) + (size_t)d;
+    const size_t sampled = r->sampled ? 3 * ds_runner_spec_graph_region(r) : 0;
+    return sampled + (size_t)n * (size_t)(r->k + 1) + (size_t)d;
+}
+
+/* The step function of a verification accepted on the device, and its batch's output rows:
+ * sampled (every row's logits) or greedy (none: the fused head reads the normed rows). */
+static ds_step_fn verify_step_fn(const ds_runner *r, ds_batch *b) {
+    DS_ASSERT(!r->sampled || b->n_out == b->n_tokens);
+    if (r->sampled) return sampled_verify_step;
+    b->n_out = 0; /* the forward stops at the final norm */
+    return greedy_fused_step;
 }
 
 static ds_status graphed_step(ds_runner *r, const ds_sched_plan *plan, const ds_kv_blocks *kv,
@@ -778,6 +824,7 @@ static ds_status graphed_step(ds_runner *r, const ds_sched_plan *plan, const ds_
     /* accept on the device and draft right behind (ds_runner_step_ahead) */
     const bool ahead = r->k > 0 && k_ahead && r->dev_accept;
     DS_ASSERT(!keys || r->k > 0); /* decode steps ban through ds_runner_step_greedy_bans */
+    DS_ASSERT(!r->sampled || ahead); /* sampled steps are accepted on the device (no bans) */
     int unused;
     if (!graphed) graphed = &unused;
     *graphed = 0;
@@ -835,14 +882,15 @@ static ds_status graphed_step(ds_runner *r, const ds_sched_plan *plan, const ds_
         g.ids = r->dev_accept ? NULL : r->ids;
         g.keep = r->dev_accept ? r->ids_at : -1;
     }
-    b.n_out = 0;
+    ds_step_fn fn = greedy_fused_step;
+    if (r->k > 0) fn = verify_step_fn(r, &b);
+    else b.n_out = 0;
     g.b = &b;
     DS_ASSERT(!ahead || r->n_fly == 0); /* a first step: nothing in flight */
     if (ahead) land_take(r, r->vpar); /* the drafts verified now come with its copy */
-    ds_status st = eager ? greedy_fused_step(&g, err)
+    ds_status st = eager ? fn(&g, err)
                          : ds_step_graph_run(be, r->graph_tag | (uint64_t)idx,
-                                             &r->graph_state[idx], &b, greedy_fused_step, &g,
-                                             why, err);
+                                             &r->graph_state[idx], &b, fn, &g, why, err);
     *graphed = eager ? 0 : r->graph_state[idx];
     if (st == DS_OK && ahead) {
         /* the backend's batch is still the verification's: accept on the device (with the
@@ -938,14 +986,13 @@ ds_status ds_runner_chain_verify(ds_runner *r, const ds_sched_plan *plan, const 
     r->batch = build_batch(r, plan, kv, ahead);
     r->n_out = 0;
     ds_batch b = r->batch;
-    b.n_out = 0; /* the forward stops at the final norm: the fused head takes every row */
+    const ds_step_fn fn = verify_step_fn(r, &b); /* the fused head, or logits + spec_sample */
     greedy_step g = {r, &b, NULL, r->ids_at}; /* ids on the device: accept_on_device copies */
     const bool graphs = uniform && graph_off_reason(r) == NULL && spec_graphs_ready(r);
     const size_t idx = verify_graph_idx(r, n, d);
     ds_status st = graphs ? ds_step_graph_run(be, r->graph_tag | (uint64_t)idx,
-                                              &r->graph_state[idx], &b, greedy_fused_step, &g,
-                                              NULL, err)
-                          : greedy_fused_step(&g, err);
+                                              &r->graph_state[idx], &b, fn, &g, NULL, err)
+                          : fn(&g, err);
     if (st != DS_OK) return st;
     accept_on_device(r);
     return DS_OK;

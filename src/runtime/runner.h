@@ -129,6 +129,14 @@ typedef struct ds_runner {
     int32_t *ahead_pos;   /* [max_seqs] a chained verification's items: positions (and GDN
                              ring places) ahead of n_computed when the one before it accepts
                              everything; 0 otherwise */
+    /* sampled verifications on the device (ds_runner_set_sampling; backend spec_sample): the
+     * verification computes every row's logits and spec_sample turns them into the target ids
+     * spec_accept reads, instead of the fused greedy head */
+    bool dev_sample;      /* possible (dev_accept, backend spec_sample, DS_OPT_SPEC_DEVICE_SAMPLE) */
+    bool sampled;         /* the next verifications sample (set by ds_runner_set_sampling) */
+    ds_spec_sampling *samp; /* [max_seqs] the table this runner uploaded last */
+    int samp_n;           /* its rows (0: none yet) */
+    uint64_t samp_uploads; /* set_spec_sampling calls */
 
     /* greedy decode steps (greedy_mode 0: none of these is allocated) */
     int greedy_mode;          /* 0 off, 1 fused argmax (+ graphs when the backend has them),
@@ -192,6 +200,13 @@ ds_status ds_runner_step_greedy_bans(ds_runner *r, const ds_sched_plan *plan,
                                      ds_runner_ban_fn fill, void *ctx, const int32_t **ids,
                                      ds_error *err);
 
+/* Whether the verifications accepted on the device from now on (ds_runner_queue_ahead and the
+ * steps chained to it) sample: items NULL → greedy (the fused head's argmax ids); else item i
+ * of their plans samples with items[i] (backend.h spec_sample; temperature ≤ 0: argmax), n
+ * items. The table is uploaded only when it differs from this runner's last upload or another
+ * runner uploaded since. Needs r->dev_sample for items ≠ NULL. */
+void ds_runner_set_sampling(ds_runner *r, const ds_spec_sampling *items, int n);
+
 /* ---- speculative steps ----------------------------------------------------------------------
  * ds_runner_verify runs the plan: item i feeds its known tokens and then its n_draft drafts
  * (logits rows for all 1 + n_draft of them when it wants logits), and computes the argmax of every
@@ -209,7 +224,7 @@ static inline size_t ds_runner_spec_graph_region(const ds_runner *r) {
     return ((size_t)r->max_seqs + 1) * (size_t)(r->k + 1);
 }
 static inline size_t ds_runner_spec_graph_states(const ds_runner *r) {
-    return 3 * ds_runner_spec_graph_region(r);
+    return 4 * ds_runner_spec_graph_region(r);
 }
 /* The drafts of slot `slot` (k entries). */
 static inline const int32_t *ds_runner_drafts(const ds_runner *r, int slot) {

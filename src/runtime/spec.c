@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/env.h"
+#include "sampling/counter_rng.h"
 
 /* ---- statistics ------------------------------------------------------------------------------ */
 
@@ -61,6 +62,20 @@ bool ds_spec_argmax_suffices(const ds_sampler *s, int n_generated) {
     return ds_spec_argmax_banned_suffices(s) && n_generated >= s->params.min_tokens;
 }
 
+bool ds_spec_sample_suffices(const ds_sampler *s, int n_generated) {
+    const ds_sampling_params *p = &s->params;
+    return !ds_sampling_params_is_greedy(p) && p->logprobs < 0 && p->presence_penalty == 0.0f &&
+           p->frequency_penalty == 0.0f && p->repetition_penalty == 1.0f &&
+           p->n_logit_bias == 0 && n_generated >= p->min_tokens;
+}
+
+ds_spec_sampling ds_spec_sampling_of(const ds_sampler *s) {
+    const ds_sampling_params *p = &s->params;
+    return (ds_spec_sampling){.temperature = s->greedy ? 0.0f : s->temperature,
+                              .top_p = p->top_p, .min_p = p->min_p, .top_k = p->top_k,
+                              .seed = s->seed};
+}
+
 int ds_spec_min_tokens_bans(const ds_sampler *s, int32_t *ids, int cap) {
     const int n_stop = s->params.n_stop_token_ids;
     DS_ASSERT(s->n_eos + n_stop <= cap);
@@ -75,14 +90,15 @@ static void plain_result(ds_sample_result *r, int token) {
     r->token = token;
 }
 
-/* Index drawn from probs[0..n) (sums to ~total) with d excluded: inverse CDF of p − p(d)·δ_d,
- * i.e. the residual distribution max(0, p − q) of a one-hot proposal q = δ_d. Returns d itself
- * only if nothing else has mass (then p(d) was 1 and d is accepted anyway). */
+/* Index drawn from probs[0..n) (sums to ~total) with d excluded (d = −1: none): inverse CDF, in
+ * index order, of p − p(d)·δ_d, i.e. the residual distribution max(0, p − q) of a one-hot
+ * proposal q = δ_d. Returns d itself only if nothing else has mass (then p(d) was 1 and d is
+ * accepted anyway). backend.h spec_sample draws the same way on the device. */
 static int draw_residual(const float *probs, int n, int d, double u) {
     double total = 0.0;
     for (int i = 0; i < n; i++)
         if (i != d) total += probs[i];
-    if (!(total > 0.0)) return d;
+    if (!(total > 0.0)) return d < 0 ? 0 : d;
     double target = u * total, acc = 0.0;
     int last = -1;
     for (int i = 0; i < n; i++) {
@@ -113,19 +129,23 @@ ds_status ds_spec_verify(ds_sampler *s, int n_generated, const int32_t *drafts, 
             tok = target_ids[i];
             plain_result(&res[i], tok);
             accepted = has_draft && tok == d;
-        } else if (greedy || !has_draft) {
-            /* greedy (penalties / min_tokens / logprobs: the sampler decides) or the bonus row */
+        } else if (greedy || !ds_spec_request_ok(&s->params)) {
+            /* greedy with penalties / min_tokens / logprobs, or a sampled request that does not
+             * speculate (logprobs: its one row is a plain decode): the sampler decides */
             if ((st = ds_sampler_sample(s, row, gen, &res[i], err)) != DS_OK) return st;
             tok = res[i].token;
             accepted = has_draft && tok == d;
         } else {
             /* rejection sampling with a deterministic proposal d: accept with p(d), else draw
-             * from the residual (p without d, renormalised) */
+             * from the residual (p without d, renormalised); the bonus row draws from p. The
+             * numbers are the position's (counter_rng.h), as backend.h spec_sample's */
             if ((st = ds_sampler_probs(s, row, gen, err)) != DS_OK) return st;
-            DS_ASSERT(d >= 0 && d < vocab);
-            double u = ds_rng_uniform(&s->rng);
-            accepted = u < (double)row[d];
-            tok = accepted ? d : draw_residual(row, vocab, d, ds_rng_uniform(&s->rng));
+            DS_ASSERT(!has_draft || (d >= 0 && d < vocab));
+            const uint64_t key = ds_crng_key(s->seed, (int64_t)s->n_prompt + gen);
+            accepted = has_draft && (double)ds_crng_uniform(key, DS_CRNG_ACCEPT) < (double)row[d];
+            tok = accepted ? d
+                           : draw_residual(row, vocab, d,
+                                           (double)ds_crng_uniform(key, DS_CRNG_RESIDUAL));
             plain_result(&res[i], tok);
         }
         /* the sampler masks these ids below min_tokens; target ids come from an argmax that

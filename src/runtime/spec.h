@@ -29,6 +29,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend/spec_sampling.h"
 #include "core/status.h"
 #include "runtime/session.h"
 #include "sampling/sampler.h"
@@ -65,6 +66,14 @@ bool ds_spec_argmax_suffices(const ds_sampler *s, int n_generated);
  * excluded from the argmax (catalogue item 6): greedy, no penalties, no logit_bias, no
  * logprobs. */
 bool ds_spec_argmax_banned_suffices(const ds_sampler *s);
+/* True when spec_sample on the device decides rows n_generated.. of a sampled request
+ * (backend.h: speculative rejection sampling without a host round trip): temperature > 0,
+ * no penalties, no logit_bias, no logprobs, min_tokens already reached. temperature, top_k,
+ * top_p and min_p are the device's (ds_spec_sampling_of). */
+bool ds_spec_sample_suffices(const ds_sampler *s, int n_generated);
+/* The device's parameters of a request (spec_sample's table row): its effective temperature
+ * (0 for greedy requests: the argmax), top_k, top_p, min_p, and its seed. */
+ds_spec_sampling ds_spec_sampling_of(const ds_sampler *s);
 /* The ids the sampler bans while a request is below its min_tokens (ds_sampler_apply_min_tokens:
  * its EOS ids, then its stop_token_ids), at most cap of them into ids; returns how many. */
 int ds_spec_min_tokens_bans(const ds_sampler *s, int32_t *ids, int cap);

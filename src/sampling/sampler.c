@@ -67,6 +67,7 @@ ds_status ds_sampler_add_prompt(ds_sampler *s, const int32_t *tokens, int n, ds_
             return ds_error_set(err, DS_ERR_INVALID_ARG,
                                 "prompt token %d (position %d) is outside the vocabulary [0, %d)",
                                 (int)tokens[i], i, s->vocab);
+    s->n_prompt += n;
     if (!s->penalties) return DS_OK;
     for (int i = 0; i < n; i++)
         if (ds_token_counts_add(&s->counts, tokens[i], true) != DS_OK)

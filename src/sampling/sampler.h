@@ -70,6 +70,9 @@ typedef struct ds_sampler {
     bool penalties;            /* any of the three penalties is active */
     ds_token_counts counts;    /* prompt + output history (only kept when penalties) */
     int n_accepted;            /* tokens passed to ds_sampler_accept */
+    int n_prompt;              /* prompt tokens passed to ds_sampler_add_prompt: output token i
+                                  sits at position n_prompt + i (speculative verification keys
+                                  its random numbers by position: runtime/spec.h) */
     float *raw;                /* [vocab] copy of the raw logits; only when logprobs >= 0 */
 } ds_sampler;
 

@@ -210,6 +210,10 @@ void ds_metrics_render(ds_metrics *m, const ds_engine_stats *st, const char *mod
                 "Verification steps queued before the host had read the one before them (the "
                 "device never waits for the host's acceptance; DS_OPT_SPEC_ASYNC).",
                 st->spec_chained_steps);
+        counter(out, L, "spec_sampled_verifications_total",
+                "Verification steps with sampled (temperature > 0) requests whose rejection "
+                "sampling ran on the device (spec_sample; no logits left the device).",
+                st->spec_sampled_steps);
     }
 
     pthread_mutex_lock(&m->mu);

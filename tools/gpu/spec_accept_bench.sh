@@ -2,7 +2,9 @@
 # Acceptance on the device (runner.h ds_runner_step_ahead) on and off, served with
 # --num-speculative-tokens 2 (tools/gpu/run_all.sh part spec_accept_bench; runnable alone):
 # for each model, serve_bench.sh (no offline part) with DS_OPT_SPEC_DEVICE_ACCEPT=1, then =0, twice
-# (SAB_VAR=DS_OPT_SPEC_ASYNC compares chained verifications on / off instead, runner.h)
+# (SAB_VAR=DS_OPT_SPEC_ASYNC compares chained verifications on / off instead, runner.h;
+# SAB_VAR=DS_OPT_SPEC_DEVICE_SAMPLE with SAB_BENCH_ARGS="--temperature 0.8" sampled requests
+# verified on the device (spec_sample) or on the host; SAB_BENCH_ARGS goes to bench serve)
 # (rounds a, b: the spread between rounds shows the noise),
 # at max concurrency 1 and 4, random prompts, ignore_eos; then one table of median TPOT, output
 # throughput and the steps accepted on the device per (model, switch, concurrency).
@@ -29,9 +31,9 @@ run() { # name model dummy in out
         echo "### $name $var=$sw (round $rep)" >> "$log"
         env "$var=$sw" OUT="$OUT/sab-$name-$sw$rep" DS_PART_BUDGET_S=$per \
             DS_SB_MODEL=$model DS_SB_DUMMY=$dummy DS_SB_SPEC=2 DS_SB_OFFLINE=0 \
-            DS_SB_LEVELS="1 4" DS_SB_IN=$in_len DS_SB_OUT_LEN=$out_len DS_SB_MAX_LEN=1024 \
+            DS_SB_BENCH_ARGS="${SAB_BENCH_ARGS:-}" DS_SB_LEVELS="1 4" DS_SB_IN=$in_len DS_SB_OUT_LEN=$out_len DS_SB_MAX_LEN=1024 \
             BIN=$BIN bash tools/gpu/serve_bench.sh >> "$log" 2>&1 || rc_all=1
-        grep -E '^(deltaserve:(engine_steps_total|spec_device_accepts_total|spec_chained_verifications_total|generation_tokens_total)|vllm:spec_decode_num_(drafts|accepted_tokens)_total)' \
+        grep -E '^(deltaserve:(engine_steps_total|spec_device_accepts_total|spec_chained_verifications_total|spec_sampled_verifications_total|generation_tokens_total)|vllm:spec_decode_num_(drafts|accepted_tokens)_total)' \
             "$OUT/sab-$name-$sw$rep/serve_bench.log" | sed "s/^/  $name $sw$rep: /" >> "$log"
     done; done
 }

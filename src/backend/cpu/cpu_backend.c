@@ -175,6 +175,8 @@ static const ds_backend_ops cpu_ops = {
     .set_argmax_bans = ds_cpu_set_argmax_bans,
     .copy_tokens = ds_cpu_op_copy_tokens,
     .spec_accept = ds_cpu_op_spec_accept,
+    .set_spec_sampling = ds_cpu_set_spec_sampling,
+    .spec_sample = ds_cpu_op_spec_sample,
 };
 
 ds_status ds_backend_cpu_create(int n_threads, ds_backend **out, ds_error *err) {

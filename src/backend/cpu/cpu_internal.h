@@ -43,6 +43,9 @@ typedef struct ds_cpu {
     int32_t tokbuf[DS_TOKEN_BUF];
     /* the shift table (backend.h DS_SHIFT_TABLE): spec_accept's rejected drafts per sequence */
     int32_t shift[DS_SHIFT_TABLE];
+    /* spec_sample's per-sequence parameters (set_spec_sampling) */
+    ds_spec_sampling samp[DS_SPEC_SAMPLING_MAX];
+    int samp_n;
     /* a batch with pos_shift / out_shift points its positions [T], seq_n_past [S] and out_rows
      * [n_out] here, lowered (cpu_spec.c ds_cpu_shift_batch), and with slot_ring its seq_slot
      * [S] and state_out_slots [T] */
@@ -113,6 +116,11 @@ void ds_cpu_op_argmax_logits(ds_backend *be, const ds_tensor *x, const ds_linear
                              int32_t *ids, int keep_at);
 bool ds_cpu_set_argmax_bans(ds_backend *be, const int32_t *ids, int B, int n_ban);
 void ds_cpu_op_copy_tokens(ds_backend *be, int at, int n, int32_t *host);
+/* cpu_spec_sample.c: backend.h set_spec_sampling and spec_sample (the reference of
+ * cuda_spec_sample.cu). */
+void ds_cpu_set_spec_sampling(ds_backend *be, const ds_spec_sampling *seqs, int S);
+void ds_cpu_op_spec_sample(ds_backend *be, const ds_tensor *logits, int ids_at);
+
 /* cpu_spec.c: backend.h spec_accept, and set_batch's lowering of a batch with pos_shift /
  * out_shift (cpu->batch then points at cpu->shifted for the lowered arrays). */
 void ds_cpu_op_spec_accept(ds_backend *be, int ids_at, int next_at, int m_at, int shift_at);

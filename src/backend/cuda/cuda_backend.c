@@ -182,6 +182,9 @@ static void cu_destroy(ds_backend *be) {
         cudaFree(c->d_bans);
         if (c->h_bans) cudaFreeHost(c->h_bans);
         if (c->bans_done) cudaEventDestroy(c->bans_done);
+        cudaFree(c->d_samp);
+        if (c->h_samp) cudaFreeHost(c->h_samp);
+        if (c->samp_done) cudaEventDestroy(c->samp_done);
         if (c->side) cudaStreamDestroy(c->side);
         for (int i = 0; i < DS_CUDA_LT_CACHE; i++) {
             ds_cuda_lt_plan *p = &c->lt_plans[i];
@@ -526,6 +529,8 @@ static const ds_backend_ops cuda_ops = {
     .set_argmax_bans = ds_cuda_set_argmax_bans,
     .copy_tokens = ds_cuda_op_copy_tokens,
     .spec_accept = ds_cuda_op_spec_accept,
+    .set_spec_sampling = ds_cuda_set_spec_sampling,
+    .spec_sample = ds_cuda_op_spec_sample,
     .mark = cu_mark,
     .wait_mark = cu_wait_mark,
     .graph_begin = ds_cuda_graph_begin,
@@ -665,6 +670,10 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
     CREATE_CHECK(cudaHostAlloc((void **)&c->h_bans, sizeof(int32_t) * (2 + DS_CUDA_BAN_INTS),
                                cudaHostAllocDefault));
     CREATE_CHECK(cudaEventCreateWithFlags(&c->bans_done, cudaEventDisableTiming));
+    CREATE_CHECK(cudaMalloc((void **)&c->d_samp, sizeof(ds_spec_sampling) * DS_SPEC_SAMPLING_MAX));
+    CREATE_CHECK(cudaHostAlloc((void **)&c->h_samp, sizeof(ds_spec_sampling) * DS_SPEC_SAMPLING_MAX,
+                               cudaHostAllocDefault));
+    CREATE_CHECK(cudaEventCreateWithFlags(&c->samp_done, cudaEventDisableTiming));
     {
         const char *step = getenv("DS_CUDA_PROFILER_STEP");
         c->profiler_step = step ? atoi(step) : 0;

@@ -96,6 +96,8 @@ void ds_cuda_op_logits(ds_backend *be, const ds_tensor *x, const ds_linear *lm_h
 void ds_cuda_op_argmax(ds_backend *be, const ds_tensor *logits, int32_t *ids);
 void ds_cuda_op_concat(ds_backend *be, const ds_tensor *a, const ds_tensor *b, ds_tensor *out);
 void ds_cuda_op_spec_accept(ds_backend *be, int ids_at, int next_at, int m_at, int shift_at);
+void ds_cuda_set_spec_sampling(ds_backend *be, const ds_spec_sampling *seqs, int S);
+void ds_cuda_op_spec_sample(ds_backend *be, const ds_tensor *logits, int ids_at);
 void ds_cuda_op_copy_tokens(ds_backend *be, int at, int n, int32_t *host);
 void ds_cuda_op_argmax_logits(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head,
                               int32_t *ids, int keep_at);

@@ -3,8 +3,9 @@
  *
  * This header is shared by the C host code (cuda_*.c, compiled by the C compiler with the
  * project's warnings) and the kernels (cuda_*.cu, compiled by nvcc as C++). It therefore uses
- * only plain C types and the CUDA runtime / cuBLASLt C headers; it never includes the project's
- * headers (core/status.h uses C11 `_Noreturn`, which C++ rejects). The .c files translate the
+ * only plain C types and the CUDA runtime / cuBLASLt C headers; of the project's headers it
+ * includes only backend/spec_sampling.h, plain C types too (core/status.h uses C11 `_Noreturn`,
+ * which C++ rejects). The .c files translate the
  * ds_* views into the raw pointers and sizes the launchers take.
  *
  * Every launcher is asynchronous on ctx->stream, never synchronises, never allocates and never
@@ -17,6 +18,8 @@
 
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
+
+#include "backend/spec_sampling.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -322,6 +325,10 @@ typedef struct ds_cuda_ctx {
     int32_t *d_bans;              /* device [2 + DS_CUDA_BAN_INTS] */
     int32_t *h_bans;              /* pinned staging [2 + DS_CUDA_BAN_INTS] */
     cudaEvent_t bans_done;        /* recorded after the last upload from h_bans */
+    /* spec_sample's per-sequence parameters (set_spec_sampling), at a fixed address as d_bans */
+    ds_spec_sampling *d_samp;     /* device [DS_SPEC_SAMPLING_MAX] */
+    ds_spec_sampling *h_samp;     /* pinned staging [DS_SPEC_SAMPLING_MAX] */
+    cudaEvent_t samp_done;        /* recorded after the last upload from h_samp */
 
     /* MoE scratch (sized by prepare_weights from the model; freed at destroy) */
     size_t moe_scratch_bytes;
@@ -395,6 +402,8 @@ void ds_cuda_argmax(ds_cuda_ctx *ctx, const float *logits, int R, int64_t V, int
  * into a graph being captured). */
 void ds_cuda_spec_accept(ds_cuda_ctx *ctx, int ids_at, int next_at, int m_at, int shift_at);
 void ds_cuda_batch_shift(ds_cuda_ctx *ctx);
+/* cuda_spec_sample.cu: backend.h spec_sample over the current batch, logits [T, V] f32. */
+void ds_cuda_spec_sample(ds_cuda_ctx *ctx, const float *logits, int64_t V, int ids_at);
 /* a one-thread kernel that keeps the stream busy for us microseconds (profiling head start) */
 void ds_cuda_spin(ds_cuda_ctx *ctx, double us);
 /* d_ids[r] = argmax_n Σ_k x[r, k]·W[n, k] for r < R (any R; chunks of 8), without writing

@@ -216,6 +216,33 @@ bool ds_cuda_set_argmax_bans(ds_backend *be, const int32_t *ids, int B, int n_ba
     return fits;
 }
 
+/* spec_sample's table (backend.h set_spec_sampling): as the ban table, pinned staging and one
+ * async copy to d_samp, whose address graphs recorded. */
+void ds_cuda_set_spec_sampling(ds_backend *be, const ds_spec_sampling *seqs, int S) {
+    ds_cuda_ctx *c = ds_cuda_ctx_of(be);
+    DS_ASSERT(S >= 0 && S <= DS_SPEC_SAMPLING_MAX && (S == 0 || seqs));
+    if (S == 0) return; /* spec_sample reads only the rows of the batch's sequences */
+    DS_CU(c, cudaEventSynchronize(c->samp_done));
+    memcpy(c->h_samp, seqs, sizeof(ds_spec_sampling) * (size_t)S);
+    const size_t bytes = sizeof(ds_spec_sampling) * (size_t)S;
+    if (c->capturing) {
+        DS_CU(c, cudaMemcpyAsync(c->d_samp, c->h_samp, bytes, cudaMemcpyHostToDevice, c->side));
+        DS_CU(c, cudaStreamSynchronize(c->side));
+    } else {
+        DS_CU(c, cudaMemcpyAsync(c->d_samp, c->h_samp, bytes, cudaMemcpyHostToDevice, c->stream));
+        DS_CU(c, cudaEventRecord(c->samp_done, c->stream));
+    }
+}
+
+/* backend.h spec_sample: the kernel (cuda_spec_sample.cu). */
+void ds_cuda_op_spec_sample(ds_backend *be, const ds_tensor *logits, int ids_at) {
+    ds_cuda_ctx *c = ds_cuda_ctx_of(be);
+    const int T = c->batch.n_tokens;
+    DS_ASSERT(logits->dtype == DS_DTYPE_F32 && logits->ndim == 2 && logits->ne[0] == T &&
+              ids_at >= 0 && ids_at + T <= DS_TOKEN_BUF && c->batch.n_seqs <= DS_SPEC_SAMPLING_MAX);
+    ds_cuda_spec_sample(c, (const float *)logits->data, logits->ne[1], ids_at);
+}
+
 void ds_cuda_op_concat(ds_backend *be, const ds_tensor *a, const ds_tensor *b, ds_tensor *out) {
     DS_ASSERT(a->dtype == DS_DTYPE_BF16 && b->dtype == DS_DTYPE_BF16 && out->dtype == DS_DTYPE_BF16);
     const int64_t A = last_dim(a), B = last_dim(b), R = n_rows(a);

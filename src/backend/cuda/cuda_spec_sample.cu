@@ -1,0 +1,256 @@
+/* cuda_spec_sample.cu — target ids of a sampled verification (backend.h spec_sample): one block
+ * per row over its V logits, so that spec_accept's leading-match rule is speculative rejection
+ * sampling and no logits leave the device. The CPU reference is cpu_spec_sample.c; both draw
+ * their numbers from sampling/counter_rng.h, so they give the same ids up to float rounding at
+ * a threshold (CPU sums in double, here in float).
+ *
+ * A row is a few passes over its logits (L2-resident after the first): the maximum; for top_k a
+ * radix selection of the top_k-th largest key (4 passes of 8 bits, counts); for top_p the total
+ * weight and a radix selection by weight (4 passes); then one pass that sums the survivors'
+ * weights per warp over a contiguous chunk of ids, and the inverse CDF: thread 0 finds the
+ * chunk that holds the draw, its warp walks it 32 ids at a time (a warp scan). z = logit / temperature is recomputed in each pass
+ * (a division: the same float as the CPU's). Histogram updates are aggregated per warp
+ * (__match_any_sync): most logits share their key's top byte, and per-lane shared atomics on one
+ * bin would serialise the first pass. */
+#include <math.h>
+
+#include "cuda_argmax.cuh"
+#include "cuda_launch.cuh"
+#include "sampling/counter_rng.h"
+
+#define SS_THREADS 1024
+
+/* Order-preserving key of z (cpu_spec_sample.c z_key): NaN below everything. */
+static __device__ __forceinline__ uint32_t z_key(float z) {
+    if (isnan(z)) return 0u;
+    const uint32_t u = __float_as_uint(z);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+struct SampleShared {
+    float red[32];
+    int redi[32];
+    unsigned count[256];
+    float weight[256];
+    uint32_t prefix;
+    float need_w;
+    unsigned need_c;
+};
+
+/* Block-wide (value, index) argmax by amax_merge's rule; every thread gets the result. */
+static __device__ __forceinline__ void block_amax(float &bv, int &bi, SampleShared &sh) {
+    warp_amax(bv, bi);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) {
+        sh.red[warp] = bv;
+        sh.redi[warp] = bi;
+    }
+    __syncthreads();
+    bv = sh.red[0];
+    bi = sh.redi[0];
+    for (int w = 1; w < (int)(blockDim.x >> 5); w++) amax_merge(bv, bi, sh.red[w], sh.redi[w]);
+}
+
+/* One 8-bit digit's histogram of the keys ≥ lo whose bits above `shift` equal prefix: counts
+ * (by_weight false) or weights exp(z − zmax). One atomic per distinct bin per warp. */
+static __device__ void digit_histogram(const float *l, int V, float temp, float zmax, uint32_t lo,
+                                       uint32_t prefix, int shift, bool by_weight,
+                                       SampleShared &sh) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+        sh.count[i] = 0u;
+        sh.weight[i] = 0.0f;
+    }
+    __syncthreads();
+    const int lane = threadIdx.x & 31;
+    const uint32_t high = shift == 24 ? 0u : ~0u << (shift + 8);
+    for (int base = threadIdx.x - lane; base < V; base += blockDim.x) { /* warp-uniform */
+        const int v = base + lane;
+        int bin = -1;
+        float w = 0.0f;
+        if (v < V) {
+            const float z = l[v] / temp;
+            const uint32_t k = z_key(z);
+            if (k >= lo && (k & high) == prefix) {
+                bin = (int)((k >> shift) & 255u);
+                if (by_weight) w = expf(z - zmax);
+            }
+        }
+        const unsigned same = __match_any_sync(0xffffffffu, bin);
+        float group_w = 0.0f;
+        if (by_weight)
+            for (int j = 0; j < 32; j++) {
+                const float wj = __shfl_sync(0xffffffffu, w, j);
+                if ((same >> j) & 1u) group_w += wj;
+            }
+        if (bin >= 0 && lane == __ffs(same) - 1) {
+            if (by_weight) atomicAdd(&sh.weight[bin], group_w);
+            else atomicAdd(&sh.count[bin], (unsigned)__popc(same));
+        }
+    }
+    __syncthreads();
+}
+
+/* The largest key t ≥ lo such that the keys ≥ t (and ≥ lo) number ≥ need (by count) or weigh
+ * ≥ need_w (by weight): a radix descent, 8 bits at a time. By weight, float rounding may leave
+ * no bin that reaches the need: then the lowest non-empty bin is taken (everything left
+ * survives), as the CPU's walk ends at its last survivor. */
+static __device__ uint32_t radix_select(const float *l, int V, float temp, float zmax, uint32_t lo,
+                                        bool by_weight, unsigned need, float need_w,
+                                        SampleShared &sh) {
+    uint32_t prefix = 0u;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        digit_histogram(l, V, temp, zmax, lo, prefix, shift, by_weight, sh);
+        if (threadIdx.x == 0) {
+            int b = 255, lowest = -1;
+            float cum_w = 0.0f;
+            unsigned cum = 0u;
+            for (; b >= 0; b--) {
+                if (by_weight) {
+                    if (sh.weight[b] > 0.0f) lowest = b;
+                    if (sh.weight[b] > 0.0f && cum_w + sh.weight[b] >= need_w) break;
+                    cum_w += sh.weight[b];
+                } else {
+                    if (cum + sh.count[b] >= need) break;
+                    cum += sh.count[b];
+                }
+            }
+            if (b < 0) { /* by weight, rounding (by count, unreachable: need ≤ the keys left) */
+                b = lowest < 0 ? 0 : lowest;
+                cum_w -= sh.weight[b];
+                need_w = cum_w + sh.weight[b];
+            }
+            sh.prefix = prefix | ((uint32_t)b << shift);
+            sh.need_c = need - cum;
+            sh.need_w = need_w - cum_w;
+        }
+        __syncthreads();
+        prefix = sh.prefix;
+        need = sh.need_c;
+        need_w = sh.need_w;
+        __syncthreads();
+    }
+    return prefix;
+}
+
+__global__ void __launch_bounds__(SS_THREADS)
+    spec_sample_kernel(int V, const float *__restrict__ logits, const int32_t *__restrict__ tokens,
+                       const int32_t *__restrict__ token_src, const int32_t *__restrict__ tok_seq,
+                       const int32_t *__restrict__ seq_start, const int32_t *__restrict__ positions,
+                       const ds_spec_sampling *__restrict__ table, int32_t *tokbuf, int ids_at) {
+    pdl_enter(); /* cuda_launch.cuh: first, before any access */
+    __shared__ SampleShared sh;
+    const int t = blockIdx.x, s = tok_seq[t];
+    const ds_spec_sampling P = table[s];
+    const float *l = logits + (int64_t)t * V;
+    const int32_t d = t + 1 < seq_start[s + 1] ? batch_row_token(tokens, token_src, tokbuf, t + 1)
+                                               : -1;
+    /* the plain argmax: greedy rows, and rows whose largest z is not finite */
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) amax_merge(bv, bi, l[v], v);
+    block_amax(bv, bi, sh);
+    const float temp = P.temperature;
+    const float zmax = bv / temp; /* division keeps the order: the largest z */
+    if (!(temp > 0.0f) || !isfinite(zmax)) {
+        if (threadIdx.x == 0) tokbuf[ids_at + t] = bi == 0x7fffffff ? 0 : bi;
+        return;
+    }
+    uint32_t lo = 0u;
+    if (P.min_p > 0.0f) lo = z_key(zmax + logf(P.min_p));
+    if (P.top_k > 0 && P.top_k < V) {
+        const uint32_t k = radix_select(l, V, temp, zmax, 0u, false, (unsigned)P.top_k, 0.0f, sh);
+        lo = k > lo ? k : lo;
+    }
+    if (P.top_p < 1.0f) {
+        float w = 0.0f;
+        for (int v = threadIdx.x; v < V; v += blockDim.x) {
+            const float z = l[v] / temp;
+            if (z_key(z) >= lo) w += expf(z - zmax);
+        }
+        const float total = block_sum(w, sh.red);
+        const uint32_t k = radix_select(l, V, temp, zmax, lo, true, 0u, P.top_p * total, sh);
+        lo = k > lo ? k : lo;
+    }
+    /* the survivors' weights (without the draft: rest) in warp-contiguous chunks of ids, so
+     * the inverse CDF can walk them in id order */
+    const uint64_t key = ds_crng_key(P.seed, (int64_t)positions[t] + 1);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int C = ((V + nw - 1) / nw + 31) & ~31;
+    const int c0 = min(V, warp * C), c1 = min(V, c0 + C);
+    float rest = 0.0f, wd = 0.0f;
+    for (int v = c0 + lane; v < c1; v += 32) {
+        const float z = l[v] / temp;
+        if (z_key(z) < lo) continue;
+        const float w = expf(z - zmax);
+        if (v == d) wd = w;
+        else rest += w;
+    }
+    rest = warp_sum(rest);
+    if (lane == 0) sh.weight[warp] = rest;
+    const float w_d = block_sum(wd, sh.red); /* one thread holds it; barriers inside */
+    if (threadIdx.x == 0) {
+        float all = 0.0f;
+        for (int w = 0; w < nw; w++) all += sh.weight[w];
+        const bool has_d = d >= 0 && d < V;
+        int sel = -1; /* the warp whose chunk holds the draw; -2: done (sh.prefix = the id) */
+        float off = 0.0f;
+        if (has_d && ds_crng_uniform(key, DS_CRNG_ACCEPT) < w_d / (all + w_d)) {
+            sh.prefix = (uint32_t)d, sel = -2;
+        } else if (!(all > 0.0f)) {
+            sh.prefix = has_d ? (uint32_t)d : 0u, sel = -2;
+        } else {
+            const float target = ds_crng_uniform(key, DS_CRNG_RESIDUAL) * all;
+            float cum = 0.0f;
+            int last = -1;
+            for (int w = 0; w < nw && sel < 0; w++) {
+                if (sh.weight[w] > 0.0f) last = w;
+                if (sh.weight[w] > 0.0f && cum + sh.weight[w] > target) sel = w, off = target - cum;
+                cum += sh.weight[w];
+            }
+            if (sel < 0) sel = last, off = INFINITY; /* rounding: the last with weight */
+        }
+        sh.need_c = (unsigned)sel;
+        sh.need_w = off;
+    }
+    __syncthreads();
+    const int sel = (int)sh.need_c;
+    if (sel == -2) {
+        if (threadIdx.x == 0) tokbuf[ids_at + t] = (int32_t)sh.prefix;
+        return;
+    }
+    if (warp != sel) return;
+    /* this warp's chunk in steps of 32 ids: the first whose cumulative weight exceeds off (off
+     * infinite: the last with weight) */
+    const float off = sh.need_w;
+    float carry = 0.0f;
+    int found = -1, last = -1;
+    for (int base = c0; base < c1 && found < 0; base += 32) {
+        const int v = base + lane;
+        float w = 0.0f;
+        if (v < c1 && v != d) {
+            const float z = l[v] / temp;
+            if (z_key(z) >= lo) w = expf(z - zmax);
+        }
+        float incl = w; /* inclusive scan over the lanes */
+        for (int o = 1; o < 32; o <<= 1) {
+            const float up = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += up;
+        }
+        const unsigned hit = __ballot_sync(0xffffffffu, w > 0.0f && carry + incl > off);
+        const unsigned has = __ballot_sync(0xffffffffu, w > 0.0f);
+        if (hit) found = base + __ffs(hit) - 1;
+        if (has) last = base + 31 - __clz(has);
+        carry += __shfl_sync(0xffffffffu, incl, 31);
+    }
+    if (lane == 0) tokbuf[ids_at + t] = found >= 0 ? found : last >= 0 ? last : 0;
+}
+
+extern "C" void ds_cuda_spec_sample(ds_cuda_ctx *ctx, const float *logits, int64_t V, int ids_at) {
+    const ds_cuda_batch *b = &ctx->batch;
+    if (b->n_tokens <= 0) return;
+    ds_launch(ctx, spec_sample_kernel, b->n_tokens, SS_THREADS, 0, (int)V, logits, b->tokens,
+              b->token_src, b->tok_seq, b->seq_start, b->positions,
+              (const ds_spec_sampling *)ctx->d_samp, ctx->d_tokbuf, ids_at);
+    DS_CU_LAUNCHED2(ctx, "spec_sample_kernel", b->n_tokens, V);
+}
