@@ -59,12 +59,21 @@ if n < 8:
     print(f"  k={tag} min_tokens FAILED: only {n} tokens")
     sys.exit(1)
 outs.append(r["choices"][0]["text"])
+# sampled, seeded, ending at the first newline (a stop string, well before max_tokens): with
+# k = 2 decided on the device (spec_sample) or by the host (k=2h); both draw each position's
+# numbers from the seed and the position, so the texts agree (but where float rounding moves a
+# threshold). Near max_tokens they would not have to: there the device path drafts as if every
+# draft were accepted and the host path for the tokens left, so a last row may hold a draft on
+# one path only, and its rule differs.
+samp = [complete(p, temperature=0.8, top_p=0.95, seed=1234 + i, max_tokens=200, stop=["\n"])["choices"][0]["text"]
+        for i, p in enumerate(prompts)]
+json.dump(samp, open(path + ".sampled", "w"))
 metrics = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
 vals = {}
 for line in metrics.splitlines():
     if line.startswith("#"):
         continue
-    if any(w in line for w in ("graph_shapes", "spec_decode", "acceptance", "ban_uploads", "greedy_steps", "fused_verif", "device_accepts", "chained_verif")):
+    if any(w in line for w in ("graph_shapes", "spec_decode", "acceptance", "ban_uploads", "greedy_steps", "fused_verif", "device_accepts", "chained_verif", "sampled_verif")):
         print(f"  k={tag} {line}")
     name = line.split("{")[0].split(" ")[0]
     vals[name] = float(line.rsplit(" ", 1)[1])
@@ -74,6 +83,9 @@ if tag != "0" and sys.argv[3] == "cuda" and not (vals.get("deltaserve:spec_fused
     sys.exit(1)
 if tag == "2" and sys.argv[3] == "cuda" and not vals.get("deltaserve:spec_device_accepts_total", 0) > 0:
     print("  k=2 FAILED: no verification accepted on the device")
+    sys.exit(1)
+if tag in ("2", "2s") and sys.argv[3] == "cuda" and not vals.get("deltaserve:spec_sampled_verifications_total", 0) > 0:
+    print(f"  k={tag} FAILED: no sampled verification decided on the device")
     sys.exit(1)
 if tag == "2" and sys.argv[3] == "cuda" and not vals.get("deltaserve:spec_chained_verifications_total", 0) > 0:
     print("  k=2 FAILED: no verification chained")
@@ -105,5 +117,32 @@ else
     tail -20 "$work/server2.log" >>"$log"
     rc=1
 fi
+# sampled texts: device chained (2) and not (2s) must agree; the host's (2h) are reported
+python3 - "$work" >>"$log" 2>&1 <<'EOF' || rc=1
+import json, os, sys
+w = sys.argv[1]
+load = lambda run: json.load(open(os.path.join(w, f"out{run}.json.sampled")))
+try:
+    a, s, h = load("2"), load("2s"), load("2h")
+except Exception as e:
+    print(f"serve spec check: FAILED (sampled texts missing: {e})")
+    sys.exit(1)
+def agree(x, y):
+    n = 0
+    while n < min(len(x), len(y)) and x[n] == y[n]:
+        n += 1
+    return n
+for i in range(len(a)):
+    print(f"  sampled prompt {i}: {len(a[i])} chars; the first {agree(a[i], s[i])} alike in device "
+          f"chained / not, {agree(a[i], h[i])} in device / host")
+    print(f"    device: {a[i]!r}")
+    if a[i] != h[i]:
+        print(f"    host:   {h[i]!r}")
+if a != s or a != h:
+    print("serve spec check: FAILED (sampled texts differ between device steps chained and not, or the host's)")
+    sys.exit(1)
+print("serve spec check: sampled texts (3 prompts to their first newline, seeded) identical with "
+      "chained and unchained device steps and with the host's acceptance")
+EOF
 cat "$log"
 exit $rc
