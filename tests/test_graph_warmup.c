@@ -344,20 +344,29 @@ static void test_warmup_verify(void **state) {
     assert_non_null(strstr(rep.eager[0].why, "fake: cannot record a step of 2 sequences"));
     /* each shape's step: every row's argmax in one fused call of n·(1 + k) rows; the fake never
      * replays, so a shape runs (and counts) eagerly when refused, and again (both) before its
-     * draft passes are recorded */
-    for (int n = 1; n <= 3; n++) assert_int_equal(g_fk.fused_rows[n * (1 + K)], refuses(n) ? 2 : 1);
-    /* the draft passes after each shape (device-chained drafts): K passes of n rows each, those
-     * of the refused n = 2 eager (fused heads of 2 rows) */
+     * draft passes are recorded. Last the sampled verifications (no fused head: spec_sample),
+     * each followed by its K draft passes of n rows, which replay (here: run eagerly, counted)
+     * the passes recorded before: K more fused calls of n rows for n = 1..3 (so n = 3's land
+     * on the index of n = 1's verification) */
+    for (int n = 1; n <= 3; n++)
+        assert_int_equal(g_fk.fused_rows[n * (1 + K)], (refuses(n) ? 2 : 1) + (n == 1 ? K : 0));
+    /* the draft passes after each greedy shape (device-chained drafts): K passes of n rows
+     * each, those of the refused n = 2 eager (fused heads of 2 rows) */
     assert_int_equal(rep.n_draft_run, 3 * K);
     assert_int_equal(rep.n_draft_captured, 2 * K);
     assert_int_equal(rep.n_draft_eager, K);
-    assert_int_equal(g_fk.fused_rows[2], K);
+    assert_int_equal(g_fk.fused_rows[1], K);
+    assert_int_equal(g_fk.fused_rows[2], K + K);
+    /* the sampled verification shapes: n = 2 refused as the greedy one */
+    assert_int_equal(rep.n_sampled_run, 3);
+    assert_int_equal(rep.n_sampled_captured, 2);
     int cap = 0, eag = 0;
-    ds_graph_count(&r, &cap, &eag); /* verifications and draft passes */
-    assert_int_equal(cap, 2 + 2 * K);
-    assert_int_equal(eag, 1 + K);
+    ds_graph_count(&r, &cap, &eag); /* verifications (greedy, sampled) and draft passes */
+    assert_int_equal(cap, 2 + 2 * K + 2);
+    assert_int_equal(eag, 1 + K + 1);
     char *txt = print_report(&rep);
     if (!strstr(txt, "2 of 3 verification shapes recorded") ||
+        !strstr(txt, "2 of 3 sampled verification shapes recorded (n = 1..3 sequences); the others run eagerly") ||
         !strstr(txt, "4 of 6 draft passes recorded (n = 1..3 sequences x 2 passes); the others run eagerly") ||
         !strstr(txt, "eager: 2 sequences (6 tokens)") ||
         !strstr(txt, "n = 4..4 never form a step of 3 tokens per sequence"))

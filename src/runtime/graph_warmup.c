@@ -57,6 +57,41 @@ static ds_status warm_one(ds_runner *r, ds_kv_blocks *kv, int n, ds_sched_seq *s
     return st;
 }
 
+/* One sampled verification of n scratch sequences (k drafts each: token 0 at position 0, as
+ * warm_one's) through ds_runner_step_ahead, serving's path for it: recorded under the sampled
+ * verification's key, with its acceptance and draft passes. *graphed as warm_one's; *ran false
+ * when the pool lacks the blocks for it (nothing ran). */
+static ds_status warm_sampled(ds_runner *r, ds_kv_blocks *kv, int n, ds_sched_seq *seqs,
+                              ds_sched_item *items, const int32_t *tok0, int32_t *k_ahead,
+                              ds_spec_sampling *samp, int *graphed, bool *ran, ds_error *err) {
+    *ran = false;
+    const int k = r->k;
+    for (int i = 0; i < n; i++) {
+        seqs[i] = (ds_sched_seq){.n_tokens = 1, .n_computed = 0, .max_tokens = 2 + 2 * k,
+                                 .slot = i, .spec = true, .n_draft = k, .tokens = tok0,
+                                 .state = DS_SCHED_RUNNING, .plan_index = i};
+        /* the verification's positions and its draft passes' (as if every draft was taken) */
+        if (!ds_kv_blocks_append(kv, i, 1 + 2 * k)) {
+            while (--i >= 0) ds_kv_blocks_release(kv, i);
+            return DS_OK;
+        }
+        items[i] = (ds_sched_item){.seq = &seqs[i], .n_tokens = 1, .n_draft = k,
+                                   .wants_logits = true, .fresh_slot = true};
+        k_ahead[i] = k;
+        samp[i] = (ds_spec_sampling){.temperature = 1.0f, .top_p = 1.0f};
+    }
+    ds_sched_plan plan = {.n_items = n, .items = items, .n_tokens = n * (1 + k), .n_out = n};
+    *ran = true;
+    ds_runner_set_sampling(r, samp, n);
+    bool drafted = false;
+    ds_status st = ds_runner_step_ahead(r, &plan, kv, NULL, NULL, NULL, k_ahead, &drafted,
+                                        graphed, err);
+    ds_runner_set_sampling(r, NULL, 0);
+    if (st == DS_OK) st = r->model->be->ops->synchronize(r->model->be, err);
+    for (int i = n - 1; i >= 0; i--) ds_kv_blocks_release(kv, i);
+    return st;
+}
+
 static void reset_all_slots(ds_runner *r) {
     ds_backend *be = r->model->be;
     const int n_slots = r->max_seqs * (r->k > 0 ? r->k + 2 : 1); /* as ds_runner_init_spec */
@@ -127,6 +162,21 @@ ds_status ds_graph_warmup(ds_runner *r, ds_kv_blocks *kv, int limit, ds_graph_re
         ds_graph_count_drafts(r, &rep->n_draft_captured, &rep->n_draft_eager);
         rep->n_draft_run = rep->n_run * r->k;
     }
+    if (st == DS_OK && r->k > 0 && r->dev_sample) {
+        int32_t *k_ahead = calloc((size_t)rep->n_run, sizeof(int32_t));
+        ds_spec_sampling *samp = calloc((size_t)rep->n_run, sizeof *samp);
+        if (!k_ahead || !samp) st = ds_error_set(err, DS_ERR_NOMEM, "graph warmup: out of memory");
+        for (int n = 1; n <= rep->n_run && st == DS_OK; n++) {
+            int graphed = 0;
+            bool ran = false;
+            st = warm_sampled(r, kv, n, seqs, items, &tok0, k_ahead, samp, &graphed, &ran, err);
+            if (!ran) break; /* the pool is too small for n sequences ahead */
+            rep->n_sampled_run = n;
+            rep->n_sampled_captured += graphed == 1;
+        }
+        free(k_ahead);
+        free(samp);
+    }
     free(seqs);
     free(items);
     /* the scratch steps' recurrent states must not reach the first real sequences */
@@ -172,6 +222,11 @@ void ds_graph_report_print(const ds_graph_report *rep, const char *prefix, FILE 
                    "passes)%s\n",
                 prefix, rep->n_draft_captured, rep->n_draft_run, rep->n_run, rep->k,
                 rep->n_draft_captured == rep->n_draft_run ? "" : "; the others run eagerly");
+    if (rep->n_sampled_run > 0)
+        fprintf(f, "%sstep graphs: %d of %d sampled verification shapes recorded (n = 1..%d "
+                   "sequences)%s\n",
+                prefix, rep->n_sampled_captured, rep->n_sampled_run, rep->n_sampled_run,
+                rep->n_sampled_captured == rep->n_sampled_run ? "" : "; the others run eagerly");
     if (rep->n_run < rep->n_formable)
         fprintf(f, "%sstep graphs: n = %d..%d left to their first step (%s)\n", prefix,
                 rep->n_run + 1, rep->n_formable,

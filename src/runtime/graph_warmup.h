@@ -16,9 +16,12 @@
  * With drafts chained on the device (spec.h "draft passes"), the k draft passes that follow each
  * of those verifications are recorded too (pass 0 over its rows, passes 1..k-1 of n sequences),
  * after all verifications, so those keep the graph table first.
+ * With sampled verifications on the device (runner.h dev_sample), the same verification shapes
+ * once more as sampled ones (logits + spec_sample: their own graphs), each through
+ * ds_runner_step_ahead like serving (verification, acceptance and draft passes), last.
  * Other shapes (verifications whose sequences carry different draft counts near their token
- * limit, steps with prefill chunks, sampled requests) are not graphed, or are recorded at
- * first use (uniform draft counts below k), as before.
+ * limit, steps with prefill chunks) are not graphed, or are recorded at first use (uniform
+ * draft counts below k), as before.
  *
  * At most DS_GRAPH_WARMUP_MAX shapes (the CUDA backend keeps 64 graphs; a 65th recording is
  * refused), smallest n first; the rest are left to first use and listed as skipped.
@@ -63,6 +66,9 @@ typedef struct ds_graph_report {
     /* speculative with device-chained drafts (spec.h): the k draft passes after each of the
      * n_run verification shapes, recorded after all verifications */
     int n_draft_run, n_draft_captured, n_draft_eager;
+    /* sampled verifications decided on the device (runner.h ds_runner_set_sampling): the same
+     * n_run shapes, recorded last (the greedy steps keep the graph table first) */
+    int n_sampled_run, n_sampled_captured;
     double seconds;   /* wall time of the warmup */
 } ds_graph_report;
 
