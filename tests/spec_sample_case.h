@@ -4,7 +4,8 @@
  *
  * One call verifies SS_S sequences of SS_ROWS rows (two drafts each) over SS_V = 64 ids. The
  * sequences come in SS_G groups of sampling parameters (greedy; temperature alone; with top_k;
- * with top_p and min_p), each group with its own fixed logits rows, and every sequence has its
+ * with top_p and min_p; a low temperature with top_k and top_p, which takes the CUDA kernel's
+ * general path), each group with its own fixed logits rows, and every sequence has its
  * own seed, so one call is SS_S / SS_G independent draws per group. Draft rows of odd sequences
  * take their draft from the token buffer (token_src), even ones from tokens, so a kernel that
  * ignored either reads the wrong draft. The expected distribution of each row is computed here
@@ -23,7 +24,7 @@
 #include "backend/backend.h"
 #include "testlib.h"
 
-enum { SS_V = 64, SS_ROWS = 3, SS_G = 4, SS_S = 256, SS_T = SS_S * SS_ROWS };
+enum { SS_V = 64, SS_ROWS = 3, SS_G = 5, SS_S = 255, SS_T = SS_S * SS_ROWS };
 enum { SS_IDS_AT = 1024, SS_DRAFT_AT = 0 };
 
 static const ds_spec_sampling ss_params[SS_G] = {
@@ -31,6 +32,9 @@ static const ds_spec_sampling ss_params[SS_G] = {
     {.temperature = 0.9f, .top_p = 1.0f},
     {.temperature = 1.3f, .top_p = 1.0f, .top_k = 6},
     {.temperature = 0.7f, .top_p = 0.8f, .min_p = 0.02f},
+    /* z spread over ±100: fewer than top_k ids within 64 of the maximum, so the CUDA kernel's
+     * small-top_k path gives way to its radix selection (p is nearly one-hot here) */
+    {.temperature = 0.05f, .top_p = 0.9f, .top_k = 30},
 };
 
 typedef struct ss_case {

@@ -1731,6 +1731,59 @@ static double wall_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* spec_sample over R rows of the 35B vocabulary (sequences of 3 rows: k = 2) */
+typedef struct sample_arg {
+    ds_tensor logits;
+} sample_arg;
+
+static void sample_call(void *p) {
+    sample_arg *a = p;
+    g_cuda->ops->spec_sample(g_cuda, &a->logits, 1024);
+}
+
+/* Time of one spec_sample over R rows of V = 248320 logits (random, with a few dominant ids as
+ * real rows have), per parameter set: what a sampled verification adds to the greedy one
+ * besides its logits GEMM. */
+static void bench_spec_sample(int it) {
+    enum { V = 248320, RMAX = 24 };
+    static const ds_spec_sampling sets[] = {
+        {.temperature = 0.7f, .top_p = 1.0f},
+        {.temperature = 0.6f, .top_p = 0.95f, .top_k = 20}, /* Qwen3.5's generation_config */
+        {.temperature = 1.0f, .top_p = 0.9f},
+    };
+    static const char *names[] = {"T 0.7", "T 0.6 top_k 20 top_p 0.95", "T 1.0 top_p 0.9"};
+    float *h = malloc(sizeof(float) * (size_t)V * RMAX);
+    test_rng r = {4711};
+    for (size_t i = 0; i < (size_t)V * RMAX; i++) h[i] = 3.0f * test_rng_uniform(&r);
+    for (int row = 0; row < RMAX; row++)
+        for (int j = 0; j < 8; j++) h[(size_t)row * V + (size_t)(j * 7919 + row) % V] += 12.0f - j;
+    void *d = g_cuda->ops->alloc(g_cuda, sizeof(float) * (size_t)V * RMAX);
+    g_cuda->ops->upload(g_cuda, d, h, sizeof(float) * (size_t)V * RMAX);
+    static const int rows[] = {3, 12, 24};
+    for (int ri = 0; ri < 3; ri++) {
+        const int R = rows[ri], S = R / 3;
+        int32_t tokens[RMAX], pos[RMAX], start[RMAX / 3 + 1], slot[RMAX / 3], past[RMAX / 3],
+            bt[RMAX / 3];
+        for (int t = 0; t < R; t++) tokens[t] = (t * 7919) % V, pos[t] = 100 + t % 3;
+        for (int q = 0; q <= S; q++) start[q] = 3 * q;
+        for (int q = 0; q < S; q++) slot[q] = q, past[q] = 100, bt[q] = 0;
+        ds_batch b = {.n_tokens = R, .n_seqs = S, .tokens = tokens, .positions = pos,
+                      .seq_start = start, .seq_slot = slot, .seq_n_past = past,
+                      .block_table = bt, .max_blocks = 1};
+        g_cuda->ops->set_batch(g_cuda, &b);
+        for (int k = 0; k < 3; k++) {
+            ds_spec_sampling P[RMAX / 3];
+            for (int q = 0; q < S; q++) P[q] = sets[k], P[q].seed = (uint64_t)q;
+            g_cuda->ops->set_spec_sampling(g_cuda, P, S);
+            sample_arg a = {.logits = {.data = d, .dtype = DS_DTYPE_F32, .ndim = 2, .ne = {R, V}}};
+            const float ms = time_ms(sample_call, &a, it);
+            printf("  spec_sample %2d rows x %d (%s): %.1f us\n", R, V, names[k], ms * 1e3);
+        }
+    }
+    g_cuda->ops->free(g_cuda, d);
+    free(h);
+}
+
 static void test_bench(void **state) {
     (void)state;
     const char *mode = getenv("DS_CUDA_BENCH");
@@ -1751,6 +1804,7 @@ static void test_bench(void **state) {
         g_cuda->ops->free(g_cuda, c.a);
         g_cuda->ops->free(g_cuda, c.b);
     }
+    bench_spec_sample(it);
     /* catalogue item 2: what skipping the upload of an unchanged batch structure could save.
      * Host time of set_batch + a stream synchronisation for 4 decode sequences whose block
      * tables hold TB_MAX_BLOCKS entries each, then 1 entry each (the structure a skip would not
