@@ -7,10 +7,11 @@
  * A row is a few passes over its logits (L2-resident after the first), 16-byte loads, with
  * z = logit · (1 / temperature) recomputed in each (the same float as the CPU's):
  *  - the maximum;
- *  - a small top_k (≤ SS_CAND; Qwen3.5's generation_config asks for 20): a histogram of
- *    zmax − z near the maximum, then the ids in the bins that hold the top_k largest into
- *    shared memory; min_p, the top_k-th key, top_p, acceptance and the inverse CDF are then
- *    decided over those few (3 passes in all);
+ *  - a truncated distribution (top_k ≤ SS_CAND, top_p or min_p; Qwen3.5's generation_config
+ *    asks for top_k 20, top_p 0.95): a histogram of zmax − z (counts, and weights for top_p)
+ *    near the maximum, then the ids in the bins that hold every survivor into shared memory;
+ *    the top_k-th key, top_p, acceptance and the inverse CDF are decided over those few
+ *    (3 passes in all);
  *  - otherwise (or when too many ids crowd those bins): for top_k a radix selection of the
  *    top_k-th largest key (4 passes of 8 bits, counts), for top_p the total weight and a radix
  *    selection by weight (4 passes), then one pass that sums the survivors' weights per warp
@@ -33,14 +34,14 @@ static __device__ __forceinline__ uint32_t z_key(float z) {
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-#define SS_CAND 1024 /* candidates of the top_k path */
+#define SS_CAND 1024 /* candidates of a truncated distribution */
 #define SS_REL_BINS 2048 /* its histogram of zmax − z: bins 1/32 wide, 64 below the maximum */
 
 struct SampleShared {
     float red[32];
     int redi[32];
     unsigned count[SS_REL_BINS]; /* radix digits use the first 256 */
-    float weight[256];
+    float weight[SS_REL_BINS];
     uint32_t prefix;
     float need_w;
     unsigned need_c;
@@ -172,29 +173,57 @@ static __device__ __forceinline__ int rel_bin(float z, float zmax) {
     return d < (float)SS_REL_BINS ? (int)d : -1;
 }
 
-/* The top_k path's candidates: every id whose z lies within the bins of zmax − z that hold the
- * top_k largest (so the top_k-th largest key and all ties with it are among them), into
- * sh.cand_* with sh.n_cand, ranked by key and by id. Two passes over the row, whose atomics
- * touch only ids near the maximum. False (nothing kept) when more than SS_CAND ids fall in
- * those bins or fewer than top_k lie within 64 of the maximum: the general path decides. */
-static __device__ bool topk_candidates(const float *l, int V, float inv_t, float zmax, int top_k,
-                                       SampleShared &sh) {
-    for (int i = threadIdx.x; i < SS_REL_BINS; i += blockDim.x) sh.count[i] = 0u;
+/* The candidates of a truncated distribution: every id whose z lies in the bins of zmax − z
+ * that hold all survivors — up to the bin of the top_k-th largest (top_k); else up to the bin
+ * where the weight from the top reaches top_p of the total, and the next non-empty one (float
+ * sums in another order may cross a token later); and up to min_p's bin — into sh.cand_* with
+ * sh.n_cand, ranked by key and by id, and *total the weight of the ids with key ≥ lo. Two
+ * passes over the row whose atomics touch only ids within 64 of the maximum. False (nothing
+ * kept) for a distribution those bounds do not cut (temperature alone), or when more than
+ * SS_CAND ids fall in the bins: the general path decides. */
+static __device__ bool collect_candidates(const float *l, int V, float inv_t, float zmax,
+                                          uint32_t lo, const ds_spec_sampling &P,
+                                          SampleShared &sh, float *total) {
+    const bool top_k = P.top_k > 0 && P.top_k < V, top_p = P.top_p < 1.0f;
+    const int b_min = P.min_p > 0.0f ? rel_bin(zmax + logf(P.min_p), zmax) : -1;
+    if (!top_k && !top_p && b_min < 0) return false;
+    for (int i = threadIdx.x; i < SS_REL_BINS; i += blockDim.x) {
+        sh.count[i] = 0u;
+        sh.weight[i] = 0.0f;
+    }
     __syncthreads();
+    float w_all = 0.0f;
     for_row(l, V, [&](int v, float x) {
-        const int b = rel_bin(x * inv_t, zmax);
-        if (b >= 0) atomicAdd(&sh.count[b], 1u);
+        const float z = x * inv_t;
+        if (z_key(z) < lo) return;
+        const float w = expf(z - zmax);
+        w_all += w;
+        const int b = rel_bin(z, zmax);
+        if (b < 0) return;
+        atomicAdd(&sh.count[b], 1u);
+        if (top_p && !top_k) atomicAdd(&sh.weight[b], w);
     });
-    __syncthreads();
+    *total = block_sum(w_all, sh.red);
     if (threadIdx.x == 0) {
-        unsigned cum = 0;
-        int last = -1;
-        for (int b = 0; b < SS_REL_BINS; b++)
-            if ((cum += sh.count[b]) >= (unsigned)top_k) {
-                last = b;
-                break;
+        int last = SS_REL_BINS; /* none yet */
+        if (top_k) {
+            unsigned cum = 0;
+            int b = 0;
+            while (b < SS_REL_BINS && (cum += sh.count[b]) < (unsigned)P.top_k) b++;
+            last = b; /* SS_REL_BINS: fewer than top_k within 64 */
+        } else if (top_p) {
+            const float target = P.top_p * *total;
+            float cum = 0.0f;
+            int b = 0;
+            while (b < SS_REL_BINS && (cum += sh.weight[b]) < target) b++;
+            for (b++; b < SS_REL_BINS && sh.count[b] == 0; b++) {
             }
-        sh.need_c = last >= 0 && cum <= SS_CAND ? (unsigned)last : 0xffffffffu;
+            last = b < SS_REL_BINS ? b : SS_REL_BINS - 1;
+        }
+        if (b_min >= 0 && b_min < last) last = b_min;
+        unsigned n = 0;
+        for (int b = 0; b <= last && b < SS_REL_BINS; b++) n += sh.count[b];
+        sh.need_c = last < SS_REL_BINS && n <= SS_CAND ? (unsigned)last : 0xffffffffu;
         sh.n_cand = 0;
     }
     __syncthreads();
@@ -203,7 +232,7 @@ static __device__ bool topk_candidates(const float *l, int V, float inv_t, float
     for_row(l, V, [&](int v, float x) {
         const float z = x * inv_t;
         const int b = rel_bin(z, zmax);
-        if (b >= 0 && (unsigned)b <= last) {
+        if (b >= 0 && (unsigned)b <= last && z_key(z) >= lo) {
             const int i = atomicAdd(&sh.n_cand, 1);
             sh.cand_id[i] = v;
             sh.cand_z[i] = z;
@@ -229,19 +258,26 @@ static __device__ bool topk_candidates(const float *l, int V, float inv_t, float
     return true;
 }
 
-/* backend.h spec_sample's decision over the top_k path's candidates (thread 0): the survivors
- * are a prefix of by_key (top_k-th key, min_p key lo, top_p walk), then acceptance and the
+/* backend.h spec_sample's decision over the candidates (thread 0): the survivors are a prefix
+ * of by_key (min_p key lo, top_k-th key, top_p walk against the weight of top_k's survivors,
+ * or without top_k against all_w, that of every id with key ≥ lo), then acceptance and the
  * inverse CDF in id order, as the general path and the CPU reference decide them. */
 static __device__ int32_t decide_candidates(const SampleShared &sh, const ds_spec_sampling &P,
-                                            float zmax, uint32_t lo, int32_t d, uint64_t key) {
+                                            int V, float zmax, uint32_t lo, float all_w,
+                                            int32_t d, uint64_t key) {
     const int n = sh.n_cand;
     uint32_t thr = lo;
-    const uint32_t kth = sh.cand_key[sh.by_key[P.top_k - 1]];
-    if (kth > thr) thr = kth;
+    const bool top_k = P.top_k > 0 && P.top_k < V;
+    /* fewer candidates than top_k: min_p bounded them, and the top_k-th key lies below lo */
+    if (top_k && P.top_k <= n && sh.cand_key[sh.by_key[P.top_k - 1]] > thr)
+        thr = sh.cand_key[sh.by_key[P.top_k - 1]];
     if (P.top_p < 1.0f) {
-        float total = 0.0f;
-        for (int r = 0; r < n && sh.cand_key[sh.by_key[r]] >= thr; r++)
-            total += expf(sh.cand_z[sh.by_key[r]] - zmax);
+        float total = all_w;
+        if (top_k) {
+            total = 0.0f;
+            for (int r = 0; r < n && sh.cand_key[sh.by_key[r]] >= thr; r++)
+                total += expf(sh.cand_z[sh.by_key[r]] - zmax);
+        }
         const float target = P.top_p * total;
         float cum = 0.0f;
         for (int r = 0; r < n && sh.cand_key[sh.by_key[r]] >= thr; r++) {
@@ -301,10 +337,13 @@ __global__ void __launch_bounds__(SS_THREADS)
     uint32_t lo = 0u;
     if (P.min_p > 0.0f) lo = z_key(zmax + logf(P.min_p));
     const uint64_t key = ds_crng_key(P.seed, (int64_t)positions[t] + 1);
-    /* a small top_k (Qwen's generation_config: 20): the few ids near the maximum decide */
-    if (P.top_k > 0 && P.top_k <= SS_CAND && P.top_k < V &&
-        topk_candidates(l, V, inv_t, zmax, P.top_k, sh)) {
-        if (threadIdx.x == 0) tokbuf[ids_at + t] = decide_candidates(sh, P, zmax, lo, d, key);
+    /* a truncated distribution (Qwen's generation_config: top_k 20, top_p 0.95): the few ids
+     * near the maximum decide */
+    float all_w;
+    if ((P.top_k <= 0 || P.top_k <= SS_CAND) &&
+        collect_candidates(l, V, inv_t, zmax, lo, P, sh, &all_w)) {
+        if (threadIdx.x == 0)
+            tokbuf[ids_at + t] = decide_candidates(sh, P, V, zmax, lo, all_w, d, key);
         return;
     }
     if (P.top_k > 0 && P.top_k < V) {
