@@ -4,13 +4,13 @@
  *
  * One call verifies SS_S sequences of SS_ROWS rows (two drafts each) over SS_V = 64 ids. The
  * sequences come in SS_G groups of sampling parameters (greedy; temperature alone; with top_k;
- * with top_p and min_p; a low temperature with top_k and top_p, which takes the CUDA kernel's
- * general path), each group with its own fixed logits rows, and every sequence has its
- * own seed, so one call is SS_S / SS_G independent draws per group. Draft rows of odd sequences
- * take their draft from the token buffer (token_src), even ones from tokens, so a kernel that
- * ignored either reads the wrong draft. The expected distribution of each row is computed here
- * from the specification in backend.h (double precision, a sort), independently of both
- * backends: row 0's draft is a likely token (accepted often), row 1's an unlikely one, row 2 has
+ * with top_p and min_p; a low temperature with top_k and top_p), each group with its own fixed
+ * logits rows, and every sequence has its own seed, so one call is SS_S / SS_G independent
+ * draws per group. Draft rows of odd sequences take their draft from the token buffer
+ * (token_src), even ones from tokens, so a kernel that ignored either reads the wrong draft.
+ * The expected distribution of each row is computed here from the specification in backend.h
+ * (double precision, a sort), independently of both backends: row 0's draft is a likely token
+ * (accepted often), row 1's an unlikely one, row 2 has
  * none — each row's ids must follow p whatever its draft. */
 #ifndef DS_TEST_SPEC_SAMPLE_CASE_H
 #define DS_TEST_SPEC_SAMPLE_CASE_H
@@ -32,8 +32,8 @@ static const ds_spec_sampling ss_params[SS_G] = {
     {.temperature = 0.9f, .top_p = 1.0f},
     {.temperature = 1.3f, .top_p = 1.0f, .top_k = 6},
     {.temperature = 0.7f, .top_p = 0.8f, .min_p = 0.02f},
-    /* z spread over ±100: fewer than top_k ids within 64 of the maximum, so the CUDA kernel's
-     * small-top_k path gives way to its radix selection (p is nearly one-hot here) */
+    /* z spread over ±100: fewer than top_k ids lie within 64 of the maximum (a kernel that
+     * looks only near the maximum must give way to a full selection here) */
     {.temperature = 0.05f, .top_p = 0.9f, .top_k = 30},
 };
 

@@ -71,6 +71,8 @@ static char *finish_body(const ds_bench_opts *o, const char *model, cJSON *req, 
     cJSON_AddStringToObject(req, "model", model);
     cJSON_AddNumberToObject(req, "max_tokens", max_tokens);
     cJSON_AddNumberToObject(req, "temperature", o->temperature);
+    if (o->top_k != 0) cJSON_AddNumberToObject(req, "top_k", o->top_k);
+    if (o->top_p > 0) cJSON_AddNumberToObject(req, "top_p", o->top_p);
     if (o->ignore_eos) cJSON_AddTrueToObject(req, "ignore_eos");
     if (o->min_tokens > 0) cJSON_AddNumberToObject(req, "min_tokens", o->min_tokens < max_tokens ? o->min_tokens : max_tokens);
     cJSON_AddTrueToObject(req, "stream");
@@ -535,6 +537,8 @@ int ds_bench_serve_run(const ds_bench_opts *o) {
     cJSON_AddBoolToObject(ds, "ignore_eos", o->ignore_eos);
     cJSON_AddNumberToObject(ds, "min_tokens", o->min_tokens);
     cJSON_AddNumberToObject(ds, "temperature", o->temperature);
+    if (o->top_k != 0) cJSON_AddNumberToObject(ds, "top_k", o->top_k);
+    if (o->top_p > 0) cJSON_AddNumberToObject(ds, "top_p", o->top_p);
     cJSON_AddNumberToObject(ds, "seed", (double)o->seed);
     cJSON *runs = cJSON_AddArrayToObject(result, "runs");
 

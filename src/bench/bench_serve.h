@@ -37,6 +37,8 @@ typedef struct ds_bench_opts {
     bool ignore_eos;
     int min_tokens;              /* > 0: sent as min_tokens (vLLM's extension) */
     double temperature;
+    int top_k;                   /* sent when ≠ 0 (−1: off, as vLLM) */
+    double top_p;                /* sent when > 0 */
     uint64_t seed;
     int levels[DS_BENCH_MAX_LEVELS]; /* max concurrency per run; 0 = unlimited */
     int n_levels;

@@ -42,6 +42,7 @@ static void usage(FILE *f) {
             "  --max-concurrency LIST    e.g. 1,4,8 (default); 0 = unlimited\n"
             "  --request-rate R          Poisson arrivals per second (default inf)\n"
             "  --temperature T           (default 0)   --no-ignore-eos\n"
+            "  --top-k K  --top-p P      sent when given (default: the server's)\n"
             "  --min-tokens N            send min_tokens N (capped at each request's max_tokens)\n"
             "  --seed S                  (default 0)   --no-warmup\n"
             "  --request-timeout S       per request (default 21600)\n"
@@ -232,6 +233,12 @@ int ds_cmd_bench_serve(int argc, char **argv) {
         } else if ((v = ds_arg_value(argc, argv, &i, "--temperature", cmd, &bad))) {
             if (!ds_arg_float(cmd, "--temperature", v, 0, 100, &d)) return 2;
             o.temperature = d;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--top-k", cmd, &bad))) {
+            if (!ds_arg_int(cmd, "--top-k", v, -1, 1 << 30, &n)) return 2;
+            o.top_k = (int)n;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--top-p", cmd, &bad))) {
+            if (!ds_arg_float(cmd, "--top-p", v, 1e-9, 1, &d)) return 2;
+            o.top_p = d;
         } else if ((v = ds_arg_value(argc, argv, &i, "--seed", cmd, &bad))) {
             if (!ds_arg_u64(cmd, "--seed", v, &u)) return 2;
             o.seed = u;

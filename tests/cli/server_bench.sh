@@ -36,6 +36,13 @@ check "command line recorded" grep -q -- '--random-input-len 40' "$tmp/r.json"
   --no-ignore-eos --min-tokens 24 --max-concurrency 3 --no-warmup --result-json "$tmp/m.json" >/dev/null 2>&1
 check "min_tokens run" [ "$(js 'd.runs[0].completed+"/"+d.runs[0].total_output_tokens+"/"+d.dataset.min_tokens+"/"+d.dataset.ignore_eos' <"$tmp/m.json")" = "6/144/24/false" ]
 
+# sampling with top_k / top_p: sent (a top_p the server rejects fails every request), recorded
+"$BIN" "${BENCH[@]}" --port "$PORT" --num-prompts 4 --random-input-len 20 --random-output-len 8 \
+  --temperature 0.8 --top-k 5 --top-p 0.9 --max-concurrency 2 --no-warmup --result-json "$tmp/k.json" >/dev/null 2>&1
+check "top_k / top_p run" [ "$(js 'd.runs[0].completed+"/"+d.dataset.top_k+"/"+d.dataset.top_p+"/"+d.dataset.temperature' <"$tmp/k.json")" = "4/5/0.9/0.8" ]
+"$BIN" "${BENCH[@]}" --port "$PORT" --top-p 0 >/dev/null 2>&1
+check "top_p 0 refused by the CLI" [ $? -eq 2 ]
+
 # range ratio + Poisson arrivals + unlimited concurrency
 "$BIN" "${BENCH[@]}" --base-url "http://127.0.0.1:$PORT" --num-prompts 10 --random-input-len 20 \
   --random-output-len 10 --random-range-ratio 0.5 --max-concurrency 0 --request-rate 200 \
