@@ -285,6 +285,11 @@ ds_status ds_runner_step(ds_runner *r, const ds_sched_plan *plan, const ds_kv_bl
     return DS_OK;
 }
 
+/* The work of a greedy step or a greedy verification (ds_step_fn, ctx a greedy_step): the
+ * forward (b->n_out = 0: it stops at the final norm, one row per token) and the lm_head fused
+ * with the argmax over every row into ids: r->gids for a decode step (a token per sequence),
+ * r->ids for a verification (item i's 1 + n_draft rows start at r->row0[i], the rows
+ * ds_runner_verify would give; the MTP draft reads the normed rows next). */
 static ds_status greedy_fused_step(void *ctx, ds_error *err) {
     greedy_step *g = ctx;
     ds_model *m = g->r->model;

@@ -11,11 +11,8 @@
 #include "runtime/runner.h"
 #include "runtime/step_graph.h"
 
-/* The work of a greedy step or a greedy verification (ds_step_fn): the forward
- * (b->n_out = 0: it stops at the final norm, one row per token) and the lm_head fused with the
- * argmax over every row into ids: r->gids for a decode step (a token per sequence), r->ids for
- * a verification (item i's 1 + n_draft rows start at r->row0[i], the rows ds_runner_verify
- * would give; the MTP draft reads the normed rows next). */
+/* The context of runner.c's step functions (ds_step_fn): greedy_fused_step (decode steps and
+ * greedy verifications) and sampled_verify_step (sampled verifications). */
 typedef struct greedy_step {
     ds_runner *r;
     const ds_batch *b;
