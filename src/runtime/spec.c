@@ -52,10 +52,17 @@ bool ds_spec_request_ok(const ds_sampling_params *p) {
     return ds_sampling_params_is_greedy(p) || p->logprobs < 0;
 }
 
+/* The request's processed distribution depends on its logits row and its parameters alone (no
+ * penalties or logit_bias, whose history the device does not keep) and it asks for no logprobs:
+ * what a decision on the device (argmax ids, spec_sample) needs besides the min_tokens bans. */
+static bool device_distribution(const ds_sampling_params *p) {
+    return p->logprobs < 0 && p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f &&
+           p->repetition_penalty == 1.0f && p->n_logit_bias == 0;
+}
+
 bool ds_spec_argmax_banned_suffices(const ds_sampler *s) {
     const ds_sampling_params *p = &s->params;
-    return ds_sampling_params_is_greedy(p) && p->logprobs < 0 && p->presence_penalty == 0.0f &&
-           p->frequency_penalty == 0.0f && p->repetition_penalty == 1.0f && p->n_logit_bias == 0;
+    return ds_sampling_params_is_greedy(p) && device_distribution(p);
 }
 
 bool ds_spec_argmax_suffices(const ds_sampler *s, int n_generated) {
@@ -64,9 +71,8 @@ bool ds_spec_argmax_suffices(const ds_sampler *s, int n_generated) {
 
 bool ds_spec_sample_suffices(const ds_sampler *s, int n_generated) {
     const ds_sampling_params *p = &s->params;
-    return !ds_sampling_params_is_greedy(p) && p->logprobs < 0 && p->presence_penalty == 0.0f &&
-           p->frequency_penalty == 0.0f && p->repetition_penalty == 1.0f &&
-           p->n_logit_bias == 0 && n_generated >= p->min_tokens;
+    return !ds_sampling_params_is_greedy(p) && device_distribution(p) &&
+           n_generated >= p->min_tokens;
 }
 
 ds_spec_sampling ds_spec_sampling_of(const ds_sampler *s) {

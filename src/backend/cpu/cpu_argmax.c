@@ -16,7 +16,7 @@ static int64_t last_dim(const ds_tensor *t) { return t->ne[t->ndim - 1]; }
 static int64_t n_rows(const ds_tensor *t) { return ds_tensor_numel(t) / last_dim(t); }
 
 /* Lowest index of the maximum of row[0..V); a NaN never wins over a number (all NaN: 0). */
-static int64_t argmax_row(const float *row, int64_t V) {
+int64_t ds_cpu_argmax_row(const float *row, int64_t V) {
     int64_t best = 0;
     float bv = row[0];
     for (int64_t v = 1; v < V; v++) { /* strict > keeps the lowest index on ties */
@@ -33,7 +33,7 @@ void ds_cpu_op_argmax(ds_backend *be, const ds_tensor *logits, int32_t *ids) {
     DS_ASSERT(logits->dtype == DS_DTYPE_F32);
     const int64_t V = last_dim(logits), R = n_rows(logits);
     const float *l = logits->data;
-    for (int64_t r = 0; r < R; r++) ids[r] = (int32_t)argmax_row(l + r * V, V);
+    for (int64_t r = 0; r < R; r++) ids[r] = (int32_t)ds_cpu_argmax_row(l + r * V, V);
 }
 
 bool ds_cpu_set_argmax_bans(ds_backend *be, const int32_t *ids, int B, int n_ban) {
@@ -58,13 +58,13 @@ bool ds_cpu_set_argmax_bans(ds_backend *be, const int32_t *ids, int B, int n_ban
 /* The argmax of row (scratch, clobbered) over the ids bans[0..n) does not list; the plain
  * argmax when none is left. */
 static int64_t argmax_row_banned(float *row, int64_t V, const int32_t *bans, int n) {
-    const int64_t plain = argmax_row(row, V);
+    const int64_t plain = ds_cpu_argmax_row(row, V);
     bool hit = false;
     for (int j = 0; j < n; j++) hit |= bans[j] == plain;
     if (!hit) return plain; /* the winner is allowed: nothing to redo */
     for (int j = 0; j < n; j++)
         if (bans[j] >= 0 && bans[j] < V) row[bans[j]] = NAN;
-    const int64_t best = argmax_row(row, V);
+    const int64_t best = ds_cpu_argmax_row(row, V);
     return isnan(row[best]) ? plain : best;
 }
 
@@ -84,7 +84,7 @@ void ds_cpu_op_argmax_logits(ds_backend *be, const ds_tensor *x, const ds_linear
         const int32_t id =
             r < cpu->ban_rows
                 ? (int32_t)argmax_row_banned(row, V, cpu->bans + r * cpu->ban_n, cpu->ban_n)
-                : (int32_t)argmax_row(row, V);
+                : (int32_t)ds_cpu_argmax_row(row, V);
         if (ids) ids[r] = id;
         if (keep_at >= 0) cpu->tokbuf[keep_at + r] = id;
     }

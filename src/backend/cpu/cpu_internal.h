@@ -112,6 +112,8 @@ void ds_cpu_op_silu_mul(ds_backend *be, const ds_tensor *gate_up, ds_tensor *out
 void ds_cpu_op_gather_rows(ds_backend *be, const ds_tensor *x, ds_tensor *out);
 void ds_cpu_op_logits(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head, ds_tensor *out);
 void ds_cpu_op_argmax(ds_backend *be, const ds_tensor *logits, int32_t *ids); /* cpu_argmax.c */
+/* Lowest index of the maximum of row[0..V); a NaN never wins over a number (all NaN: 0). */
+int64_t ds_cpu_argmax_row(const float *row, int64_t V);
 void ds_cpu_op_argmax_logits(ds_backend *be, const ds_tensor *x, const ds_linear *lm_head,
                              int32_t *ids, int keep_at);
 bool ds_cpu_set_argmax_bans(ds_backend *be, const int32_t *ids, int B, int n_ban);

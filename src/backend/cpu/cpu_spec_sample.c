@@ -41,14 +41,6 @@ static int cmp_keyed_desc(const void *a, const void *b) {
     return cmp_key_desc(&((const keyed *)a)->key, &((const keyed *)b)->key);
 }
 
-/* Lowest index of the maximum; NaN never wins (all NaN: 0). */
-static int argmax_row(const float *row, int V) {
-    int best = 0;
-    for (int v = 1; v < V; v++)
-        if (row[v] > row[best] || (isnan(row[best]) && !isnan(row[v]))) best = v;
-    return best;
-}
-
 /* The smallest key of the survivors (backend.h spec_sample) of z[0..V) with maximum zmax;
  * keys [V] and sorted [V] are scratch. */
 static uint32_t survivor_threshold(const float *z, int V, float zmax, const ds_spec_sampling *P,
@@ -82,13 +74,13 @@ static uint32_t survivor_threshold(const float *z, int V, float zmax, const ds_s
 /* Target id of one row (backend.h spec_sample); z [V] scratch. */
 static int32_t sample_row(const float *logits, int V, const ds_spec_sampling *P, int64_t pos,
                           int32_t d, float *z, uint32_t *keys, keyed *sorted) {
-    if (!(P->temperature > 0.0f)) return argmax_row(logits, V);
+    if (!(P->temperature > 0.0f)) return (int32_t)ds_cpu_argmax_row(logits, V);
     float zmax = -INFINITY;
     for (int v = 0; v < V; v++) {
         z[v] = logits[v] / P->temperature;
         if (z[v] > zmax) zmax = z[v]; /* NaN never */
     }
-    if (!isfinite(zmax)) return argmax_row(logits, V);
+    if (!isfinite(zmax)) return (int32_t)ds_cpu_argmax_row(logits, V);
     const uint32_t thr = survivor_threshold(z, V, zmax, P, keys, sorted);
     const uint64_t key = ds_crng_key(P->seed, pos + 1);
     /* the survivors' weights; rest = theirs without the draft */
