@@ -941,7 +941,7 @@ static void test_spec_accept(void **state) {
 
 /* spec_sample (spec_sample_case.h): the CUDA ids against the CPU reference's for the same seeds
  * (the same counter-based numbers: they differ only where float rounding moves a threshold or
- * a Gumbel maximum), and the CUDA ids' own distributions (chi-square per row and group). */
+ * a step of the inverse CDF), and the CUDA ids' own distributions (chi-square per row and group). */
 static void test_spec_sample(void **state) {
     (void)state;
 #ifdef DS_HAVE_CUDA

@@ -11,7 +11,7 @@
  *    next tokens, lowered out rows, positions and n_past as specified);
  *  - spec_sample (spec_sample_case.h): greedy rows are the argmax; sampled rows, whatever
  *    their draft (likely, unlikely, outside top_k, none), are distributed as the target's
- *    processed distribution (chi-square over 16k seeded draws per group), drafts are accepted
+ *    processed distribution (chi-square over 13k seeded draws per group), drafts are accepted
  *    at the rate p(d), a wrong temperature or a missing top_k is detected, and the same seeds
  *    give the same ids. */
 #include "test_cpu_common.h"
@@ -263,7 +263,7 @@ static void test_spec_sample(void **state) {
     static ss_case c;
     ss_case_make(&c);
     static ss_stats st;
-    ss_stats_run(be, &c, 256, 7, &st); /* 256 · 64 draws per group */
+    ss_stats_run(be, &c, 256, 7, &st); /* 256 · 51 draws per group */
     assert_int_equal(st.greedy_wrong, 0);
     for (int g = 1; g < SS_G; g++) {
         const double pd = c.p[g][0][c.draft[g][0]];
