@@ -21,6 +21,7 @@ typedef struct result {
     ds_finish_reason reason;
     int stop_token;
     bool finished;
+    int n_cached; /* prompt tokens the engine took over from its prefix cache */
     char err[DS_ERROR_MSG_MAX + 64]; /* contract violation seen by a worker thread */
 } result;
 
@@ -80,6 +81,8 @@ static void drain_soft(ds_request *r, int n_prompt, result *out) {
         SOFT_CHECK(ev.n_tokens >= 0 && ev.n_tokens <= 16);
         SOFT_CHECK(ev.n_tokens >= 1 || ev.finished);
         SOFT_CHECK(ev.n_prompt_tokens == n_prompt);
+        SOFT_CHECK(ev.n_cached_tokens >= 0 && ev.n_cached_tokens < n_prompt);
+        out->n_cached = ev.n_cached_tokens;
         SOFT_CHECK(out->n + ev.n_tokens <= MAX_OUT);
         for (int i = 0; i < ev.n_tokens; i++) {
             if (ev.samples[i].token != ev.tokens[i] && !out->err[0])

@@ -62,7 +62,8 @@ static void test_metrics_render(void **state) {
     ds_metrics_count_http(&m, 200);
     ds_engine_stats st = {.running = 2, .waiting = 3, .kv_blocks_total = 8, .kv_blocks_used = 2,
                           .slots_total = 4, .slots_used = 2, .prompt_tokens = 11,
-                          .generation_tokens = 22};
+                          .generation_tokens = 22, .prefix_entries = 1, .prefix_blocks = 3,
+                          .prefix_queries = 40, .prefix_hits = 25, .prefix_evicted = 6};
     ds_strbuf out;
     ds_strbuf_init(&out);
     ds_metrics_render(&m, &st, "my \"model\"", &out);
@@ -75,6 +76,12 @@ static void test_metrics_render(void **state) {
         "deltaserve:state_slots_used{model_name=\"my \\\"model\\\"\"} 2\n",
         "deltaserve:prompt_tokens_total{model_name=\"my \\\"model\\\"\"} 11\n",
         "deltaserve:generation_tokens_total{model_name=\"my \\\"model\\\"\"} 22\n",
+        "deltaserve:prefix_cache_entries{model_name=\"my \\\"model\\\"\"} 1\n",
+        "deltaserve:prefix_cache_blocks{model_name=\"my \\\"model\\\"\"} 3\n",
+        "deltaserve:prefix_cache_evictions_total{model_name=\"my \\\"model\\\"\"} 6\n",
+        "# TYPE vllm:prefix_cache_queries_total counter\n",
+        "vllm:prefix_cache_queries_total{model_name=\"my \\\"model\\\"\"} 40\n",
+        "vllm:prefix_cache_hits_total{model_name=\"my \\\"model\\\"\"} 25\n",
         "# TYPE deltaserve:time_to_first_token_seconds histogram\n",
         "deltaserve:time_to_first_token_seconds_bucket{model_name=\"my \\\"model\\\"\",le=\"0.001\"} 0\n",
         "deltaserve:time_to_first_token_seconds_bucket{model_name=\"my \\\"model\\\"\",le=\"0.005\"} 2\n",
@@ -96,7 +103,7 @@ static void test_metrics_render(void **state) {
         const char *nl = strchr(line, '\n');
         assert_non_null(nl);
         if (*line != '#') {
-            assert_true(!strncmp(line, "deltaserve:", 11));
+            assert_true(!strncmp(line, "deltaserve:", 11) || !strncmp(line, "vllm:", 5));
             const char *sp = nl;
             while (sp > line && sp[-1] != ' ') sp--;
             char *end;

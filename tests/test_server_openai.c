@@ -360,7 +360,7 @@ static void test_response_shapes(void **state) {
     /* chunks: SSE framing, role delta, usage null while include_usage, usage chunk */
     ds_strbuf b;
     ds_strbuf_init(&b);
-    ds_oai_chunk(&b, &c, true, NULL, NULL, NULL, 0, NULL, 3, 0);
+    ds_oai_chunk(&b, &c, true, NULL, NULL, NULL, 0, NULL, (ds_oai_usage){.n_prompt = 3});
     assert_true(!strncmp(b.data, "data: {", 7));
     assert_true(b.len > 2 && !strcmp(b.data + b.len - 2, "\n\n"));
     o = cJSON_ParseWithLength(b.data + 6, b.len - 8);
@@ -374,11 +374,13 @@ static void test_response_shapes(void **state) {
     assert_true(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(o, "usage")));
     cJSON_Delete(o);
     ds_strbuf_clear(&b);
-    ds_oai_usage_chunk(&b, &c, 3, 2);
+    ds_oai_usage_chunk(&b, &c, (ds_oai_usage){.n_prompt = 3, .n_cached = 1, .n_gen = 2});
     o = cJSON_ParseWithLength(b.data + 6, b.len - 8);
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(o, "choices")), 0);
-    assert_int_equal(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(o, "usage"),
-                                                      "total_tokens")->valueint, 5);
+    u = cJSON_GetObjectItemCaseSensitive(o, "usage");
+    assert_int_equal(cJSON_GetObjectItemCaseSensitive(u, "total_tokens")->valueint, 5);
+    const cJSON *details = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens_details");
+    assert_int_equal(cJSON_GetObjectItemCaseSensitive(details, "cached_tokens")->valueint, 1);
     cJSON_Delete(o);
     ds_strbuf_free(&b);
 }

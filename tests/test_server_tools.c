@@ -99,9 +99,9 @@ static void run(const char *out, size_t chunk, bool parse_calls, bool in_reasoni
         ds_gen_feed_text(&g, out + off, len, false);
         off += len;
         if (off >= n) ds_gen_feed_text(&g, NULL, 0, true); /* end of output */
-        if (g.reasoning.len) ds_oai_chunk(&s, &CTX, false, g.reasoning.data, NULL, NULL, 0, NULL, 0, 0);
-        if (g.content.len) ds_oai_chunk(&s, &CTX, false, NULL, g.content.data, NULL, 0, NULL, 0, 0);
-        if (g.tool_deltas) ds_oai_tool_chunk(&s, &CTX, g.tool_deltas, NULL, 0, 0, 0);
+        if (g.reasoning.len) ds_oai_chunk(&s, &CTX, false, g.reasoning.data, NULL, NULL, 0, NULL, (ds_oai_usage){0});
+        if (g.content.len) ds_oai_chunk(&s, &CTX, false, NULL, g.content.data, NULL, 0, NULL, (ds_oai_usage){0});
+        if (g.tool_deltas) ds_oai_tool_chunk(&s, &CTX, g.tool_deltas, NULL, 0, (ds_oai_usage){0});
         ds_strbuf_append(&content, g.content.data ? g.content.data : "", g.content.len);
         ds_strbuf_append(&reasoning, g.reasoning.data ? g.reasoning.data : "", g.reasoning.len);
         ds_gen_clear_step(&g);

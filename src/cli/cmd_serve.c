@@ -64,6 +64,9 @@ static void usage(FILE *f) {
             "  --tokenizer DIR             tokenizer + chat template from DIR (default: -m DIR;\n"
             "                              required when -m DIR has no tokenizer.json)\n"
             "  --num-speculative-tokens K  MTP draft tokens per step, 0..%d (default 0 = off)\n"
+            "  --[no-]enable-prefix-caching  keep finished requests' caches for prompts that\n"
+            "                              continue them: multi-turn chat, agent loops (default\n"
+            "                              on; runtime/prefix_cache.h)\n"
             "  --warmup-graphs all|off|N   record the step graph of every decode (or\n"
             "                              verification) shape before listening: all (default,\n"
             "                              up to %d), off (at first use), or the N smallest;\n"
@@ -120,6 +123,10 @@ static int parse_args(int argc, char **argv, serve_args *a) {
             a->model_dir = v;
         } else if (!strcmp(argv[i], "--dummy-weights")) {
             a->dummy = true;
+        } else if (!strcmp(argv[i], "--enable-prefix-caching")) {
+            a->eng.prefix_caching = true;
+        } else if (!strcmp(argv[i], "--no-enable-prefix-caching")) {
+            a->eng.prefix_caching = false;
         } else if ((v = ds_arg_value(argc, argv, &i, "--seed", cmd, &bad))) {
             if (!ds_arg_u64(cmd, "--seed", v, &a->seed)) return 2;
         } else if ((v = ds_arg_value(argc, argv, &i, "--tokenizer", cmd, &bad))) {

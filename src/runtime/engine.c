@@ -49,6 +49,7 @@ void ds_engine_opts_default(ds_engine_opts *o) {
         .num_kv_blocks = 0,
         .num_speculative_tokens = 0,
         .warmup_graphs = DS_GRAPH_WARMUP_ALL,
+        .prefix_caching = true,
     };
 }
 
@@ -56,7 +57,9 @@ void ds_engine_opts_default(ds_engine_opts *o) {
 
 /* engine_internal.h */
 void ds_engine_end_request(ds_engine *e, ds_request *r, ds_finish_reason reason, int stop_token) {
-    ds_scheduler_remove(&e->sched, &r->seq);
+    /* a normal finish leaves its caches to the prefix cache (scheduler.h) */
+    if (reason != DS_FINISH_NONE && !r->caches_ahead) ds_scheduler_retire(&e->sched, &r->seq);
+    else ds_scheduler_remove(&e->sched, &r->seq);
     r->end_reason = reason;
     r->end_stop_token = stop_token;
     r->next_done = e->done;
@@ -80,9 +83,15 @@ void ds_engine_publish_stats(ds_engine *e) {
     p->running = ds_scheduler_n_running(&e->sched);
     p->waiting = ds_scheduler_n_waiting(&e->sched);
     p->kv_blocks_total = e->kv.n_blocks;
-    p->kv_blocks_used = ds_kv_blocks_n_used(&e->kv);
+    p->prefix_entries = e->sched.pc.n;
+    p->prefix_blocks = ds_scheduler_prefix_blocks(&e->sched);
+    p->kv_blocks_used = ds_kv_blocks_n_used(&e->kv) - p->prefix_blocks;
     p->slots_total = e->slots.n_slots;
-    p->slots_used = ds_state_slots_n_used(&e->slots);
+    p->slots_used = ds_state_slots_n_used(&e->slots) - p->prefix_entries;
+    p->prefix_queries = e->sched.prefix_queries;
+    p->prefix_hits = e->sched.prefix_hits;
+    p->prefix_stored = e->sched.prefix_stored;
+    p->prefix_evicted = e->sched.prefix_evicted;
     p->preemptions = e->sched.n_preemptions;
     ds_graph_count(&e->runner, &p->graph_shapes_captured, &p->graph_shapes_eager);
     pthread_mutex_unlock(&e->mu);
@@ -375,6 +384,7 @@ ds_status ds_engine_create(ds_model *model, const ds_engine_opts *opts, ds_engin
     ds_scheduler_init(&e->sched, o->max_num_seqs, o->max_num_batched_tokens, &e->kv, &e->slots);
     e->k = o->num_speculative_tokens;
     ds_scheduler_set_spec(&e->sched, e->k);
+    ds_scheduler_set_prefix_caching(&e->sched, o->prefix_caching);
     e->counters.num_speculative_tokens = e->k;
     e->k_next = ds_xcalloc((size_t)o->max_num_seqs, sizeof(int32_t));
     e->k_ahead = ds_xcalloc((size_t)o->max_num_seqs, sizeof(int32_t));

@@ -42,6 +42,8 @@ typedef struct ds_engine_opts {
     int warmup_graphs;          /* step shapes recorded at create, before any request
                                    (graph_warmup.h): DS_GRAPH_WARMUP_ALL (the default), 0 =
                                    none (recorded at their first step), N = the N smallest */
+    bool prefix_caching;        /* finished requests' caches kept for prompts that continue
+                                   them (runtime/prefix_cache.h; default on) */
 } ds_engine_opts;
 
 void ds_engine_opts_default(ds_engine_opts *o);
@@ -79,6 +81,7 @@ typedef struct ds_request_event {
     ds_finish_reason reason;            /* when finished: stop / length (abort → NONE) */
     int stop_token;                     /* the stop_token_id that finished it, else -1 */
     int n_prompt_tokens;
+    int n_cached_tokens;                /* of those, taken over from the prefix cache */
     int n_generated;                    /* total so far */
 } ds_request_event;
 
@@ -93,8 +96,13 @@ void ds_request_release(ds_request *r);
 /* Counters and gauges for /metrics and tests (a consistent snapshot). */
 typedef struct ds_engine_stats {
     int running, waiting;
-    int kv_blocks_total, kv_blocks_used;
+    int kv_blocks_total, kv_blocks_used; /* used: by running requests */
     int slots_total, slots_used;
+    /* prefix caching (prefix_cache.h): entries, and the blocks they hold (each entry holds a
+     * slot: neither counts as used above, since admission evicts them as it needs) */
+    int prefix_entries, prefix_blocks;
+    uint64_t prefix_queries, prefix_hits; /* prompt tokens admitted, of them taken over */
+    uint64_t prefix_stored, prefix_evicted;
     uint64_t requests_finished, requests_aborted, requests_rejected, preemptions;
     uint64_t prompt_tokens, generation_tokens, steps;
     uint64_t greedy_steps;        /* steps of them on the greedy ids-only path (runner.h) */

@@ -116,10 +116,11 @@ static int drafts_allowed(const ds_engine *e, int left) {
  * and e->k_next = its drafts for the next step. drafted: accepted on the device and drafted
  * already (k_drafted drafts per item), its count checked against the device's. Items whose
  * request ended since the step was queued (a chained step's, runner.h "chained steps") are
- * skipped: what the device did for them is dropped. */
+ * skipped: what the device did for them is dropped. next_queued: the verification after this one
+ * is in flight already (chained). */
 static void accept_step(ds_engine *e, const ds_sched_plan *plan, ds_status st,
                         const ds_runner_view *v, int fused, bool drafted,
-                        const int32_t *k_drafted) {
+                        const int32_t *k_drafted, bool next_queued) {
     ds_runner *rn = &e->runner;
     ds_error err = {0};
     int32_t toks[DS_SPEC_MAX_K + 1];
@@ -156,6 +157,11 @@ static void accept_step(ds_engine *e, const ds_sched_plan *plan, ds_status st,
             ds_engine_end_request(e, r, DS_FINISH_NONE, -1);
             continue;
         }
+        /* a finish the host saw before the device's count (a stop token the device accepted
+         * past): the chained verification already queued reads the state after the device's
+         * count and writes its spares over every other place of the ring, the host's included
+         * (caught by test_prefix_cache test_spec_conversations), so the caches are not kept */
+        if (drafted && next_queued && vr.n_emitted != v->dev_m[i]) r->caches_ahead = true;
         ds_spec_stats_add(&e->counters.spec, it->n_draft, vr.n_accepted);
         ds_runner_commit(rn, plan, i, vr.n_emitted);
         ds_sched_seq_advance_spec(&r->seq, it->n_tokens, vr.n_emitted);
@@ -249,7 +255,7 @@ static void run_ahead(ds_engine *e, const ds_sched_plan *plan, int fused) {
             e->counters.spec_device_accepts++;
             if (chained) e->counters.spec_chained_steps++;
         }
-        accept_step(e, cur, st, &v, fused, true, kd_cur);
+        accept_step(e, cur, st, &v, fused, true, kd_cur, chain && st == DS_OK);
         for (int i = 0; i < cur->n_items; i++)
             if (e->k_next[i] > 0) ds_sched_seq_set_drafts(cur->items[i].seq, e->k_next[i]);
         if (st != DS_OK) { /* the chained step's requests are the same: ended above */
@@ -302,7 +308,7 @@ void ds_engine_run_step_spec(ds_engine *e) {
     e->counters.ban_uploads = rn->ban_uploads;
     if (st == DS_OK && fused) e->counters.spec_fused_steps++;
     const ds_runner_view v = ds_runner_view_of(rn);
-    accept_step(e, plan, st, &v, fused, false, NULL);
+    accept_step(e, plan, st, &v, fused, false, NULL, false);
     if (st != DS_OK) return;
     /* drafts for the next step; also fills the MTP's KV over every row this step fed */
     if (ds_runner_draft(rn, plan, &e->kv, e->k_next, &err) != DS_OK) {

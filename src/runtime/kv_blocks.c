@@ -50,16 +50,22 @@ bool ds_kv_blocks_append(ds_kv_blocks *kv, int seq, int64_t n_tokens) {
     return true;
 }
 
-void ds_kv_blocks_release(ds_kv_blocks *kv, int seq) {
+void ds_kv_blocks_truncate(ds_kv_blocks *kv, int seq, int64_t n_tokens) {
     DS_ASSERT(seq >= 0 && seq < kv->n_seqs);
+    const int keep = ds_kv_blocks_for_tokens(kv, n_tokens);
     int32_t *row = kv->tables + (size_t)seq * (size_t)kv->max_blocks_per_seq;
-    /* Pushed back in reverse so the sequence's first block is on top again. */
-    for (int i = kv->n_held[seq] - 1; i >= 0; i--) {
+    /* Pushed back from the end so the lowest kept-over block is on top again. */
+    for (int i = kv->n_held[seq] - 1; i >= keep; i--) {
         DS_ASSERT(kv->n_free < kv->n_blocks && row[i] >= 0 && row[i] < kv->n_blocks);
         kv->free_stack[kv->n_free++] = row[i];
         row[i] = -1;
     }
-    kv->n_held[seq] = 0;
+    if (kv->n_held[seq] > keep) kv->n_held[seq] = keep;
+}
+
+void ds_kv_blocks_release(ds_kv_blocks *kv, int seq) {
+    /* Pushed back in reverse so the sequence's first block is on top again. */
+    ds_kv_blocks_truncate(kv, seq, 0);
 }
 
 const int32_t *ds_kv_blocks_table(const ds_kv_blocks *kv, int seq) {

@@ -50,6 +50,10 @@ bool ds_kv_blocks_can_append(const ds_kv_blocks *kv, int seq, int64_t n_tokens);
  * changing nothing, when the pool or the table row is too small. */
 bool ds_kv_blocks_append(ds_kv_blocks *kv, int seq, int64_t n_tokens);
 
+/* Returns the blocks of sequence `seq` past those holding n_tokens positions to the pool (a
+ * no-op if it holds no more). */
+void ds_kv_blocks_truncate(ds_kv_blocks *kv, int seq, int64_t n_tokens);
+
 /* Returns every block of sequence `seq` to the pool. */
 void ds_kv_blocks_release(ds_kv_blocks *kv, int seq);
 

@@ -90,6 +90,7 @@ bool ds_request_push_token(ds_request *r, const ds_sample_result *res) {
         r->q_samples[r->q_write] = *res;
         r->q_write++;
         r->n_pushed++;
+        r->n_cached = r->seq.n_reused;
         pthread_cond_broadcast(&r->cv);
     }
     pthread_mutex_unlock(&r->mu);
@@ -146,6 +147,7 @@ bool ds_request_next(ds_request *r, ds_request_event *ev, int timeout_ms) {
     r->q_read += n;
     ev->n_tokens = n;
     ev->n_prompt_tokens = r->n_prompt;
+    ev->n_cached_tokens = r->n_cached;
     ev->n_generated = r->n_pushed - (r->q_write - r->q_read);
     ev->stop_token = -1;
     if (r->finished && r->q_read == r->q_write) {

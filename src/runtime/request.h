@@ -39,6 +39,7 @@ struct ds_request {
     ds_sample_result *q_samples; /* [q_cap] */
     int q_read, q_write, q_cap;
     int n_pushed;              /* tokens pushed in total */
+    int n_cached;              /* prompt tokens its first admission took from the prefix cache */
 
     /* ---- engine side (engine thread only, after submission) ---- */
     uint64_t serial;           /* ≥ 1, unique per engine: names its ban list (runner bans) */
@@ -49,6 +50,9 @@ struct ds_request {
     ds_sampler sampler;
     ds_sched_seq seq;
     bool counted_prompt;       /* prompt tokens added to the stats (once, not per recompute) */
+    bool caches_ahead;         /* its caches went past its last token (a device acceptance that
+                                  took more drafts than the host, which stopped earlier): not
+                                  kept for the prefix cache */
     ds_finish_reason end_reason; /* decided this step; delivered by ds_request_finish */
     int end_stop_token;
     ds_request *next_sub;      /* submission queue link (under the engine mutex) */

@@ -80,9 +80,11 @@ void ds_scheduler_init(ds_scheduler *s, int max_num_seqs, int max_num_batched_to
                         .slots = slots};
     s->snap = ds_xcalloc((size_t)max_num_seqs, sizeof *s->snap);
     s->plan.items = ds_xcalloc((size_t)max_num_seqs, sizeof *s->plan.items);
+    ds_prefix_cache_init(&s->pc, slots->n_slots);
 }
 
 void ds_scheduler_free(ds_scheduler *s) {
+    ds_prefix_cache_free(&s->pc);
     free(s->snap);
     free(s->plan.items);
     *s = (ds_scheduler){0};
@@ -111,6 +113,51 @@ static void release_caches(ds_scheduler *s, ds_sched_seq *q) {
     ds_kv_blocks_release(s->kv, q->slot);
     ds_state_slots_release(s->slots, q->slot);
     q->slot = -1;
+}
+
+/* ---- prefix cache --------------------------------------------------------------------------- */
+
+/* Frees the caches of the least recently stored entry other than the one holding `except`;
+ * false when there is none. */
+static bool evict_entry(ds_scheduler *s, int except) {
+    const int slot = ds_prefix_cache_oldest(&s->pc, except);
+    if (slot < 0) return false;
+    ds_prefix_cache_take(&s->pc, slot);
+    ds_kv_blocks_release(s->kv, slot);
+    ds_state_slots_release(s->slots, slot);
+    s->prefix_evicted++;
+    return true;
+}
+
+void ds_scheduler_set_prefix_caching(ds_scheduler *s, bool on) {
+    s->prefix_caching = on;
+    if (!on)
+        while (evict_entry(s, -1)) {}
+}
+
+int ds_scheduler_prefix_blocks(const ds_scheduler *s) {
+    int n = 0;
+    for (int i = 0; i < s->pc.n; i++) n += ds_kv_blocks_held(s->kv, s->pc.e[i].slot);
+    return n;
+}
+
+void ds_scheduler_retire(ds_scheduler *s, ds_sched_seq *q) {
+    /* the entry's L + 1 tokens: its n_computed cached ones and the last, sampled one */
+    if (!s->prefix_caching || q->state != DS_SCHED_RUNNING || q->n_computed < 1 ||
+        q->n_tokens != q->n_computed + 1) {
+        ds_scheduler_remove(s, q);
+        return;
+    }
+    /* positions from n_computed on are rewritten by the next owner before anything reads them */
+    ds_kv_blocks_truncate(s->kv, q->slot, q->n_computed);
+    if (!ds_prefix_cache_store(&s->pc, q->slot, q->tokens, q->n_computed)) {
+        ds_scheduler_remove(s, q);
+        return;
+    }
+    s->prefix_stored++;
+    queue_unlink(&s->running, q);
+    q->slot = -1;
+    q->state = DS_SCHED_NONE;
 }
 
 void ds_scheduler_remove(ds_scheduler *s, ds_sched_seq *q) {
@@ -147,14 +194,19 @@ static void plan_add(ds_scheduler *s, ds_sched_seq *q, int n, int n_draft, bool 
  * reaches the last known token of a speculating sequence, the MTP draft positions after it
  * (spec.h: drafting for the next step writes the MTP's KV up to k − 1 positions past the last
  * accepted token), capped at what the sequence can ever hold. */
-static int64_t kv_target(const ds_scheduler *s, const ds_sched_seq *q, int n_known, int n_fed) {
-    int64_t target = (int64_t)q->n_computed + n_fed;
-    if (s->num_spec > 0 && q->spec && q->n_computed + n_known == q->n_tokens) {
+static int64_t kv_target_from(const ds_scheduler *s, const ds_sched_seq *q, int n_computed,
+                              int n_known, int n_fed) {
+    int64_t target = (int64_t)n_computed + n_fed;
+    if (s->num_spec > 0 && q->spec && n_computed + n_known == q->n_tokens) {
         int64_t ahead = target + s->num_spec - 1;
         if (ahead > q->max_tokens) ahead = q->max_tokens;
         if (ahead > target) target = ahead;
     }
     return target;
+}
+
+static int64_t kv_target(const ds_scheduler *s, const ds_sched_seq *q, int n_known, int n_fed) {
+    return kv_target_from(s, q, q->n_computed, n_known, n_fed);
 }
 
 static void plan_drop(ds_scheduler *s, ds_sched_seq *q) {
@@ -188,6 +240,7 @@ static void preempt(ds_scheduler *s, ds_sched_seq *q) {
 static bool reserve_running(ds_scheduler *s, ds_sched_seq *q, int n_known, int n_fed) {
     int64_t target = kv_target(s, q, n_known, n_fed);
     while (!ds_kv_blocks_can_append(s->kv, q->slot, target)) {
+        if (evict_entry(s, -1)) continue; /* cached prefixes go before anyone is preempted */
         ds_sched_seq *victim = s->running.tail;
         DS_ASSERT(victim != NULL);
         preempt(s, victim);
@@ -228,24 +281,63 @@ static void plan_running(ds_scheduler *s, bool decodes, int *budget) {
     }
 }
 
+/* Admits waiting head q into `slot` (a free one, or an entry's holding n_cached positions) with
+ * its first chunk of `take` tokens, whose blocks (up to `target` positions) are free. */
+static void admit(ds_scheduler *s, ds_sched_seq *q, int slot, int n_cached, int take,
+                  int64_t target) {
+    bool ok = ds_kv_blocks_append(s->kv, slot, target);
+    DS_ASSERT(ok);
+    queue_unlink(&s->waiting, q);
+    if (!q->admitted) {
+        s->prefix_queries += (uint64_t)q->n_tokens;
+        s->prefix_hits += (uint64_t)n_cached;
+        q->n_reused = n_cached;
+        q->admitted = true;
+    }
+    q->slot = slot;
+    q->n_computed = n_cached;
+    q->state = DS_SCHED_RUNNING;
+    queue_push_back(&s->running, q);
+    plan_add(s, q, take, 0, n_cached == 0);
+}
+
+/* Admits waiting head q by taking over the prefix-cache entry its tokens continue, evicting
+ * other entries for the blocks of its first chunk. False when none matches or the blocks are
+ * not there even so (the entry stays). */
+static bool admit_cached(ds_scheduler *s, ds_sched_seq *q, int *budget) {
+    int n_cached = 0;
+    const int slot = ds_prefix_cache_match(&s->pc, q->tokens, q->n_tokens, &n_cached);
+    if (slot < 0) return false;
+    const int left = q->n_tokens - n_cached;
+    const int take = left < *budget ? left : *budget;
+    const int64_t target = kv_target_from(s, q, n_cached, take, take);
+    while (ds_kv_blocks_missing(s->kv, slot, target) > ds_kv_blocks_n_free(s->kv))
+        if (!evict_entry(s, slot)) return false;
+    if (!ds_kv_blocks_can_append(s->kv, slot, target)) return false;
+    ds_prefix_cache_take(&s->pc, slot);
+    admit(s, q, slot, n_cached, take, target);
+    *budget -= take;
+    return true;
+}
+
 static void plan_waiting(ds_scheduler *s, int *budget) {
     while (s->waiting.head && *budget > 0 && s->running.n < s->max_num_seqs) {
         ds_sched_seq *q = s->waiting.head;
         DS_ASSERT(q->n_computed == 0);
+        if (s->prefix_caching && admit_cached(s, q, budget)) continue;
         int take = q->n_tokens < *budget ? q->n_tokens : *budget;
         int64_t target = kv_target(s, q, take, take);
-        if (ds_state_slots_n_free(s->slots) == 0 ||
-            ds_kv_blocks_for_tokens(s->kv, target) > ds_kv_blocks_n_free(s->kv))
-            break; /* strict FCFS: nobody overtakes the head */
+        const int need = ds_kv_blocks_for_tokens(s->kv, target);
+        /* strict FCFS: when the head does not fit even with every cached prefix evicted, nobody
+         * overtakes it (and the entries stay) */
+        if (s->pc.n == 0 && ds_state_slots_n_free(s->slots) == 0) break;
+        if (need > ds_kv_blocks_n_free(s->kv) + ds_scheduler_prefix_blocks(s)) break;
+        while ((ds_state_slots_n_free(s->slots) == 0 || need > ds_kv_blocks_n_free(s->kv)) &&
+               evict_entry(s, -1)) {}
+        DS_ASSERT(ds_state_slots_n_free(s->slots) > 0 && need <= ds_kv_blocks_n_free(s->kv));
         int slot = ds_state_slots_alloc(s->slots);
         DS_ASSERT(slot >= 0 && ds_kv_blocks_held(s->kv, slot) == 0);
-        bool ok = ds_kv_blocks_append(s->kv, slot, target);
-        DS_ASSERT(ok);
-        queue_unlink(&s->waiting, q);
-        q->slot = slot;
-        q->state = DS_SCHED_RUNNING;
-        queue_push_back(&s->running, q);
-        plan_add(s, q, take, 0, true);
+        admit(s, q, slot, 0, take, target);
         *budget -= take;
     }
 }

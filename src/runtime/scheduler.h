@@ -24,6 +24,11 @@
  * freed, its n_computed drops to 0 and it goes back to the FRONT of the waiting queue; its
  * prompt + generated tokens are recomputed when it is re-admitted (the engine keeps its sampler
  * state). A victim already planned for this step is taken out of the plan.
+ * Prefix caching (ds_scheduler_set_prefix_caching, prefix_cache.h): a sequence that finished
+ * normally leaves its slot and blocks as an entry (ds_scheduler_retire); a waiting sequence
+ * whose tokens continue an entry's takes it over at admission and starts at its n_computed.
+ * Whenever admission or growth lacks a slot or blocks, the least recently stored entries are
+ * evicted first; only then is anyone preempted.
  * A chunk ends either at the end of the known tokens (the sequence wants logits: the next token
  * is sampled) or mid-way (no logits). Progress: a sequence alone in the pool always fits if
  * ds_scheduler_fits() accepted it, so the oldest running sequence is never starved. */
@@ -34,6 +39,7 @@
 #include <stdint.h>
 
 #include "runtime/kv_blocks.h"
+#include "runtime/prefix_cache.h"
 #include "runtime/state_slots.h"
 
 typedef enum ds_sched_state {
@@ -54,6 +60,8 @@ typedef struct ds_sched_seq {
     const int32_t *tokens; /* [n_tokens] the known tokens (owned by the engine's request; the
                               scheduler never reads them, the runner feeds them) */
     ds_sched_state state;
+    bool admitted;    /* admitted at least once (a preempted one is re-admitted) */
+    int n_reused;     /* tokens its first admission took over from the prefix cache */
     uint64_t plan_step; /* the plan (ds_scheduler.step) it was last put in */
     int plan_index;     /* its item's index in that plan */
     struct ds_sched_seq *prev, *next; /* links in the waiting or running queue */
@@ -79,7 +87,8 @@ typedef struct ds_sched_item {
     int n_tokens;      /* known tokens fed this step: [n_computed, n_computed + n_tokens) */
     int n_draft;       /* draft tokens fed after them (a verification); 0 otherwise */
     bool wants_logits; /* the chunk reaches the last known token: sample after it */
-    bool fresh_slot;   /* admitted by this plan: the engine must reset the slot's state */
+    bool fresh_slot;   /* admitted by this plan to a free slot: the engine must reset its state
+                          (false for a prefix-cache take-over, whose state is the entry's) */
 } ds_sched_item;
 
 typedef struct ds_sched_plan {
@@ -107,6 +116,12 @@ typedef struct ds_scheduler {
     ds_sched_plan plan;     /* the last plan (its items array is owned here) */
     uint64_t step;          /* plans made so far; numbers the current plan */
     uint64_t n_preemptions;
+    /* prefix caching (off unless ds_scheduler_set_prefix_caching) */
+    bool prefix_caching;
+    ds_prefix_cache pc;     /* entries: finished sequences' slots and blocks */
+    uint64_t prefix_queries; /* tokens of sequences admitted for the first time */
+    uint64_t prefix_hits;    /* of those, tokens taken over from entries */
+    uint64_t prefix_stored, prefix_evicted; /* entries stored, evicted */
 } ds_scheduler;
 
 /* The pools must have at least max_num_seqs slots / sequences. */
@@ -121,12 +136,23 @@ void ds_scheduler_set_spec(ds_scheduler *s, int k);
  * table row); requests that fail this can never run and must be refused at submission. */
 bool ds_scheduler_fits(const ds_scheduler *s, int64_t max_tokens);
 
+/* Prefix caching on or off (off: every entry is evicted). */
+void ds_scheduler_set_prefix_caching(ds_scheduler *s, bool on);
+
 /* Appends a new sequence (ds_sched_seq_init'ed, state NONE) to the waiting queue. */
 void ds_scheduler_add(ds_scheduler *s, ds_sched_seq *q);
 
 /* Takes a sequence out (finished, cancelled, aborted): frees its blocks and slot. Safe in any
  * state; a sequence in the current plan must not be removed before the engine used the plan. */
 void ds_scheduler_remove(ds_scheduler *s, ds_sched_seq *q);
+
+/* Takes out a sequence that finished normally, its caches consistent with its n_computed:
+ * with prefix caching, a running one whose last token is known but not fed leaves its slot and
+ * blocks as a prefix-cache entry; otherwise as ds_scheduler_remove. */
+void ds_scheduler_retire(ds_scheduler *s, ds_sched_seq *q);
+
+/* Blocks held by prefix-cache entries. */
+int ds_scheduler_prefix_blocks(const ds_scheduler *s);
 
 /* Plans the next step into s->plan (valid until the next call) and returns it. The plan's
  * sequences hold the KV blocks for every position they feed. An empty plan means nothing to

@@ -170,6 +170,7 @@ bool ds_gen_step(ds_gen *g, int timeout_ms) {
     double now = ds_now_s();
     ds_error err = {0};
     g->n_prompt = ev.n_prompt_tokens;
+    g->n_cached = ev.n_cached_tokens;
     if (ev.n_tokens > 0) {
         if (g->n_generated == 0) {
             g->t_first = now;

@@ -54,6 +54,7 @@ typedef struct ds_gen {
     int n_toks, cap_toks;
     /* totals */
     int n_prompt;
+    int n_cached;         /* of them, taken over from the engine's prefix cache */
     int n_generated;      /* tokens counted for usage (up to the one completing a stop string) */
     uint64_t text_bytes;  /* detokenised bytes so far */
     bool finished;

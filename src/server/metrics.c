@@ -124,6 +124,23 @@ static void histogram(ds_strbuf *o, const char *labels, const char *name, const 
                      (unsigned long long)h->count);
 }
 
+/* vLLM's prefix-cache counters (vllm:prefix_cache_queries_total / _hits_total, in tokens: hit
+ * rate = hits / queries), so its dashboards read ours. */
+static void prefix_counters(ds_strbuf *o, const char *L, const ds_engine_stats *st) {
+    static const struct {
+        const char *name, *help;
+    } c[2] = {
+        {"prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache."},
+        {"prefix_cache_hits_total", "Prompt tokens taken over from the prefix cache."},
+    };
+    const uint64_t v[2] = {st->prefix_queries, st->prefix_hits};
+    for (int i = 0; i < 2; i++) {
+        ds_strbuf_printf(o, "# HELP vllm:%s %s\n# TYPE vllm:%s counter\n", c[i].name, c[i].help,
+                         c[i].name);
+        ds_strbuf_printf(o, "vllm:%s{%s} %llu\n", c[i].name, L, (unsigned long long)v[i]);
+    }
+}
+
 /* Speculative decoding counters under vLLM's own names (vllm:spec_decode_*), so dashboards and
  * `bench serve` read them as they read vLLM's: acceptance rate = accepted / draft tokens, mean
  * accepted length = 1 + accepted / drafts. Exported only when speculative decoding is on. */
@@ -196,6 +213,15 @@ void ds_metrics_render(ds_metrics *m, const ds_engine_stats *st, const char *mod
     counter(out, L, "ban_uploads_total",
             "Banned-id tables (EOS / stop ids below min_tokens) sent to the device.",
             st->ban_uploads);
+    gauge(out, L, "prefix_cache_entries",
+          "Finished requests whose caches are kept for prompts that continue them (each holds "
+          "a state slot; admission evicts them as it needs).",
+          st->prefix_entries);
+    gauge(out, L, "prefix_cache_blocks", "KV-cache blocks held by prefix-cache entries.",
+          st->prefix_blocks);
+    counter(out, L, "prefix_cache_evictions_total", "Prefix-cache entries evicted for room.",
+            st->prefix_evicted);
+    prefix_counters(out, L, st);
     if (st->num_speculative_tokens > 0) {
         spec_counters(out, L, st);
         counter(out, L, "spec_fused_verifications_total",

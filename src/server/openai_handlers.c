@@ -270,6 +270,7 @@ static ds_oai_result result_of(const ds_job *j, const char *text, const char *re
         .stop_token = g->stop_token,
         .n_prompt = g->n_prompt,
         .n_gen = g->n_generated,
+        .n_cached = g->n_cached,
     };
 }
 
@@ -368,6 +369,11 @@ static enum MHD_Result respond_whole(ds_job **jobs, int n, int per_prompt) {
 
 /* ---- streaming ----------------------------------------------------------------------------- */
 
+/* g's usage with n_gen completion tokens. */
+static ds_oai_usage gen_usage(const ds_gen *g, int n_gen) {
+    return (ds_oai_usage){.n_prompt = g->n_prompt, .n_cached = g->n_cached, .n_gen = n_gen};
+}
+
 /* Appends the next SSE events to j->out (may block up to one wait slice). */
 static void produce(ds_job *j) {
     ds_gen *g = &j->g;
@@ -375,9 +381,9 @@ static void produce(ds_job *j) {
     if (!j->started) {
         j->started = true;
         if (c->kind == DS_OAI_CHAT)
-            ds_oai_chunk(&j->out, c, true, NULL, NULL, NULL, 0, NULL, g->n_prompt, 0);
+            ds_oai_chunk(&j->out, c, true, NULL, NULL, NULL, 0, NULL, gen_usage(g, 0));
         else if (j->echo_text)
-            ds_oai_chunk(&j->out, c, false, NULL, j->echo_text, NULL, 0, NULL, g->n_prompt, 0);
+            ds_oai_chunk(&j->out, c, false, NULL, j->echo_text, NULL, 0, NULL, gen_usage(g, 0));
         if (j->out.len) return;
     }
     if (!ds_gen_step(g, j->wait_ms)) {
@@ -390,17 +396,17 @@ static void produce(ds_job *j) {
     const ds_gen_token *toks = g->toks;
     int n_toks = g->n_toks;
     if (g->reasoning.len) {
-        ds_oai_chunk(&j->out, c, false, g->reasoning.data, NULL, toks, n_toks, NULL, g->n_prompt,
-                     g->n_generated);
+        ds_oai_chunk(&j->out, c, false, g->reasoning.data, NULL, toks, n_toks, NULL,
+                     gen_usage(g, g->n_generated));
         n_toks = 0; /* the logprobs went with the first chunk of this step */
     }
     if (g->content.len || (n_toks > 0 && !g->tool_deltas)) {
         ds_oai_chunk(&j->out, c, false, NULL, g->content.data ? g->content.data : "", toks, n_toks,
-                     NULL, g->n_prompt, g->n_generated);
+                     NULL, gen_usage(g, g->n_generated));
         n_toks = 0;
     }
     if (g->tool_deltas)
-        ds_oai_tool_chunk(&j->out, c, g->tool_deltas, toks, n_toks, g->n_prompt, g->n_generated);
+        ds_oai_tool_chunk(&j->out, c, g->tool_deltas, toks, n_toks, gen_usage(g, g->n_generated));
     if (g->finished) {
         if (g->failed || !strcmp(g->finish_reason, "abort")) {
             ds_oai_error e;
@@ -409,8 +415,8 @@ static void produce(ds_job *j) {
             ds_oai_error_event(&j->out, &e);
         } else {
             ds_oai_result r = result_of(j, NULL, NULL, NULL, 0);
-            ds_oai_chunk(&j->out, c, false, NULL, NULL, NULL, 0, &r, g->n_prompt, g->n_generated);
-            if (c->include_usage && !j->sub) ds_oai_usage_chunk(&j->out, c, g->n_prompt, g->n_generated);
+            ds_oai_chunk(&j->out, c, false, NULL, NULL, NULL, 0, &r, gen_usage(g, g->n_generated));
+            if (c->include_usage && !j->sub) ds_oai_usage_chunk(&j->out, c, gen_usage(g, g->n_generated));
         }
         if (!j->sub) ds_strbuf_puts(&j->out, "data: [DONE]\n\n");
         j->done = true;
@@ -446,12 +452,16 @@ static void stream_produce(ds_stream *st) {
     if (!all_done) return;
     if (st->n > 1) {
         const ds_oai_resp_ctx *c = &st->jobs[0]->ctx;
-        int n_prompt = 0, n_gen = 0;
+        ds_oai_usage u = {0};
         for (int i = 0; i < st->n; i++) {
-            if (i % st->per_prompt == 0) n_prompt += st->jobs[i]->g.n_prompt;
-            n_gen += st->jobs[i]->g.n_generated;
+            const ds_gen *g = &st->jobs[i]->g;
+            if (i % st->per_prompt == 0) {
+                u.n_prompt += g->n_prompt;
+                u.n_cached += g->n_cached;
+            }
+            u.n_gen += g->n_generated;
         }
-        if (c->include_usage) ds_oai_usage_chunk(&st->out, c, n_prompt, n_gen);
+        if (c->include_usage) ds_oai_usage_chunk(&st->out, c, u);
         ds_strbuf_puts(&st->out, "data: [DONE]\n\n");
     }
     st->done = true;

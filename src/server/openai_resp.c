@@ -141,11 +141,13 @@ static cJSON *tok_ids(const ds_gen_token *t, int n) {
     return a;
 }
 
-static cJSON *usage_json(int n_prompt, int n_gen) {
+static cJSON *usage_json(ds_oai_usage x) {
     cJSON *u = cJSON_CreateObject();
-    cJSON_AddNumberToObject(u, "prompt_tokens", n_prompt);
-    cJSON_AddNumberToObject(u, "total_tokens", n_prompt + n_gen);
-    cJSON_AddNumberToObject(u, "completion_tokens", n_gen);
+    cJSON_AddNumberToObject(u, "prompt_tokens", x.n_prompt);
+    cJSON_AddNumberToObject(u, "total_tokens", x.n_prompt + x.n_gen);
+    cJSON_AddNumberToObject(u, "completion_tokens", x.n_gen);
+    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    cJSON_AddNumberToObject(d, "cached_tokens", x.n_cached);
     return u;
 }
 
@@ -220,16 +222,19 @@ char *ds_oai_response_json_n(const ds_oai_resp_ctx *c, const ds_oai_result *r, i
     bool chat = c->kind == DS_OAI_CHAT;
     cJSON *o = envelope(c, chat ? "chat.completion" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
-    int n_prompt = 0, n_gen = 0;
+    ds_oai_usage u = {0};
     for (int i = 0; i < n; i++) {
         cJSON_AddItemToArray(choices, choice_json(c, &r[i], i));
-        if (i % per_prompt == 0) n_prompt += r[i].n_prompt;
-        n_gen += r[i].n_gen;
+        if (i % per_prompt == 0) {
+            u.n_prompt += r[i].n_prompt;
+            u.n_cached += r[i].n_cached; /* the prompt's first choice's (vLLM counts it once) */
+        }
+        u.n_gen += r[i].n_gen;
     }
     if (chat && c->return_token_ids)
         cJSON_AddItemToObject(o, "prompt_token_ids", id_array(c->prompt_ids, c->n_prompt_ids));
     /* each prompt once (n samples of it), the completions summed (as vLLM) */
-    cJSON_AddItemToObject(o, "usage", usage_json(n_prompt, n_gen));
+    cJSON_AddItemToObject(o, "usage", usage_json(u));
     return print_free(o);
 }
 
@@ -254,7 +259,7 @@ static void sse_append(ds_strbuf *out, cJSON *o) { sse_append_text(out, print_fr
 
 void ds_oai_chunk(ds_strbuf *out, const ds_oai_resp_ctx *c, bool role, const char *reasoning,
                   const char *content, const ds_gen_token *toks, int n_toks,
-                  const ds_oai_result *fin, int n_prompt, int n_gen) {
+                  const ds_oai_result *fin, ds_oai_usage u) {
     bool chat = c->kind == DS_OAI_CHAT;
     cJSON *o = envelope(c, chat ? "chat.completion.chunk" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
@@ -273,13 +278,13 @@ void ds_oai_chunk(ds_strbuf *out, const ds_oai_resp_ctx *c, bool role, const cha
     add_finish(ch, fin);
     if (c->return_token_ids) cJSON_AddItemToObject(ch, "token_ids", tok_ids(toks, n_toks));
     cJSON_AddItemToArray(choices, ch);
-    if (c->continuous_usage) cJSON_AddItemToObject(o, "usage", usage_json(n_prompt, n_gen));
+    if (c->continuous_usage) cJSON_AddItemToObject(o, "usage", usage_json(u));
     else if (c->include_usage) cJSON_AddNullToObject(o, "usage");
     sse_append(out, o);
 }
 
 void ds_oai_tool_chunk(ds_strbuf *out, const ds_oai_resp_ctx *c, const cJSON *deltas,
-                       const ds_gen_token *toks, int n_toks, int n_prompt, int n_gen) {
+                       const ds_gen_token *toks, int n_toks, ds_oai_usage u) {
     cJSON *o = envelope(c, "chat.completion.chunk");
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     cJSON *ch = cJSON_CreateObject();
@@ -291,15 +296,15 @@ void ds_oai_tool_chunk(ds_strbuf *out, const ds_oai_resp_ctx *c, const cJSON *de
     add_finish(ch, NULL);
     if (c->return_token_ids) cJSON_AddItemToObject(ch, "token_ids", tok_ids(toks, n_toks));
     cJSON_AddItemToArray(choices, ch);
-    if (c->continuous_usage) cJSON_AddItemToObject(o, "usage", usage_json(n_prompt, n_gen));
+    if (c->continuous_usage) cJSON_AddItemToObject(o, "usage", usage_json(u));
     else if (c->include_usage) cJSON_AddNullToObject(o, "usage");
     sse_append(out, o);
 }
 
-void ds_oai_usage_chunk(ds_strbuf *out, const ds_oai_resp_ctx *c, int n_prompt, int n_gen) {
+void ds_oai_usage_chunk(ds_strbuf *out, const ds_oai_resp_ctx *c, ds_oai_usage u) {
     cJSON *o = envelope(c, c->kind == DS_OAI_CHAT ? "chat.completion.chunk" : "text_completion");
     cJSON_AddArrayToObject(o, "choices");
-    cJSON_AddItemToObject(o, "usage", usage_json(n_prompt, n_gen));
+    cJSON_AddItemToObject(o, "usage", usage_json(u));
     sse_append(out, o);
 }
 

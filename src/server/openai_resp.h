@@ -43,7 +43,14 @@ typedef struct ds_oai_result {
     const char *stop_str;   /* stop string that matched, else NULL */
     int stop_token;         /* stop_token_id that matched, else -1 */
     int n_prompt, n_gen;
+    int n_cached;           /* prompt tokens taken over from the prefix cache */
 } ds_oai_result;
+
+/* A response's usage: prompt tokens (of them cached: usage.prompt_tokens_details.cached_tokens,
+ * OpenAI's field, from the engine's prefix cache) and completion tokens. */
+typedef struct ds_oai_usage {
+    int n_prompt, n_cached, n_gen;
+} ds_oai_usage;
 
 /* Appends `s` (n bytes) to out with each invalid UTF-8 sequence replaced by U+FFFD. */
 void ds_utf8_lossy(ds_strbuf *out, const char *s, size_t n);
@@ -62,13 +69,13 @@ char *ds_oai_response_json_n(const ds_oai_resp_ctx *c, const ds_oai_result *r, i
  * role; reasoning/content may be NULL. finish_reason NULL = not finished. */
 void ds_oai_chunk(ds_strbuf *out, const ds_oai_resp_ctx *c, bool role, const char *reasoning,
                   const char *content, const ds_gen_token *toks, int n_toks,
-                  const ds_oai_result *fin, int n_prompt, int n_gen);
+                  const ds_oai_result *fin, ds_oai_usage u);
 /* A chat chunk whose delta carries tool_calls (the items of `deltas`, an array of
  * {index, id?, type?, function: {name?, arguments}}). */
 void ds_oai_tool_chunk(ds_strbuf *out, const ds_oai_resp_ctx *c, const cJSON *deltas,
-                       const ds_gen_token *toks, int n_toks, int n_prompt, int n_gen);
+                       const ds_gen_token *toks, int n_toks, ds_oai_usage u);
 /* The final usage chunk (choices: []). */
-void ds_oai_usage_chunk(ds_strbuf *out, const ds_oai_resp_ctx *c, int n_prompt, int n_gen);
+void ds_oai_usage_chunk(ds_strbuf *out, const ds_oai_resp_ctx *c, ds_oai_usage u);
 /* data: {"error": {...}} */
 void ds_oai_error_event(ds_strbuf *out, const ds_oai_error *e);
 
