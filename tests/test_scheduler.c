@@ -1,13 +1,16 @@
 /* test_scheduler.c — scheduling policy without a model: hand-worked plans (decodes first, FCFS
  * chunked prefill, admission limits, preemption of the newest, re-queue at the front), and a
  * randomised simulation that checks the plan invariants every step and that every request
- * completes with exactly its prompt + outputs fed, in order, however often it was preempted. */
+ * completes with exactly its prompt + outputs fed, in order, however often it was preempted —
+ * also with prefix caching, where finished requests leave entries and later ones continue them
+ * (test_prefix_cache.c has the hand-worked prefix-cache cases). */
 #include "testlib.h"
 
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/status.h"
 #include "runtime/scheduler.h"
 
 typedef struct sim {
@@ -29,25 +32,41 @@ static void sim_free(sim *m) {
     ds_state_slots_free(&m->slots);
 }
 
+enum { FAKE_MAX_TOKENS = 256 };
+
 typedef struct fake_req {
     ds_sched_seq seq;
     int max_new, n_gen;
     bool done;
+    int32_t toks[FAKE_MAX_TOKENS]; /* prompt, then the "sampled" tokens */
 } fake_req;
 
-static void req_init(fake_req *r, int n_prompt, int max_new) {
+/* A request whose prompt is toks[0, n_prompt) (NULL: no tokens, for the tests without prefix
+ * caching). */
+static void req_init_toks(fake_req *r, const int32_t *toks, int n_prompt, int max_new) {
     memset(r, 0, sizeof *r);
-    ds_sched_seq_init(&r->seq, NULL, n_prompt, max_new, r); /* tokens: the runner's business */
+    DS_ASSERT(n_prompt + max_new <= FAKE_MAX_TOKENS);
+    if (toks) memcpy(r->toks, toks, (size_t)n_prompt * sizeof *toks);
+    ds_sched_seq_init(&r->seq, r->toks, n_prompt, max_new, r);
     r->max_new = max_new;
 }
 
-/* What the engine does after the forward: advance, "sample", finish at max_new. */
+static void req_init(fake_req *r, int n_prompt, int max_new) {
+    req_init_toks(r, NULL, n_prompt, max_new);
+}
+
+/* What the engine does after the forward: advance, "sample" (a token that is a function of the
+ * tokens so far: continuations of the same tokens sample the same), finish at max_new (retired:
+ * with prefix caching the caches stay as an entry). */
 static void apply_plan(sim *m, const ds_sched_plan *p) {
     for (int i = 0; i < p->n_items; i++) {
         fake_req *r = p->items[i].seq->owner;
         ds_sched_seq_advance(&r->seq, p->items[i].n_tokens, p->items[i].wants_logits);
-        if (p->items[i].wants_logits && ++r->n_gen == r->max_new) {
-            ds_scheduler_remove(&m->s, &r->seq);
+        if (!p->items[i].wants_logits) continue;
+        const int n = r->seq.n_tokens - 1; /* the new token's index */
+        r->toks[n] = (int32_t)((uint32_t)r->toks[n - 1] * 2654435761u % 1000u);
+        if (++r->n_gen == r->max_new) {
+            ds_scheduler_retire(&m->s, &r->seq);
             r->done = true;
         }
     }
@@ -310,8 +329,14 @@ static int rnd_int(test_rng *g, int lo, int hi) { /* [lo, hi] */
     return v > hi ? hi : v;
 }
 
-/* Returns the preemptions it saw. */
-static uint64_t run_random(uint64_t seed) {
+typedef struct rnd_totals {
+    uint64_t preemptions, hits, evicted;
+} rnd_totals;
+
+/* Adds what it saw to *t. With prefix caching, half of the arrivals continue a finished
+ * request's whole token sequence with new tokens (each token a function of the request's
+ * number and position, the sampled ones of the token before). */
+static void run_random(uint64_t seed, bool prefix, rnd_totals *t) {
     test_rng g = {seed};
     const int max_seqs = rnd_int(&g, 1, 6);
     const int budget = rnd_int(&g, max_seqs, 40);
@@ -321,6 +346,7 @@ static uint64_t run_random(uint64_t seed) {
     const int n_blocks = rnd_int(&g, row, row * max_seqs); /* from one request to all at once */
     sim m;
     sim_init(&m, max_seqs, budget, n_blocks, bs, row);
+    ds_scheduler_set_prefix_caching(&m.s, prefix);
     enum { N = 40 };
     rnd_req *r = calloc(N, sizeof *r);
     int n_added = 0, n_admitted = 0, finished = 0;
@@ -329,8 +355,17 @@ static uint64_t run_random(uint64_t seed) {
         /* Arrivals. */
         while (n_added < N && rnd_int(&g, 0, 2) == 0) {
             rnd_req *q = &r[n_added++];
-            q->n_prompt = rnd_int(&g, 1, max_len - 1);
-            req_init(&q->f, q->n_prompt, rnd_int(&g, 1, max_len - q->n_prompt));
+            int32_t toks[FAKE_MAX_TOKENS];
+            int n = 0;
+            const int from = prefix && n_added > 1 && rnd_int(&g, 0, 1) ? rnd_int(&g, 0, n_added - 2) : -1;
+            if (from >= 0 && r[from].f.done && !r[from].cancelled &&
+                r[from].f.seq.n_tokens < max_len - 1) { /* a continuation */
+                n = r[from].f.seq.n_tokens;
+                memcpy(toks, r[from].f.toks, (size_t)n * sizeof *toks);
+            }
+            q->n_prompt = rnd_int(&g, n + 1, max_len - 1);
+            for (int k = n; k < q->n_prompt; k++) toks[k] = 1000 * n_added + k;
+            req_init_toks(&q->f, toks, q->n_prompt, rnd_int(&g, 1, max_len - q->n_prompt));
             ds_scheduler_add(&m.s, &q->f.seq);
         }
         /* Occasional cancellation of a random live request. */
@@ -356,12 +391,20 @@ static uint64_t run_random(uint64_t seed) {
             assert_int_equal(q->state, DS_SCHED_RUNNING);
             assert_true(it->n_tokens >= 1 && q->n_computed + it->n_tokens <= q->n_tokens);
             assert_int_equal(it->wants_logits, q->n_computed + it->n_tokens == q->n_tokens);
-            bool decode = q->n_tokens - q->n_computed == 1 && !it->fresh_slot;
+            bool decode = q->n_tokens - q->n_computed == 1 && !it->fresh_slot && !it->resumed;
             if (decode) assert_false(seen_nondecode); /* decodes come first */
             else seen_nondecode = true;
             assert_true((int64_t)ds_kv_blocks_held(&m.kv, q->slot) * bs >=
                         q->n_computed + it->n_tokens);
             for (int k = 0; k < i; k++) assert_int_not_equal(p->items[k].seq->slot, q->slot);
+            if (it->resumed) { /* took over an entry of the same first n_computed + 1 tokens */
+                assert_true(prefix && !it->fresh_slot && q->n_computed > 0);
+                rq->fed = q->n_computed;
+                if (!rq->ever_admitted) {
+                    rq->ever_admitted = true;
+                    rq->admit_rank = n_admitted++;
+                }
+            }
             if (it->fresh_slot) {
                 assert_int_equal(q->n_computed, 0);
                 rq->fed = 0;
@@ -377,13 +420,17 @@ static uint64_t run_random(uint64_t seed) {
         }
         assert_int_equal(tok, p->n_tokens);
         assert_int_equal(out, p->n_out);
-        /* Pool accounting: running sequences hold every used block, waiting ones none. */
+        /* Pool accounting: running sequences and prefix-cache entries hold every used block
+         * (an entry exactly those of its cached positions), waiting ones none. */
         int held = 0;
         for (ds_sched_seq *q = m.s.running.head; q; q = q->next)
             held += ds_kv_blocks_held(&m.kv, q->slot);
         for (ds_sched_seq *q = m.s.waiting.head; q; q = q->next) assert_int_equal(q->slot, -1);
-        assert_int_equal(held, ds_kv_blocks_n_used(&m.kv));
-        assert_int_equal(ds_state_slots_n_used(&m.slots), ds_scheduler_n_running(&m.s));
+        for (int e = 0; e < m.s.pc.n; e++)
+            assert_int_equal(ds_kv_blocks_held(&m.kv, m.s.pc.e[e].slot),
+                             ds_kv_blocks_for_tokens(&m.kv, m.s.pc.e[e].n_cached));
+        assert_int_equal(held + ds_scheduler_prefix_blocks(&m.s), ds_kv_blocks_n_used(&m.kv));
+        assert_int_equal(ds_state_slots_n_used(&m.slots), ds_scheduler_n_running(&m.s) + m.s.pc.n);
 
         apply_plan(&m, p);
         for (int i = 0; i < n_added; i++)
@@ -402,22 +449,32 @@ static uint64_t run_random(uint64_t seed) {
         assert_true(r[i].admit_rank > last_rank);
         last_rank = r[i].admit_rank;
     }
-    assert_int_equal(ds_kv_blocks_n_used(&m.kv), 0);
-    assert_int_equal(ds_state_slots_n_used(&m.slots), 0);
+    assert_int_equal(ds_kv_blocks_n_used(&m.kv), ds_scheduler_prefix_blocks(&m.s));
+    assert_int_equal(ds_state_slots_n_used(&m.slots), m.s.pc.n);
     assert_int_equal(ds_scheduler_n_running(&m.s) + ds_scheduler_n_waiting(&m.s), 0);
-    uint64_t preemptions = m.s.n_preemptions;
+    if (!prefix) assert_int_equal(m.s.pc.n + m.s.prefix_hits, 0);
+    t->preemptions += m.s.n_preemptions;
+    t->hits += m.s.prefix_hits;
+    t->evicted += m.s.prefix_evicted;
+    ds_scheduler_set_prefix_caching(&m.s, false);
+    assert_int_equal(ds_kv_blocks_n_used(&m.kv) + ds_state_slots_n_used(&m.slots), 0);
     free(r);
     sim_free(&m);
-    return preemptions;
 }
 
 static void test_random_workloads(void **state) {
     (void)state;
-    uint64_t preemptions = 0;
-    for (uint64_t seed = 1; seed <= 300; seed++)
-        preemptions += run_random(seed * 0x9e3779b97f4a7c15ull);
-    print_message("random workloads: %llu preemptions\n", (unsigned long long)preemptions);
-    assert_true(preemptions > 100); /* the small pools did exercise preemption */
+    for (int prefix = 0; prefix <= 1; prefix++) {
+        rnd_totals t = {0};
+        for (uint64_t seed = 1; seed <= 300; seed++)
+            run_random(seed * 0x9e3779b97f4a7c15ull, prefix, &t);
+        print_message("random workloads%s: %llu preemptions, %llu tokens taken over, %llu "
+                      "entries evicted\n", prefix ? " (prefix caching)" : "",
+                      (unsigned long long)t.preemptions, (unsigned long long)t.hits,
+                      (unsigned long long)t.evicted);
+        assert_true(t.preemptions > 100); /* the small pools did exercise preemption */
+        if (prefix) assert_true(t.hits > 0 && t.evicted > 0);
+    }
 }
 
 int main(void) {

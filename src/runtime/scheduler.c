@@ -178,14 +178,16 @@ static bool in_plan(const ds_scheduler *s, const ds_sched_seq *q) {
     return q->plan_step == s->step;
 }
 
-static void plan_add(ds_scheduler *s, ds_sched_seq *q, int n, int n_draft, bool fresh) {
+static void plan_add(ds_scheduler *s, ds_sched_seq *q, int n, int n_draft, bool fresh,
+                     bool resumed) {
     ds_sched_plan *p = &s->plan;
     bool logits = q->n_computed + n == q->n_tokens;
     DS_ASSERT(n_draft == 0 || logits);
     q->plan_step = s->step;
     q->plan_index = p->n_items;
     p->items[p->n_items++] = (ds_sched_item){
-        .seq = q, .n_tokens = n, .n_draft = n_draft, .wants_logits = logits, .fresh_slot = fresh};
+        .seq = q, .n_tokens = n, .n_draft = n_draft, .wants_logits = logits, .fresh_slot = fresh,
+        .resumed = resumed};
     p->n_tokens += n + n_draft;
     p->n_out += logits;
 }
@@ -275,7 +277,7 @@ static void plan_running(ds_scheduler *s, bool decodes, int *budget) {
         if (!reserve_running(s, q, take, take + n_draft)) continue;
         /* Victims dropped from the plan gave their tokens back. */
         *budget += before - s->plan.n_tokens;
-        plan_add(s, q, take, n_draft, false);
+        plan_add(s, q, take, n_draft, false, false);
         *budget -= take + n_draft;
         spare -= n_draft;
     }
@@ -298,7 +300,7 @@ static void admit(ds_scheduler *s, ds_sched_seq *q, int slot, int n_cached, int 
     q->n_computed = n_cached;
     q->state = DS_SCHED_RUNNING;
     queue_push_back(&s->running, q);
-    plan_add(s, q, take, 0, n_cached == 0);
+    plan_add(s, q, take, 0, n_cached == 0, n_cached > 0);
 }
 
 /* Admits waiting head q by taking over the prefix-cache entry its tokens continue, evicting

@@ -89,6 +89,8 @@ typedef struct ds_sched_item {
     bool wants_logits; /* the chunk reaches the last known token: sample after it */
     bool fresh_slot;   /* admitted by this plan to a free slot: the engine must reset its state
                           (false for a prefix-cache take-over, whose state is the entry's) */
+    bool resumed;      /* admitted by this plan taking a prefix-cache entry over: it starts at
+                          the entry's n_computed */
 } ds_sched_item;
 
 typedef struct ds_sched_plan {
