@@ -27,6 +27,26 @@ static void add_itl(ds_bench_request *r, double gap) {
 
 static bool nonempty_string(const cJSON *v) { return cJSON_IsString(v) && v->valuestring[0]; }
 
+/* Appends a chunk's token_ids (multi-turn conversations feed them back). */
+static void add_ids(ds_bench_request *r, const cJSON *ids) {
+    const cJSON *x;
+    cJSON_ArrayForEach(x, ids) {
+        if (!cJSON_IsNumber(x)) continue;
+        if (r->n_out_ids == r->cap_out_ids) {
+            int cap = r->cap_out_ids ? 2 * r->cap_out_ids : 256;
+            int32_t *p = realloc(r->out_ids, (size_t)cap * sizeof *p);
+            if (!p) {
+                snprintf(r->error, sizeof r->error, "out of memory for token_ids");
+                r->error_seen = true;
+                return;
+            }
+            r->out_ids = p;
+            r->cap_out_ids = cap;
+        }
+        r->out_ids[r->n_out_ids++] = (int32_t)x->valuedouble;
+    }
+}
+
 static void on_data(void *ctx, const char *data, size_t len) {
     ds_bench_request *r = ctx;
     double now = ds_bench_now();
@@ -51,6 +71,8 @@ static void on_data(void *ctx, const char *data, size_t len) {
     const cJSON *choices = cJSON_GetObjectItemCaseSensitive(o, "choices");
     const cJSON *c0 = cJSON_IsArray(choices) ? choices->child : NULL;
     if (c0) {
+        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(c0, "token_ids");
+        if (cJSON_IsArray(ids)) add_ids(r, ids);
         const cJSON *delta = cJSON_GetObjectItemCaseSensitive(c0, "delta");
         bool content = nonempty_string(cJSON_GetObjectItemCaseSensitive(c0, "text")) ||
                        (delta && (nonempty_string(cJSON_GetObjectItemCaseSensitive(delta, "content")) ||
@@ -68,6 +90,9 @@ static void on_data(void *ctx, const char *data, size_t len) {
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(usage, "completion_tokens");
         if (cJSON_IsNumber(p)) r->prompt_tokens = p->valueint;
         if (cJSON_IsNumber(c)) r->output_tokens = c->valueint;
+        const cJSON *det = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens_details");
+        const cJSON *ct = cJSON_GetObjectItemCaseSensitive(det, "cached_tokens");
+        if (cJSON_IsNumber(ct)) r->cached_tokens = ct->valueint;
     }
     cJSON_Delete(o);
 }
@@ -92,7 +117,8 @@ static size_t on_header(char *buf, size_t size, size_t nitems, void *ud) {
 void ds_bench_request_run(ds_bench_request *r) {
     r->ok = false;
     r->error[0] = 0;
-    r->prompt_tokens = r->output_tokens = -1;
+    r->prompt_tokens = r->output_tokens = r->cached_tokens = -1;
+    r->n_out_ids = 0;
     ds_sse_init(&r->sse, on_data, r);
     ds_strbuf_init(&r->errbody);
     CURL *h = curl_easy_init();
@@ -150,6 +176,9 @@ void ds_bench_request_free(ds_bench_request *r) {
     free(r->itl);
     r->itl = NULL;
     r->n_itl = r->cap_itl = 0;
+    free(r->out_ids);
+    r->out_ids = NULL;
+    r->n_out_ids = r->cap_out_ids = 0;
 }
 
 static size_t on_get(char *ptr, size_t size, size_t nmemb, void *ud) {

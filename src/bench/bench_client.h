@@ -4,6 +4,7 @@
 #define DS_BENCH_CLIENT_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "bench/bench_serve.h"
 
@@ -18,6 +19,9 @@ typedef struct ds_bench_request {
     char error[256];
     long http_status;
     int prompt_tokens, output_tokens; /* from the usage chunk (-1 when absent) */
+    int cached_tokens;    /* usage.prompt_tokens_details.cached_tokens (-1 when absent) */
+    int32_t *out_ids;     /* [n_out_ids] the choices' token_ids (a body with return_token_ids) */
+    int n_out_ids, cap_out_ids;
     int n_content_chunks;
     double t_send;        /* monotonic seconds */
     double t_end;

@@ -31,26 +31,37 @@ void ds_bench_opts_default(ds_bench_opts *o) {
         .request_rate = INFINITY,
         .timeout_s = 6 * 3600.0,
         .warmup = true,
+        .multi_turn = 1,
+        .turn_input_len = 32,
     };
 }
 
-/* One prepared request. */
+/* One prepared request (multi-turn: the first request of a conversation). */
 typedef struct bench_item {
     char *url;
     char *body;
     int input_len; /* known for the random dataset, else -1 (usage tells) */
+    /* multi-turn (random dataset): the first prompt's ids, the new ids of every later turn
+     * ([multi_turn − 1, turn_input_len]) and each turn's max_tokens */
+    int32_t *ids, *turn_ids;
+    int out_len;
 } bench_item;
 
 typedef struct bench_dataset {
     bench_item *items;
-    int n;
+    int n;           /* items: requests, or conversations */
+    char *model;     /* the model name the bodies carry */
 } bench_dataset;
 
 static void dataset_free(bench_dataset *d) {
     for (int i = 0; i < d->n; i++) {
         free(d->items[i].url);
         free(d->items[i].body);
+        free(d->items[i].ids);
+        free(d->items[i].turn_ids);
     }
+    free(d->model);
+    d->model = NULL;
     free(d->items);
     d->items = NULL;
     d->n = 0;
@@ -78,9 +89,19 @@ static char *finish_body(const ds_bench_opts *o, const char *model, cJSON *req, 
     cJSON_AddTrueToObject(req, "stream");
     cJSON *so = cJSON_AddObjectToObject(req, "stream_options");
     cJSON_AddTrueToObject(so, "include_usage");
+    if (o->multi_turn > 1) cJSON_AddTrueToObject(req, "return_token_ids"); /* fed back */
     char *s = cJSON_PrintUnformatted(req);
     cJSON_Delete(req);
     return s;
+}
+
+/* A completions body whose prompt is the token ids ids[0, n). */
+static char *ids_body(const ds_bench_opts *o, const char *model, const int32_t *ids, int n,
+                      int max_tokens) {
+    cJSON *req = cJSON_CreateObject();
+    cJSON *p = cJSON_AddArrayToObject(req, "prompt");
+    for (int k = 0; k < n; k++) cJSON_AddItemToArray(p, cJSON_CreateNumber(ids[k]));
+    return finish_body(o, model, req, max_tokens);
 }
 
 static int len_in_range(ds_bench_rng *rng, int len, double r) {
@@ -112,18 +133,26 @@ static bool make_random(const ds_bench_opts *o, const char *model, int vocab,
         free(pool);
         return snprintf(err, cap, "out of memory"), false;
     }
+    const int n_turn_ids = (o->multi_turn - 1) * o->turn_input_len;
     for (int i = 0; i < o->num_prompts; i++) {
         int in = len_in_range(&rng, o->input_len, o->range_ratio);
         int out = len_in_range(&rng, o->output_len, o->range_ratio);
-        cJSON *req = cJSON_CreateObject();
-        cJSON *p = cJSON_AddArrayToObject(req, "prompt");
-        for (int k = 0; k < in; k++)
-            cJSON_AddItemToArray(p, cJSON_CreateNumber(pool[ds_bench_rng_next(&rng) % (uint64_t)n_pool]));
-        d->items[i].body = finish_body(o, model, req, out);
-        d->items[i].url = join_url(o->base_url, "/v1/completions");
-        d->items[i].input_len = in;
+        bench_item *it = &d->items[i];
+        it->ids = malloc((size_t)in * sizeof(int32_t));
+        it->turn_ids = malloc(((size_t)n_turn_ids + 1) * sizeof(int32_t));
+        if (!it->ids || !it->turn_ids) {
+            free(pool);
+            return snprintf(err, cap, "out of memory"), false;
+        }
+        for (int k = 0; k < in; k++) it->ids[k] = pool[ds_bench_rng_next(&rng) % (uint64_t)n_pool];
+        for (int k = 0; k < n_turn_ids; k++)
+            it->turn_ids[k] = pool[ds_bench_rng_next(&rng) % (uint64_t)n_pool];
+        it->body = ids_body(o, model, it->ids, in, out);
+        it->url = join_url(o->base_url, "/v1/completions");
+        it->input_len = in;
+        it->out_len = out;
         d->n++;
-        if (!d->items[i].body || !d->items[i].url) {
+        if (!it->body || !it->url) {
             free(pool);
             return snprintf(err, cap, "out of memory"), false;
         }
@@ -210,7 +239,7 @@ static bool make_jsonl(const ds_bench_opts *o, const char *model, bench_dataset 
 typedef struct bench_run {
     const ds_bench_opts *o;
     const bench_dataset *d;
-    ds_bench_request *reqs; /* [d->n] */
+    ds_bench_request *reqs; /* [d->n · multi_turn]: conversation i's turn t at i · T + t */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int in_flight, limit;
@@ -221,10 +250,51 @@ typedef struct worker_arg {
     int i;
 } worker_arg;
 
+/* Conversation i (multi-turn): its turns one after another, each prompt the last one + the
+ * last output's token ids + the turn's new ids. A failed turn ends the conversation (the
+ * turns after it are failures too). */
+static void run_conversation(bench_run *run, int i) {
+    const ds_bench_opts *o = run->o;
+    const bench_item *it = &run->d->items[i];
+    const int T = o->multi_turn;
+    ds_bench_request *q = &run->reqs[(size_t)i * (size_t)T];
+    int n = it->input_len, cap = n + T * (it->out_len + o->turn_input_len);
+    int32_t *ids = malloc((size_t)cap * sizeof *ids);
+    int t = 0;
+    if (ids) memcpy(ids, it->ids, (size_t)n * sizeof *ids);
+    for (; ids && t < T; t++) {
+        char *body = t == 0 ? NULL : ids_body(o, run->d->model, ids, n, it->out_len);
+        q[t].body = t == 0 ? it->body : body;
+        if (q[t].body) ds_bench_request_run(&q[t]);
+        else snprintf(q[t].error, sizeof q[t].error, "out of memory");
+        q[t].body = NULL;
+        free(body);
+        if (q[t].ok && q[t].n_out_ids != q[t].output_tokens) {
+            snprintf(q[t].error, sizeof q[t].error, "the server sent %d token_ids for %d output "
+                     "tokens: multi-turn conversations need return_token_ids", q[t].n_out_ids,
+                     q[t].output_tokens);
+            q[t].ok = false;
+        }
+        if (!q[t].ok || n + q[t].n_out_ids + o->turn_input_len > cap) break;
+        memcpy(ids + n, q[t].out_ids, (size_t)q[t].n_out_ids * sizeof *ids);
+        n += q[t].n_out_ids;
+        if (t + 1 < T) {
+            memcpy(ids + n, it->turn_ids + (size_t)t * (size_t)o->turn_input_len,
+                   (size_t)o->turn_input_len * sizeof *ids);
+            n += o->turn_input_len;
+        }
+    }
+    if (!ids && T > 0) snprintf(q[0].error, sizeof q[0].error, "out of memory");
+    for (int k = t + 1; k < T; k++)
+        snprintf(q[k].error, sizeof q[k].error, "an earlier turn of its conversation failed");
+    free(ids);
+}
+
 static void *worker(void *p) {
     worker_arg *a = p;
     bench_run *run = a->run;
-    ds_bench_request_run(&run->reqs[a->i]);
+    if (run->o->multi_turn > 1) run_conversation(run, a->i);
+    else ds_bench_request_run(&run->reqs[a->i]);
     pthread_mutex_lock(&run->mu);
     run->in_flight--;
     pthread_cond_broadcast(&run->cv);
@@ -247,6 +317,7 @@ static void sleep_until(double t) {
 static double run_level(const ds_bench_opts *o, const bench_dataset *d, int limit,
                         ds_bench_request *reqs) {
     bench_run run = {.o = o, .d = d, .reqs = reqs, .limit = limit > 0 ? limit : d->n};
+    const int T = o->multi_turn;
     pthread_mutex_init(&run.mu, NULL);
     pthread_cond_init(&run.cv, NULL);
     pthread_t *th = calloc((size_t)d->n, sizeof *th);
@@ -268,14 +339,17 @@ static double run_level(const ds_bench_opts *o, const bench_dataset *d, int limi
         while (run.in_flight >= run.limit) pthread_cond_wait(&run.cv, &run.mu);
         run.in_flight++;
         pthread_mutex_unlock(&run.mu);
-        memset(&reqs[i], 0, sizeof reqs[i]);
-        reqs[i].url = d->items[i].url;
-        reqs[i].body = d->items[i].body;
-        reqs[i].api_key = o->api_key;
-        reqs[i].timeout_s = o->timeout_s;
+        ds_bench_request *q = &reqs[(size_t)i * (size_t)T]; /* the item's T requests */
+        for (int t = 0; t < T; t++) {
+            memset(&q[t], 0, sizeof q[t]);
+            q[t].url = d->items[i].url;
+            q[t].body = d->items[i].body; /* multi-turn: set per turn by run_conversation */
+            q[t].api_key = o->api_key;
+            q[t].timeout_s = o->timeout_s;
+        }
         args[i] = (worker_arg){&run, i};
         if (pthread_create(&th[i], &attr, worker, &args[i]) != 0) {
-            snprintf(reqs[i].error, sizeof reqs[i].error, "cannot start a client thread");
+            snprintf(q[0].error, sizeof q[0].error, "cannot start a client thread");
             pthread_mutex_lock(&run.mu);
             run.in_flight--;
             pthread_mutex_unlock(&run.mu);
@@ -286,7 +360,7 @@ static double run_level(const ds_bench_opts *o, const bench_dataset *d, int limi
     for (int i = 0; th && started && i < d->n; i++)
         if (started[i]) pthread_join(th[i], NULL);
     double t_end = t0;
-    for (int i = 0; i < d->n; i++) {
+    for (int i = 0; i < d->n * T; i++) {
         double end = reqs[i].t_send + reqs[i].e2el;
         if (reqs[i].t_send > 0 && end > t_end) t_end = end;
     }
@@ -309,17 +383,22 @@ typedef struct level_result {
     ds_bench_stat ttft, tpot, itl, e2el; /* milliseconds */
     int n_itl;
     char first_error[256];
+    /* multi-turn: TTFT of first and of later turns; later turns' prompt and cached tokens */
+    int turns;
+    ds_bench_stat ttft_first, ttft_later;
+    long long later_in_tokens, later_cached_tokens;
 } level_result;
 
 static level_result summarize(const bench_dataset *d, ds_bench_request *reqs, int level,
-                              double duration) {
-    level_result r = {.max_concurrency = level, .duration = duration};
-    int n = d->n, total_itl = 0;
+                              double duration, int T) {
+    level_result r = {.max_concurrency = level, .duration = duration, .turns = T};
+    int n = d->n * T, total_itl = 0;
     for (int i = 0; i < n; i++) total_itl += reqs[i].ok ? reqs[i].n_itl : 0;
     double *ttft = calloc((size_t)n + 1, sizeof *ttft), *tpot = calloc((size_t)n + 1, sizeof *tpot);
     double *e2el = calloc((size_t)n + 1, sizeof *e2el);
     double *itl = calloc((size_t)total_itl + 1, sizeof *itl);
-    int n_ttft = 0, n_tpot = 0, n_e2el = 0;
+    double *ttft_t[2] = {calloc((size_t)n + 1, sizeof(double)), calloc((size_t)n + 1, sizeof(double))};
+    int n_ttft = 0, n_tpot = 0, n_e2el = 0, n_ttft_t[2] = {0, 0};
     for (int i = 0; i < n; i++) {
         const ds_bench_request *q = &reqs[i];
         if (!q->ok) {
@@ -328,7 +407,14 @@ static level_result summarize(const bench_dataset *d, ds_bench_request *reqs, in
             continue;
         }
         r.completed++;
-        r.in_tokens += q->prompt_tokens >= 0 ? q->prompt_tokens : d->items[i].input_len;
+        const int later = i % T > 0;
+        const long long in = q->prompt_tokens >= 0 ? q->prompt_tokens : d->items[i / T].input_len;
+        r.in_tokens += in;
+        if (later) {
+            r.later_in_tokens += in;
+            r.later_cached_tokens += q->cached_tokens > 0 ? q->cached_tokens : 0;
+        }
+        if (ttft_t[later] && q->n_content_chunks > 0) ttft_t[later][n_ttft_t[later]++] = q->ttft * 1e3;
         r.out_tokens += q->output_tokens;
         if (ttft && q->n_content_chunks > 0) ttft[n_ttft++] = q->ttft * 1e3;
         if (e2el) e2el[n_e2el++] = q->e2el * 1e3;
@@ -340,6 +426,10 @@ static level_result summarize(const bench_dataset *d, ds_bench_request *reqs, in
     r.tpot = ds_bench_stats(tpot, tpot ? n_tpot : 0);
     r.e2el = ds_bench_stats(e2el, e2el ? n_e2el : 0);
     r.itl = ds_bench_stats(itl, itl ? r.n_itl : 0);
+    r.ttft_first = ds_bench_stats(ttft_t[0], ttft_t[0] ? n_ttft_t[0] : 0);
+    r.ttft_later = ds_bench_stats(ttft_t[1], ttft_t[1] ? n_ttft_t[1] : 0);
+    free(ttft_t[0]);
+    free(ttft_t[1]);
     free(ttft);
     free(tpot);
     free(e2el);
@@ -379,6 +469,17 @@ static void print_level(const level_result *r, double rate) {
     print_section("Time per Output Token (excl. 1st token)", "TPOT", &r->tpot);
     print_section("Inter-token Latency", "ITL", &r->itl);
     print_section("End-to-end Latency", "E2EL", &r->e2el);
+    if (r->turns > 1) {
+        char t[64];
+        snprintf(t, sizeof t, "Multi-turn (%d turns)", r->turns);
+        print_section(t, "TTFT, first turns", &r->ttft_first);
+        printf("%-40s %-10.2f\n", "Mean TTFT, later turns (ms):", r->ttft_later.mean);
+        printf("%-40s %-10.2f\n", "Median TTFT, later turns (ms):", r->ttft_later.median);
+        printf("%-40s %-10.2f\n", "P99 TTFT, later turns (ms):", r->ttft_later.p99);
+        printf("%-40s %lld of %lld (%.1f %%)\n", "Cached prompt tokens, later turns:",
+               r->later_cached_tokens, r->later_in_tokens,
+               r->later_in_tokens ? 100.0 * (double)r->later_cached_tokens / (double)r->later_in_tokens : 0.0);
+    }
     printf("==================================================\n");
     if (r->failed) printf("first error: %s\n", r->first_error);
     fflush(stdout);
@@ -416,6 +517,13 @@ static cJSON *level_json(const level_result *r, double rate) {
     add_stat(o, "itl", &r->itl);
     add_stat(o, "e2el", &r->e2el);
     cJSON_AddNumberToObject(o, "itl_samples", r->n_itl);
+    if (r->turns > 1) {
+        cJSON_AddNumberToObject(o, "turns", r->turns);
+        add_stat(o, "ttft_first_turn", &r->ttft_first);
+        add_stat(o, "ttft_later_turns", &r->ttft_later);
+        cJSON_AddNumberToObject(o, "later_turn_input_tokens", (double)r->later_in_tokens);
+        cJSON_AddNumberToObject(o, "later_turn_cached_tokens", (double)r->later_cached_tokens);
+    }
     if (r->first_error[0]) cJSON_AddStringToObject(o, "first_error", r->first_error);
     return o;
 }
@@ -471,6 +579,17 @@ int ds_bench_serve_run(const ds_bench_opts *o) {
     const cJSON *ext = cJSON_GetObjectItemCaseSensitive(card, "deltaserve");
     const cJSON *vs = cJSON_GetObjectItemCaseSensitive(ext, "vocab_size");
 
+    if (o->multi_turn < 1 || o->turn_input_len < 0 ||
+        (o->multi_turn > 1 && strcmp(o->dataset, "random") != 0)) {
+        snprintf(err, sizeof err, "--multi-turn %d: needs the random dataset and a count >= 1 "
+                 "(--turn-input-len >= 0)", o->multi_turn);
+        goto done;
+    }
+    d.model = strdup(model);
+    if (!d.model) {
+        snprintf(err, sizeof err, "out of memory");
+        goto done;
+    }
     if (!strcmp(o->dataset, "random")) {
         int vocab = cJSON_IsNumber(vs) ? vs->valueint : 0;
         if (o->tokenizer_dir) {
@@ -511,7 +630,7 @@ int ds_bench_serve_run(const ds_bench_opts *o) {
         }
     }
 
-    reqs = calloc((size_t)d.n, sizeof *reqs);
+    reqs = calloc((size_t)d.n * (size_t)o->multi_turn, sizeof *reqs);
     result = cJSON_CreateObject();
     if (!reqs || !result) {
         snprintf(err, sizeof err, "out of memory");
@@ -540,18 +659,23 @@ int ds_bench_serve_run(const ds_bench_opts *o) {
     if (o->top_k != 0) cJSON_AddNumberToObject(ds, "top_k", o->top_k);
     if (o->top_p > 0) cJSON_AddNumberToObject(ds, "top_p", o->top_p);
     cJSON_AddNumberToObject(ds, "seed", (double)o->seed);
+    if (o->multi_turn > 1) {
+        cJSON_AddNumberToObject(ds, "multi_turn", o->multi_turn);
+        cJSON_AddNumberToObject(ds, "turn_input_len", o->turn_input_len);
+    }
     cJSON *runs = cJSON_AddArrayToObject(result, "runs");
 
     int any_ok = 0;
     for (int l = 0; l < o->n_levels; l++) {
-        fprintf(stderr, "bench serve: %d requests, max concurrency %s%d, request rate %g/s\n", d.n,
+        fprintf(stderr, "bench serve: %d %s, max concurrency %s%d, request rate %g/s\n", d.n,
+                o->multi_turn > 1 ? "conversations" : "requests",
                 o->levels[l] > 0 ? "" : "unlimited ", o->levels[l], o->request_rate);
         double dur = run_level(o, &d, o->levels[l], reqs);
-        level_result r = summarize(&d, reqs, o->levels[l], dur);
+        level_result r = summarize(&d, reqs, o->levels[l], dur, o->multi_turn);
         any_ok += r.completed;
         print_level(&r, o->request_rate);
         cJSON_AddItemToArray(runs, level_json(&r, o->request_rate));
-        for (int i = 0; i < d.n; i++) ds_bench_request_free(&reqs[i]);
+        for (int i = 0; i < d.n * o->multi_turn; i++) ds_bench_request_free(&reqs[i]);
     }
     if (o->result_json) {
         char *s = cJSON_Print(result);

@@ -9,7 +9,12 @@
  *    last chunk, TPOT = (E2EL − TTFT) / (output tokens − 1), ITL = gaps between content chunks
  *    pooled over requests;
  *  - mean / median / std / p99 (numpy linear percentile), request and token throughputs,
- *    duration, failures; a printed table and --result-json FILE.
+ *    duration, failures; a printed table and --result-json FILE;
+ *  - multi-turn conversations (--multi-turn T, random dataset): each of num_prompts
+ *    conversations is T requests in a row on one concurrency slot, turn t + 1's prompt = turn
+ *    t's prompt + its output token ids (return_token_ids) + turn_input_len new ids, so a
+ *    server's prefix cache can resume it; TTFT is reported for first and later turns apart,
+ *    with usage.prompt_tokens_details.cached_tokens summed.
  * One thread per in-flight request, each with its own libcurl easy handle. */
 #ifndef DS_BENCH_SERVE_H
 #define DS_BENCH_SERVE_H
@@ -47,6 +52,8 @@ typedef struct ds_bench_opts {
     bool warmup;
     const char *result_json;     /* NULL: no file */
     const char *command_line;    /* recorded in the result file */
+    int multi_turn;              /* requests per conversation (1: independent requests) */
+    int turn_input_len;          /* new prompt ids per later turn */
 } ds_bench_opts;
 
 void ds_bench_opts_default(ds_bench_opts *o);

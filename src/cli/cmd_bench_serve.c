@@ -2,7 +2,8 @@
  *   deltaserve bench serve [--base-url URL | --host H --port P] [--model NAME]
  *       [--dataset random|jsonl] [--dataset-path FILE] [--num-prompts N]
  *       [--random-input-len N] [--random-output-len N] [--random-range-ratio R]
- *       [--max-concurrency 1,4,8] [--request-rate R] [--seed S] [--result-json FILE] ...
+ *       [--max-concurrency 1,4,8] [--request-rate R] [--seed S] [--result-json FILE]
+ *       [--multi-turn T [--turn-input-len N]] ...
  * argv[0] is "serve" (reached through `deltaserve bench serve`).
  *
  * Speculative decoding: when the server's /metrics has vLLM's vllm:spec_decode_* counters, they
@@ -44,6 +45,10 @@ static void usage(FILE *f) {
             "  --temperature T           (default 0)   --no-ignore-eos\n"
             "  --top-k K  --top-p P      sent when given (default: the server's)\n"
             "  --min-tokens N            send min_tokens N (capped at each request's max_tokens)\n"
+            "  --multi-turn T            random dataset: each prompt starts a conversation of T\n"
+            "                            turns, turn t + 1 = turn t's prompt + output ids + new\n"
+            "                            ids (TTFT of later turns and cached tokens reported)\n"
+            "  --turn-input-len N        new ids per later turn (default 32)\n"
             "  --seed S                  (default 0)   --no-warmup\n"
             "  --request-timeout S       per request (default 21600)\n"
             "  --result-json FILE        write the results as JSON\n");
@@ -227,6 +232,12 @@ int ds_cmd_bench_serve(int argc, char **argv) {
             if (!strcmp(v, "inf")) o.request_rate = INFINITY;
             else if (!ds_arg_float(cmd, "--request-rate", v, 1e-6, 1e9, &d)) return 2;
             else o.request_rate = d;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--multi-turn", cmd, &bad))) {
+            if (!ds_arg_int(cmd, "--multi-turn", v, 1, 1000, &n)) return 2;
+            o.multi_turn = (int)n;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--turn-input-len", cmd, &bad))) {
+            if (!ds_arg_int(cmd, "--turn-input-len", v, 0, 1 << 20, &n)) return 2;
+            o.turn_input_len = (int)n;
         } else if ((v = ds_arg_value(argc, argv, &i, "--min-tokens", cmd, &bad))) {
             if (!ds_arg_int(cmd, "--min-tokens", v, 0, 1 << 20, &n)) return 2;
             o.min_tokens = (int)n;

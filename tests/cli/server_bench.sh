@@ -57,6 +57,18 @@ printf '%s\n' '{"prompt": "Hello there", "max_tokens": 5}' \
   --max-concurrency 2 --result-json "$tmp/j.json" >"$tmp/out3" 2>&1
 check "jsonl run" [ "$(js 'd.runs[0].completed+"/"+d.runs[0].total_output_tokens' <"$tmp/j.json")" = "4/24" ]
 
+# multi-turn conversations: turn t + 1 = turn t's prompt + its 8 output ids + 5 new ids, each
+# resumed from the server's prefix cache (all but the last output token of the turn before)
+"$BIN" "${BENCH[@]}" --port "$PORT" --num-prompts 2 --random-input-len 20 --random-output-len 8 \
+  --multi-turn 3 --turn-input-len 5 --max-concurrency 2 --result-json "$tmp/t.json" >"$tmp/out4" 2>&1
+check "multi-turn run" [ "$(js 'd.runs[0].completed+"/"+d.runs[0].turns+"/"+d.dataset.multi_turn' <"$tmp/t.json")" = "6/3/3" ]
+check "multi-turn prompt lengths (20, 33, 46 per conversation)" [ "$(js 'd.runs[0].total_input_tokens+"/"+d.runs[0].later_turn_input_tokens' <"$tmp/t.json")" = "198/158" ]
+check "multi-turn cached tokens (27 + 40 per conversation)" [ "$(js 'd.runs[0].later_turn_cached_tokens' <"$tmp/t.json")" = 134 ]
+check "multi-turn TTFT split" [ "$(js 'd.runs[0].mean_ttft_first_turn_ms>0&&d.runs[0].mean_ttft_later_turns_ms>0' <"$tmp/t.json")" = true ]
+check "multi-turn table" grep -q "Cached prompt tokens, later turns: *134 of 158" "$tmp/out4"
+"$BIN" "${BENCH[@]}" --port "$PORT" --dataset jsonl --dataset-path "$tmp/d.jsonl" --multi-turn 2 >/dev/null 2>"$tmp/e4"
+check "multi-turn needs the random dataset" grep -q "needs the random dataset" "$tmp/e4"
+
 # failures are reported, not hidden
 "$BIN" "${BENCH[@]}" --port "$PORT" --dataset jsonl --dataset-path "$tmp/missing.jsonl" >/dev/null 2>"$tmp/e1"
 check "missing dataset → exit 1" [ $? -eq 1 ]
