@@ -13,7 +13,9 @@
 # Overrides (for a CPU check of the plumbing): DS_SB_MODEL, DS_SB_TOKENIZER, DS_SB_DEVICE,
 # DS_SB_IN, DS_SB_OUT_LEN, DS_SB_LEVELS ("1 4 8"), DS_SB_MAX_LEN, DS_SB_MAX_SEQS, DS_SB_SPEC
 # (--num-speculative-tokens, default 0), DS_SB_THREADS, DS_SB_OFFLINE=0 (skip step 1),
-# DS_SB_BENCH_ARGS (extra bench serve flags, e.g. "--min-tokens 128"), DS_SB_DUMMY=0 (serve the
+# DS_SB_BENCH_ARGS (extra bench serve flags, e.g. "--min-tokens 128", or "--multi-turn 4
+# --turn-input-len 64" for the prefix cache), DS_SB_SERVE_ARGS (extra serve flags, e.g.
+# "--no-enable-prefix-caching"), DS_SB_DUMMY=0 (serve the
 # model's own weights: a checkpoint directory such as models/qwen35-demo).
 serve_bench_main() {
     local bin=${BIN:?BIN must name the directory holding deltaserve}
@@ -65,6 +67,8 @@ serve_bench_main() {
                     --port 0 --served-model-name dummy)
     [ "${DS_SB_DUMMY:-1}" = 0 ] || serve+=(--dummy-weights)
     [ "$spec" -gt 0 ] && serve+=(--num-speculative-tokens "$spec")
+    # shellcheck disable=SC2206 # DS_SB_SERVE_ARGS: extra serve flags, split on spaces
+    [ -n "${DS_SB_SERVE_ARGS:-}" ] && serve+=(${DS_SB_SERVE_ARGS})
     echo "### ${serve[*]}" >> "$log"
     t=$(sb_cap 400)
     timeout "$t" "${envs[@]}" "${serve[@]}" > "$work/server.log" 2>&1 &
