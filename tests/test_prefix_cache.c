@@ -390,7 +390,7 @@ static uint64_t expected_hits(turn (*conv)[N_TURNS]) {
 
 /* Proves (k = 0, tiny-moe): multi-turn conversations through one engine with prefix caching give
  * exactly the tokens and logprobs of each turn run alone from scratch — greedy and seeded
- * sampled turns, turns ending by max_tokens and by EOS, a turn that feeds a single new token,
+ * sampled turns (a third of them allow EOS), a turn that feeds a single new token,
  * prompts chunked across steps — and every later turn took its last turn over (prefix_hits =
  * the sum of their L). Then with a KV pool too small to keep every entry: the tokens stay the
  * same, entries are evicted, and some turns still resume. Off: no entries, the same tokens. */
@@ -416,7 +416,7 @@ static void test_engine_conversations(void **state) {
     assert_int_equal(st.prefix_entries, N_CONV);
     assert_int_equal(st.running + st.kv_blocks_used + st.slots_used, 0);
 
-    /* a pool of 12 blocks (192 positions) for 6 conversations of up to ~160 tokens */
+    /* a pool of 12 blocks (192 positions) for 6 conversations of up to ~170 tokens */
     o.num_kv_blocks = 12;
     run_conversations(&f, &o, 0xc0ffee, 0, conv, &st);
     expect_same(conv, "small pool");
