@@ -108,7 +108,10 @@ static const bad_case BAD[] = {
     {C, "{\"prompt\": \"x\", \"echo\": true, \"logprobs\": 1}", "echo"},
     {C, "{\"prompt\": \"x\", \"stream_options\": {\"include_usage\": true}}", "stream_options"},
     {H, "{" MSG ", \"tool_choice\": \"required\"}", "tool_choice"},
-    {H, "{" MSG ", \"response_format\": {\"type\": \"json_object\"}}", "response_format"},
+    {H, "{" MSG ", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {}}}",
+     "response_format"},
+    {H, "{" MSG ", \"response_format\": {\"type\": 3}}", "response_format"},
+    {H, "{" MSG ", \"response_format\": \"json_object\"}", "response_format"},
     {H, "{" MSG ", \"continue_final_message\": true, \"add_generation_prompt\": true}",
      "continue_final_message"},
 };
@@ -279,6 +282,17 @@ static void test_chat_parse(void **state) {
     assert_false(r.max_tokens_given);
     assert_true(r.chat.enable_thinking);
     assert_int_equal(r.logprobs, -1);
+    assert_false(r.json_object);
+    ds_oai_request_free(&r);
+
+    /* JSON mode; "text" is the default */
+    b = "{" MSG ", \"response_format\": {\"type\": \"json_object\"}}";
+    assert_true(ds_oai_parse(H, b, strlen(b), &r, &e));
+    assert_true(r.json_object);
+    ds_oai_request_free(&r);
+    b = "{" MSG ", \"response_format\": {\"type\": \"text\"}}";
+    assert_true(ds_oai_parse(H, b, strlen(b), &r, &e));
+    assert_false(r.json_object);
     ds_oai_request_free(&r);
 
     /* logprobs true without top_logprobs → chosen token only */

@@ -53,11 +53,12 @@ bool ds_spec_request_ok(const ds_sampling_params *p) {
 }
 
 /* The request's processed distribution depends on its logits row and its parameters alone (no
- * penalties or logit_bias, whose history the device does not keep) and it asks for no logprobs:
+ * penalties or logit_bias, whose history the device does not keep, and no JSON mode, whose
+ * grammar state lives in the host's sampler) and it asks for no logprobs:
  * what a decision on the device (argmax ids, spec_sample) needs besides the min_tokens bans. */
 static bool device_distribution(const ds_sampling_params *p) {
     return p->logprobs < 0 && p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f &&
-           p->repetition_penalty == 1.0f && p->n_logit_bias == 0;
+           p->repetition_penalty == 1.0f && p->n_logit_bias == 0 && !p->json;
 }
 
 bool ds_spec_argmax_banned_suffices(const ds_sampler *s) {

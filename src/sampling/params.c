@@ -104,6 +104,9 @@ ds_status ds_sampling_params_validate(const ds_sampling_params *p, int vocab, ds
                        DS_SAMPLING_MAX_STOP_LEN);
         if (!utf8_valid(s, n)) return BAD("stop[%d] is not valid UTF-8", i);
     }
+    if (p->json && (p->ignore_eos || p->min_tokens > 0))
+        return BAD("response_format: JSON mode ends when the object closes; it cannot be combined "
+                   "with %s", p->ignore_eos ? "ignore_eos" : "min_tokens");
     return DS_OK;
 }
 

@@ -48,6 +48,14 @@ typedef struct ds_sampling_params {
     const ds_logit_bias *logit_bias; /* [n_logit_bias] distinct ids, |bias| ≤ DS_SAMPLING_MAX_BIAS;
                                         added to the logits before the penalties (vLLM order) */
     int n_logit_bias;
+    /* JSON mode (response_format json_object; json_grammar.h): the output is one JSON object;
+     * the vocabulary's byte strings (shared, not copied; they outlive every request). NULL =
+     * off. Needs ignore_eos off and min_tokens 0 (the end comes when the object closes). */
+    const struct ds_json_vocab *json;
+    bool json_deferred;       /* JSON mode starts once json_start_after was generated (the end
+                                 of a reasoning block the prompt opened, "</think>"); false:
+                                 from the first token */
+    int json_start_after;
 
     bool owns_arrays;         /* set by ds_sampling_params_clone; read by _free */
 } ds_sampling_params;

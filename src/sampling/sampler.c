@@ -51,6 +51,15 @@ ds_status ds_sampler_init(ds_sampler *s, const ds_sampling_params *p, int vocab,
             return ds_error_set(err, DS_ERR_NOMEM, "out of memory for the logprobs buffer "
                                 "(%d floats)", vocab);
     }
+    if (p->json) {
+        ds_json_init(&s->json_state);
+        s->json_on = !p->json_deferred;
+        s->end_ids = malloc(((size_t)n_eos + (size_t)p->n_stop_token_ids + 1) * sizeof(int));
+        if (!s->end_ids) return ds_error_set(err, DS_ERR_NOMEM, "out of memory (JSON mode)");
+        for (int i = 0; i < n_eos; i++) s->end_ids[s->n_end++] = eos_ids[i];
+        for (int i = 0; i < p->n_stop_token_ids; i++)
+            s->end_ids[s->n_end++] = p->stop_token_ids[i];
+    }
     return DS_OK;
 }
 
@@ -59,6 +68,9 @@ void ds_sampler_free(ds_sampler *s) {
     ds_token_counts_free(&s->counts);
     free(s->raw);
     s->raw = NULL;
+    free(s->end_ids);
+    s->end_ids = NULL;
+    s->n_end = 0;
 }
 
 ds_status ds_sampler_add_prompt(ds_sampler *s, const int32_t *tokens, int n, ds_error *err) {
@@ -75,8 +87,20 @@ ds_status ds_sampler_add_prompt(ds_sampler *s, const int32_t *tokens, int n, ds_
     return DS_OK;
 }
 
+/* An id that ends the output (EOS, a stop id). */
+static bool is_end_id(const ds_sampler *s, int token) {
+    for (int i = 0; i < s->n_end; i++)
+        if (s->end_ids[i] == token) return true;
+    return false;
+}
+
 ds_status ds_sampler_accept(ds_sampler *s, int token, ds_error *err) {
     DS_ASSERT(token >= 0 && token < s->vocab);
+    if (s->json_on && !is_end_id(s, token) &&
+        !ds_json_feed_token(&s->json_state, s->params.json, token))
+        return ds_error_set(err, DS_ERR_INVALID_ARG,
+                            "JSON mode: token %d cannot continue the JSON object", token);
+    if (s->params.json && !s->json_on && token == s->params.json_start_after) s->json_on = true;
     s->n_accepted++;
     if (!s->penalties) return DS_OK;
     if (ds_token_counts_add(&s->counts, token, false) != DS_OK)
@@ -200,6 +224,8 @@ static ds_status process(ds_sampler *s, float *logits, int n_generated, int *gre
     ds_sampler_apply_logit_bias(s, logits);
     ds_sampler_apply_penalties(s, logits);
     ds_sampler_apply_min_tokens(s, logits, n_generated);
+    if (s->json_on)
+        ds_json_mask(&s->json_state, s->params.json, s->end_ids, s->n_end, logits, n);
     int n_live;
     const float m = sanitize_max(logits, n, &n_live);
     if (n_live == 0)

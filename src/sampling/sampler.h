@@ -14,7 +14,8 @@
  *
  * Order inside ds_sampler_sample (vLLM v1 Sampler): raw logprobs for reporting (log_softmax of
  * the untouched logits) → logit_bias → repetition, frequency, presence penalties → EOS/stop ids banned while
- * n_generated < min_tokens → greedy argmax (lowest id on ties) if temperature < 1e-5, else
+ * n_generated < min_tokens → JSON mode's grammar mask (json_grammar.h) → greedy argmax (lowest
+ * id on ties) if temperature < 1e-5, else
  * divide by temperature → min_p → top_k → top_p → draw from the renormalised survivors with
  * the request's own RNG. Sampling does not record the token: ds_sampler_accept does, so a
  * speculative verifier can sample and reject without undo.
@@ -31,6 +32,7 @@
 #include <stdint.h>
 
 #include "core/status.h"
+#include "sampling/json_grammar.h"
 #include "sampling/params.h"
 #include "sampling/rng.h"
 #include "sampling/stop.h"
@@ -74,6 +76,13 @@ typedef struct ds_sampler {
                                   sits at position n_prompt + i (speculative verification keys
                                   its random numbers by position: runtime/spec.h) */
     float *raw;                /* [vocab] copy of the raw logits; only when logprobs >= 0 */
+    /* JSON mode (params.json): the grammar's state after the accepted tokens, and the ids
+     * that end the output (EOS, stop ids), allowed once the object is closed */
+    ds_json_state json_state;
+    bool json_on;              /* the grammar applies (from the start, or since the
+                                  params.json_start_after token) */
+    int *end_ids;              /* [n_end] */
+    int n_end;
 } ds_sampler;
 
 /* Validates `p` against `vocab` (DS_ERR_INVALID_ARG naming the field) and keeps a deep copy of
@@ -88,7 +97,8 @@ void ds_sampler_free(ds_sampler *s);
  * the user: out-of-range ids are DS_ERR_INVALID_ARG naming the position. */
 ds_status ds_sampler_add_prompt(ds_sampler *s, const int32_t *tokens, int n, ds_error *err);
 
-/* Records one generated token (presence/frequency count it; repetition sees it). */
+/* Records one generated token (presence/frequency count it; repetition sees it; JSON mode feeds
+ * its bytes to the grammar: DS_ERR_INVALID_ARG when they cannot continue the object). */
 ds_status ds_sampler_accept(ds_sampler *s, int token, ds_error *err);
 
 /* Picks the next token. logits: [vocab] fp32, overwritten (scratch for the probabilities).

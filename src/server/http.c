@@ -255,6 +255,7 @@ static void server_free(ds_server *s) {
     free(s->model_root);
     free(s->info_json);
     ds_metrics_free(&s->metrics);
+    ds_json_vocab_free(&s->json_vocab);
     free(s);
 }
 
@@ -281,6 +282,11 @@ ds_status ds_server_start(ds_engine *eng, const ds_tokenizer *tok, const ds_serv
     if (s->o.max_connections <= 0) s->o.max_connections = DEFAULT_MAX_CONNECTIONS;
     s->eng = eng;
     s->tok = tok;
+    if (!ds_json_vocab_build(tok, &s->json_vocab)) {
+        server_free(s);
+        return ds_error_set(err, DS_ERR_NOMEM, "server: out of memory for the JSON-mode "
+                            "vocabulary table");
+    }
     s->chat = o->chat ? o->chat : ds_chat_formatter_qwen35();
     ds_metrics_init(&s->metrics);
     atomic_init(&s->stopping, false);

@@ -203,6 +203,12 @@ static bool submit(ds_job *j, double t_arrival, ds_oai_error *e) {
     }
 
     ds_request_desc d = {.prompt = ids, .n_prompt = (int)n, .params = rq->sp};
+    if (rq->json_object) { /* JSON mode (json_grammar.h), after the reasoning the prompt opened */
+        d.params.json = &s->json_vocab;
+        const int32_t end_think = ds_tokenizer_token_to_id(s->tok, "</think>");
+        d.params.json_deferred = reasoning_open && end_think >= 0;
+        d.params.json_start_after = end_think;
+    }
     ds_request *req = NULL;
     ds_error err = {0};
     ds_status st = ds_engine_submit(s->eng, &d, &req, &err);

@@ -329,9 +329,14 @@ static bool parse_chat_options(const cJSON *root, ds_oai_request *r, ds_oai_erro
     const cJSON *rf = field(root, "response_format");
     if (rf) {
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(rf, "type");
-        if (!cJSON_IsObject(rf) || !cJSON_IsString(t) || strcmp(t->valuestring, "text") != 0)
-            return bad(e, "response_format", "response_format: only {\"type\": \"text\"} is "
-                                             "supported");
+        if (!cJSON_IsObject(rf) || !cJSON_IsString(t))
+            return bad(e, "response_format", "response_format must be an object with a string "
+                                             "\"type\"");
+        if (!strcmp(t->valuestring, "json_object")) r->json_object = true;
+        else if (strcmp(t->valuestring, "text") != 0)
+            return bad(e, "response_format", "response_format: type '%.40s' is not supported "
+                       "(\"text\" or \"json_object\"; JSON schemas are not enforced yet)",
+                       t->valuestring);
     }
     /* chat logprobs: a boolean, with top_logprobs alternatives */
     bool lp = false;

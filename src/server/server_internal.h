@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
+#include "sampling/json_grammar.h"
 #include "server/metrics.h"
 #include "server/openai_req.h"
 #include "server/server.h"
@@ -18,6 +19,7 @@ struct ds_server {
     char *host, *api_key, *model_root, *info_json;
     ds_engine *eng;
     const ds_tokenizer *tok;
+    ds_json_vocab json_vocab;  /* the tokenizer's byte strings for JSON mode (json_mode.c) */
     const ds_chat_formatter *chat;
     struct MHD_Daemon *daemon;
     int port;
@@ -56,6 +58,11 @@ enum MHD_Result ds_http_respond(ds_server *s, struct MHD_Connection *c, int stat
 enum MHD_Result ds_http_error(ds_server *s, struct MHD_Connection *c, const ds_oai_error *e);
 /* True when the peer closed the connection (checked while waiting for tokens). */
 bool ds_http_client_gone(struct MHD_Connection *c);
+
+/* ---- json_mode.c ---- */
+/* The byte strings of tok's ids [0, vocab) for JSON mode's mask: special tokens and tokens
+ * without bytes never continue a document (NULL). False when out of memory. */
+bool ds_json_vocab_build(const ds_tokenizer *tok, ds_json_vocab *v);
 
 /* ---- openai_handlers.c ---- */
 enum MHD_Result ds_handle_generate(ds_conn *cs, struct MHD_Connection *c);

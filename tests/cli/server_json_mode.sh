@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# JSON mode through the server (response_format {"type": "json_object"}, sampling/json_grammar.h)
+# with the demo model, which knows nothing of JSON: whatever it wants to say, the content is one
+# JSON object, or a prefix of one when max_tokens cuts it; logit_bias towards "{" and "}" gives
+# "{}" and finish "stop"; streamed content equals the non-streamed content; with thinking
+# enabled by the prompt the object comes after the reasoning; json_schema, ignore_eos and
+# min_tokens are refused with 400 naming the field.
+set -u
+BIN=${DS_BIN:-build/deltaserve}
+MODEL=${DS_SERVER_TEST_MODEL:-models/qwen35-demo}
+command -v curl >/dev/null && command -v node >/dev/null || { echo "SKIP: needs curl and node"; exit 0; }
+[ -f "$MODEL/config.json" ] && [ -f "$MODEL/tokenizer.json" ] || { echo "SKIP: no model at $MODEL"; exit 0; }
+
+source "$(dirname "${BASH_SOURCE[0]}")/lib/server_test.sh"
+
+post() {
+  CODE=$(curl -s --max-time 120 -o "$tmp/out" -w '%{http_code}' -H 'Content-Type: application/json' \
+         --data-binary "$2" "http://127.0.0.1:$PORT$1")
+}
+# is_json_prefix TEXT: the text is a JSON object or a prefix of one (node: complete it with the
+# closers its open strings / containers need, or accept it whole)
+is_json_object_prefix() {
+  node -e 'const t=process.argv[1]; let st=[],inStr=false,esc=false;
+    for (const ch of t) { if (inStr) { if (esc) esc=false; else if (ch==="\\") esc=true; else if (ch==="\"") inStr=false; continue; }
+      if (ch==="\"") inStr=true; else if (ch==="{"||ch==="[") st.push(ch==="{"?"}":"]"); else if (ch==="}"||ch==="]") st.pop(); }
+    if (!/^\s*\{/.test(t)) process.exit(1);
+    let c=t; if (esc) c=c.slice(0,-1); if (inStr) c+="\""; c=c.replace(/[,:\s]*$/,"");
+    if (/"\s*$/.test(c) && /[{,]\s*"[^"]*"\s*$/.test(c)) c+=":null";
+    c=c.replace(/(-|\.|[eE][+-]?)$/,"0"); c=c.replace(/\b(t|tr|tru)$/,"true").replace(/\b(f|fa|fal|fals)$/,"false").replace(/\b(n|nu|nul)$/,"null");
+    while (st.length) c+=st.pop();
+    try { const o=JSON.parse(c); process.exit(o&&typeof o==="object"&&!Array.isArray(o)?0:1); } catch (e) { process.exit(1); }' "$1"
+}
+
+launch_server json serve -m "$MODEL" --port 0 --device cpu --threads 2 --max-model-len 1024
+MSG='"messages":[{"role":"user","content":"List the sons of Noah as JSON."}]'
+for t in 0 0.9; do
+  post /v1/chat/completions "{$MSG,\"max_tokens\":80,\"temperature\":$t,\"seed\":5,\"response_format\":{\"type\":\"json_object\"}}"
+  check "temperature $t → 200" [ "$CODE" = 200 ]
+  C=$(js 'd.choices[0].message.content' <"$tmp/out")
+  F=$(js 'd.choices[0].finish_reason' <"$tmp/out")
+  if [ "$F" = stop ]; then
+    check "temperature $t: a whole JSON object" node -e 'const o=JSON.parse(process.argv[1]); process.exit(o&&typeof o==="object"&&!Array.isArray(o)?0:1)' "$C"
+  else
+    check "temperature $t: a JSON object's prefix ($F): $C" is_json_object_prefix "$C"
+  fi
+done
+# streamed = non-streamed (greedy)
+post /v1/chat/completions "{$MSG,\"max_tokens\":40,\"temperature\":0,\"response_format\":{\"type\":\"json_object\"}}"
+WHOLE=$(js 'd.choices[0].message.content' <"$tmp/out")
+curl -s --max-time 120 -N -H 'Content-Type: application/json' \
+  --data-binary "{$MSG,\"max_tokens\":40,\"temperature\":0,\"stream\":true,\"response_format\":{\"type\":\"json_object\"}}" \
+  "http://127.0.0.1:$PORT/v1/chat/completions" >"$tmp/sse"
+STREAMED=$(node -e 'let s="";for (const l of require("fs").readFileSync(process.argv[1],"utf8").split("\n")) {
+  if (!l.startsWith("data: {")) continue; const d=JSON.parse(l.slice(6));
+  for (const c of d.choices||[]) if (c.delta&&c.delta.content) s+=c.delta.content; } process.stdout.write(s)' "$tmp/sse")
+check "streamed content = non-streamed" [ "$STREAMED" = "$WHOLE" ]
+
+# logit_bias towards "{" and "}" gives "{}" at once: "}" cannot come first, "{" not second
+post /tokenize '{"prompt":"{"}'
+OPEN=$(js 'd.tokens[0]' <"$tmp/out")
+post /tokenize '{"prompt":"}"}'
+CLOSE=$(js 'd.tokens[0]' <"$tmp/out")
+post /v1/chat/completions "{$MSG,\"max_tokens\":20,\"temperature\":0,\"logit_bias\":{\"$OPEN\":100,\"$CLOSE\":100},\"response_format\":{\"type\":\"json_object\"}}"
+check "biased to close: {} and stop" [ "$(js 'd.choices[0].message.content.trim()+"/"+d.choices[0].finish_reason' <"$tmp/out")" = "{}/stop" ]
+
+# thinking: the object comes after the reasoning the prompt opened (when the template opens one)
+post /v1/chat/completions "{$MSG,\"max_tokens\":60,\"temperature\":0,\"chat_template_kwargs\":{\"enable_thinking\":true},\"response_format\":{\"type\":\"json_object\"}}"
+check "thinking → 200" [ "$CODE" = 200 ]
+C=$(js 'd.choices[0].message.content' <"$tmp/out")
+if [ -n "$C" ]; then check "thinking: content is a JSON object (prefix): $C" is_json_object_prefix "$C"; fi
+
+# refusals
+expect400() {
+  post /v1/chat/completions "$2"
+  check "$1 → 400 ($(head -c 160 "$tmp/out"))" [ "$CODE" = 400 ]
+  check "$1 names the field" grep -q "$3" "$tmp/out"
+}
+expect400 "json_schema" "{$MSG,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{}}}}" response_format
+expect400 "ignore_eos" "{$MSG,\"ignore_eos\":true,\"response_format\":{\"type\":\"json_object\"}}" ignore_eos
+expect400 "min_tokens" "{$MSG,\"min_tokens\":3,\"response_format\":{\"type\":\"json_object\"}}" min_tokens
+post /v1/chat/completions "{$MSG,\"max_tokens\":4}"
+check "still serving" [ "$CODE" = 200 ]
+stop_server "$SPID"
+
+echo "server_json_mode: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
