@@ -153,6 +153,7 @@ static ds_json_vocab make_vocab(void) {
         v.bytes[i] = (const uint8_t *)VOCAB[i];
         v.len[i] = (uint32_t)strlen(VOCAB[i]);
     }
+    assert_true(ds_json_vocab_index(&v));
     return v;
 }
 

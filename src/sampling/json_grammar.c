@@ -3,6 +3,8 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "core/status.h"
+
 enum {
     L_START,     /* before the top-level object: whitespace or '{' */
     L_VALUE,     /* a value (after ':' or an array's ',') */
@@ -225,9 +227,30 @@ bool ds_json_feed_bytes(ds_json_state *s, const uint8_t *b, size_t n) {
     return true;
 }
 
+bool ds_json_vocab_index(ds_json_vocab *v) {
+    free(v->plain);
+    free(v->head);
+    v->plain = calloc((size_t)(v->n > 0 ? v->n : 1), 1);
+    v->head = calloc((size_t)(v->n > 0 ? v->n : 1), sizeof *v->head);
+    if (!v->plain || !v->head) return false;
+    for (int id = 0; id < v->n; id++) {
+        if (!v->bytes[id]) continue;
+        v->head[id] = (uint16_t)(v->bytes[id][0] | (v->len[id] > 1 ? v->bytes[id][1] << 8 : 0));
+        bool plain = true;
+        for (uint32_t i = 0; i < v->len[id] && plain; i++) {
+            const uint8_t b = v->bytes[id][i];
+            plain = b >= 0x20 && b != '"' && b != '\\';
+        }
+        v->plain[id] = plain;
+    }
+    return true;
+}
+
 void ds_json_vocab_free(ds_json_vocab *v) {
     free(v->bytes);
     free(v->len);
+    free(v->plain);
+    free(v->head);
     *v = (ds_json_vocab){0};
 }
 
@@ -244,12 +267,35 @@ void ds_json_mask(const ds_json_state *s, const ds_json_vocab *v, const int *end
         ds_json_state t = *s;
         first_ok[c] = !done && step(&t, (uint8_t)c);
     }
+    const bool in_string = s->lex == L_STR;
+    /* between tokens most of a BPE vocabulary starts with a space that may come, and fails
+     * on its second byte: a table of the allowed first two bytes rules those out unread (not
+     * inside strings, where nearly every pair is allowed and plain tokens skip reading) */
+    static _Thread_local bool second_ok[256][256];
+    const bool pairs = !in_string && !done;
+    for (int c1 = 0; pairs && c1 < 256; c1++) {
+        if (!first_ok[c1]) continue;
+        ds_json_state t1 = *s;
+        step(&t1, (uint8_t)c1);
+        for (int c2 = 0; c2 < 256; c2++) {
+            ds_json_state t2 = t1;
+            second_ok[c1][c2] = step(&t2, (uint8_t)c2);
+        }
+    }
+    DS_ASSERT(v->head && v->plain); /* ds_json_vocab_index */
     for (int id = 0; id < n_logits; id++) {
-        const uint8_t *b = id < v->n ? v->bytes[id] : NULL;
-        if (!b || !first_ok[b[0]]) {
+        const uint32_t len = id < v->n ? v->len[id] : 0; /* 0: no bytes */
+        const uint16_t h = len ? v->head[id] : 0;
+        if (!len || !first_ok[h & 0xff]) {
             logits[id] = -INFINITY;
             continue;
         }
+        if (in_string && v->plain[id]) continue; /* stays inside the string */
+        if (pairs && len >= 2 && !second_ok[h & 0xff][h >> 8]) {
+            logits[id] = -INFINITY;
+            continue;
+        }
+        const uint8_t *b = v->bytes[id];
         ds_json_state t = *s;
         for (uint32_t i = 0; i < v->len[id]; i++) {
             if (!step(&t, b[i])) {

@@ -56,7 +56,16 @@ typedef struct ds_json_vocab {
     int n;                  /* ids [0, n) */
     const uint8_t **bytes;  /* [n] NULL: the id never continues a document (special, empty) */
     uint32_t *len;          /* [n] */
+    uint8_t *plain;         /* [n] 1: every byte may sit inside a string as it is (≥ 0x20, not
+                               '"' or '\\'), so inside a string the token is allowed unread
+                               (ds_json_vocab_index) */
+    uint16_t *head;         /* [n] first byte | second byte << 8 (0 when absent): the mask's
+                               pre-checks read these in order, not the scattered bytes */
 } ds_json_vocab;
+
+/* Fills v->plain and v->head from bytes / len (call once after filling them). False when out of
+ * memory. */
+bool ds_json_vocab_index(ds_json_vocab *v);
 
 /* Frees the arrays (not the bytes). */
 void ds_json_vocab_free(ds_json_vocab *v);

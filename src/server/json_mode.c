@@ -21,5 +21,9 @@ bool ds_json_vocab_build(const ds_tokenizer *tok, ds_json_vocab *v) {
         v->bytes[id] = (const uint8_t *)b;
         v->len[id] = (uint32_t)len;
     }
+    if (!ds_json_vocab_index(v)) {
+        ds_json_vocab_free(v);
+        return false;
+    }
     return true;
 }
