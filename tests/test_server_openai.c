@@ -294,6 +294,10 @@ static void test_chat_parse(void **state) {
     assert_true(ds_oai_parse(H, b, strlen(b), &r, &e));
     assert_false(r.json_object);
     ds_oai_request_free(&r);
+    b = "{\"prompt\": \"x\", \"response_format\": {\"type\": \"json_object\"}}";
+    assert_true(ds_oai_parse(C, b, strlen(b), &r, &e)); /* completions too, as vLLM */
+    assert_true(r.json_object);
+    ds_oai_request_free(&r);
 
     /* logprobs true without top_logprobs → chosen token only */
     b = "{" MSG ", \"logprobs\": true}";

@@ -326,18 +326,6 @@ static bool parse_chat_options(const cJSON *root, ds_oai_request *r, ds_oai_erro
     r->chat.tools = r->prompt_tools;
     r->chat.kwargs = kw;
     r->chat.messages_json = field(root, "messages");
-    const cJSON *rf = field(root, "response_format");
-    if (rf) {
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(rf, "type");
-        if (!cJSON_IsObject(rf) || !cJSON_IsString(t))
-            return bad(e, "response_format", "response_format must be an object with a string "
-                                             "\"type\"");
-        if (!strcmp(t->valuestring, "json_object")) r->json_object = true;
-        else if (strcmp(t->valuestring, "text") != 0)
-            return bad(e, "response_format", "response_format: type '%.40s' is not supported "
-                       "(\"text\" or \"json_object\"; JSON schemas are not enforced yet)",
-                       t->valuestring);
-    }
     /* chat logprobs: a boolean, with top_logprobs alternatives */
     bool lp = false;
     int top = 0;
@@ -458,6 +446,19 @@ static bool parse_sampling(const cJSON *root, ds_oai_request *r, ds_oai_error *e
         !get_bool(root, "return_token_ids", &r->return_token_ids, e))
         return false;
     if (sp->top_k < -1) return bad(e, "top_k", "top_k must be -1 (off) or >= 0, got %d", sp->top_k);
+    /* response_format (chat and, as vLLM, completions): text, or JSON mode */
+    const cJSON *rf = field(root, "response_format");
+    if (rf) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(rf, "type");
+        if (!cJSON_IsObject(rf) || !cJSON_IsString(t))
+            return bad(e, "response_format", "response_format must be an object with a string "
+                                             "\"type\"");
+        if (!strcmp(t->valuestring, "json_object")) r->json_object = true;
+        else if (strcmp(t->valuestring, "text") != 0)
+            return bad(e, "response_format", "response_format: type '%.40s' is not supported "
+                       "(\"text\" or \"json_object\"; JSON schemas are not enforced yet)",
+                       t->valuestring);
+    }
 
     /* max_tokens / max_completion_tokens (chat's newer name wins when both are given) */
     bool have = false;

@@ -70,8 +70,8 @@ typedef struct ds_oai_request {
     int n_prompts;                /* completions: prompts in the batch (1: not a batch) */
     bool skip_special_tokens;     /* vLLM extension, default true */
     bool return_token_ids;        /* vLLM extension: token_ids / prompt_token_ids in the output */
-    bool json_object;             /* chat: response_format {"type": "json_object"} (JSON mode:
-                                     the server sets sp.json) */
+    bool json_object;             /* response_format {"type": "json_object"} (JSON mode: the
+                                     server sets sp.json) */
     ds_sampling_params sp;        /* its stop / id / bias arrays point into the fields below */
     const char *stops[DS_SAMPLING_MAX_STOP];
     int *stop_ids;                /* owned */

@@ -44,6 +44,12 @@ for t in 0 0.9; do
     check "temperature $t: a JSON object's prefix ($F): $C" is_json_object_prefix "$C"
   fi
 done
+# completions take it too (as vLLM)
+post /v1/completions '{"prompt":"And God said","max_tokens":40,"temperature":0,"response_format":{"type":"json_object"}}'
+check "completions → 200" [ "$CODE" = 200 ]
+C=$(js 'd.choices[0].text' <"$tmp/out")
+check "completions: a JSON object (prefix): $C" is_json_object_prefix "$C"
+
 # streamed = non-streamed (greedy)
 post /v1/chat/completions "{$MSG,\"max_tokens\":40,\"temperature\":0,\"response_format\":{\"type\":\"json_object\"}}"
 WHOLE=$(js 'd.choices[0].message.content' <"$tmp/out")
