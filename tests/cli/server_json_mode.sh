@@ -13,11 +13,7 @@ command -v curl >/dev/null && command -v node >/dev/null || { echo "SKIP: needs 
 
 source "$(dirname "${BASH_SOURCE[0]}")/lib/server_test.sh"
 
-post() {
-  CODE=$(curl -s --max-time 120 -o "$tmp/out" -w '%{http_code}' -H 'Content-Type: application/json' \
-         --data-binary "$2" "http://127.0.0.1:$PORT$1")
-}
-# is_json_prefix TEXT: the text is a JSON object or a prefix of one (node: complete it with the
+# is_json_object_prefix TEXT: the text is a JSON object or a prefix of one (node: complete it with the
 # closers its open strings / containers need, or accept it whole)
 is_json_object_prefix() {
   node -e 'const t=process.argv[1]; let st=[],inStr=false,esc=false;
@@ -34,7 +30,7 @@ is_json_object_prefix() {
 launch_server json serve -m "$MODEL" --port 0 --device cpu --threads 2 --max-model-len 1024
 MSG='"messages":[{"role":"user","content":"List the sons of Noah as JSON."}]'
 for t in 0 0.9; do
-  post /v1/chat/completions "{$MSG,\"max_tokens\":80,\"temperature\":$t,\"seed\":5,\"response_format\":{\"type\":\"json_object\"}}"
+  post_json /v1/chat/completions "{$MSG,\"max_tokens\":80,\"temperature\":$t,\"seed\":5,\"response_format\":{\"type\":\"json_object\"}}"
   check "temperature $t → 200" [ "$CODE" = 200 ]
   C=$(js 'd.choices[0].message.content' <"$tmp/out")
   F=$(js 'd.choices[0].finish_reason' <"$tmp/out")
@@ -45,13 +41,13 @@ for t in 0 0.9; do
   fi
 done
 # completions take it too (as vLLM)
-post /v1/completions '{"prompt":"And God said","max_tokens":40,"temperature":0,"response_format":{"type":"json_object"}}'
+post_json /v1/completions '{"prompt":"And God said","max_tokens":40,"temperature":0,"response_format":{"type":"json_object"}}'
 check "completions → 200" [ "$CODE" = 200 ]
 C=$(js 'd.choices[0].text' <"$tmp/out")
 check "completions: a JSON object (prefix): $C" is_json_object_prefix "$C"
 
 # streamed = non-streamed (greedy)
-post /v1/chat/completions "{$MSG,\"max_tokens\":40,\"temperature\":0,\"response_format\":{\"type\":\"json_object\"}}"
+post_json /v1/chat/completions "{$MSG,\"max_tokens\":40,\"temperature\":0,\"response_format\":{\"type\":\"json_object\"}}"
 WHOLE=$(js 'd.choices[0].message.content' <"$tmp/out")
 curl -s --max-time 120 -N -H 'Content-Type: application/json' \
   --data-binary "{$MSG,\"max_tokens\":40,\"temperature\":0,\"stream\":true,\"response_format\":{\"type\":\"json_object\"}}" \
@@ -62,29 +58,29 @@ STREAMED=$(node -e 'let s="";for (const l of require("fs").readFileSync(process.
 check "streamed content = non-streamed" [ "$STREAMED" = "$WHOLE" ]
 
 # logit_bias towards "{" and "}" gives "{}" at once: "}" cannot come first, "{" not second
-post /tokenize '{"prompt":"{"}'
+post_json /tokenize '{"prompt":"{"}'
 OPEN=$(js 'd.tokens[0]' <"$tmp/out")
-post /tokenize '{"prompt":"}"}'
+post_json /tokenize '{"prompt":"}"}'
 CLOSE=$(js 'd.tokens[0]' <"$tmp/out")
-post /v1/chat/completions "{$MSG,\"max_tokens\":20,\"temperature\":0,\"logit_bias\":{\"$OPEN\":100,\"$CLOSE\":100},\"response_format\":{\"type\":\"json_object\"}}"
+post_json /v1/chat/completions "{$MSG,\"max_tokens\":20,\"temperature\":0,\"logit_bias\":{\"$OPEN\":100,\"$CLOSE\":100},\"response_format\":{\"type\":\"json_object\"}}"
 check "biased to close: {} and stop" [ "$(js 'd.choices[0].message.content.trim()+"/"+d.choices[0].finish_reason' <"$tmp/out")" = "{}/stop" ]
 
 # thinking: the object comes after the reasoning the prompt opened (when the template opens one)
-post /v1/chat/completions "{$MSG,\"max_tokens\":60,\"temperature\":0,\"chat_template_kwargs\":{\"enable_thinking\":true},\"response_format\":{\"type\":\"json_object\"}}"
+post_json /v1/chat/completions "{$MSG,\"max_tokens\":60,\"temperature\":0,\"chat_template_kwargs\":{\"enable_thinking\":true},\"response_format\":{\"type\":\"json_object\"}}"
 check "thinking → 200" [ "$CODE" = 200 ]
 C=$(js 'd.choices[0].message.content' <"$tmp/out")
 if [ -n "$C" ]; then check "thinking: content is a JSON object (prefix): $C" is_json_object_prefix "$C"; fi
 
 # refusals
 expect400() {
-  post /v1/chat/completions "$2"
+  post_json /v1/chat/completions "$2"
   check "$1 → 400 ($(head -c 160 "$tmp/out"))" [ "$CODE" = 400 ]
   check "$1 names the field" grep -q "$3" "$tmp/out"
 }
 expect400 "json_schema" "{$MSG,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{}}}}" response_format
 expect400 "ignore_eos" "{$MSG,\"ignore_eos\":true,\"response_format\":{\"type\":\"json_object\"}}" ignore_eos
 expect400 "min_tokens" "{$MSG,\"min_tokens\":3,\"response_format\":{\"type\":\"json_object\"}}" min_tokens
-post /v1/chat/completions "{$MSG,\"max_tokens\":4}"
+post_json /v1/chat/completions "{$MSG,\"max_tokens\":4}"
 check "still serving" [ "$CODE" = 200 ]
 stop_server "$SPID"
 

@@ -14,22 +14,17 @@ command -v curl >/dev/null && command -v node >/dev/null || { echo "SKIP: needs 
 
 source "$(dirname "${BASH_SOURCE[0]}")/lib/server_test.sh"
 
-post() {
-  local path=$1 body=$2
-  CODE=$(curl -s --max-time 120 -o "$tmp/out" -w '%{http_code}' -H 'Content-Type: application/json' \
-         --data-binary "$body" "http://127.0.0.1:$PORT$path")
-}
 metric() { curl -s "http://127.0.0.1:$PORT/metrics" | sed -n "s/^$1{[^}]*} //p"; }
 
 launch_server cached serve -m "$MODEL" --port 0 --device cpu --threads 2 --max-model-len 512 \
   --max-num-seqs 4
 P="7,99,256,31,400,12,5,77,1000,23"
-post /v1/completions "{\"prompt\":[$P],\"max_tokens\":12,\"temperature\":0,\"ignore_eos\":true,\"return_token_ids\":true}"
+post_json /v1/completions "{\"prompt\":[$P],\"max_tokens\":12,\"temperature\":0,\"ignore_eos\":true,\"return_token_ids\":true}"
 check "turn 1 → 200" [ "$CODE" = 200 ]
 OUT1=$(js 'd.choices[0].token_ids.join(",")' <"$tmp/out")
 check "turn 1: nothing cached" [ "$(js 'd.usage.prompt_tokens_details.cached_tokens' <"$tmp/out")" = 0 ]
 # turn 2 continues turn 1's 10 + 12 tokens: the first 21 are in the entry's caches
-post /v1/completions "{\"prompt\":[$P,$OUT1,41,42,43],\"max_tokens\":8,\"temperature\":0,\"return_token_ids\":true}"
+post_json /v1/completions "{\"prompt\":[$P,$OUT1,41,42,43],\"max_tokens\":8,\"temperature\":0,\"return_token_ids\":true}"
 check "turn 2 → 200" [ "$CODE" = 200 ]
 check "turn 2: 21 of 25 prompt tokens cached" \
   [ "$(js 'd.usage.prompt_tokens+"/"+d.usage.prompt_tokens_details.cached_tokens' <"$tmp/out")" = "25/21" ]
@@ -48,14 +43,14 @@ check "streamed usage: cached 32 of 34" \
 
 # a chat of two turns: ChatML renders the first answer as generated, so turn 2 resumes
 M1='[{"role":"user","content":"Who was Moses?"}]'
-post /v1/chat/completions "{\"messages\":$M1,\"max_tokens\":16,\"temperature\":0}"
+post_json /v1/chat/completions "{\"messages\":$M1,\"max_tokens\":16,\"temperature\":0}"
 check "chat turn 1 → 200" [ "$CODE" = 200 ]
 ANSWER=$(js 'd.choices[0].message.content' <"$tmp/out")
 FIN=$(js 'd.choices[0].finish_reason' <"$tmp/out")
 N1=$(js 'd.usage.prompt_tokens+d.usage.completion_tokens' <"$tmp/out")
 BODY=$(node -e 'console.log(JSON.stringify({messages:[{role:"user",content:"Who was Moses?"},
   {role:"assistant",content:process.argv[1]},{role:"user",content:"And Aaron?"}],max_tokens:8,temperature:0}))' "$ANSWER")
-post /v1/chat/completions "$BODY"
+post_json /v1/chat/completions "$BODY"
 CACHED=$(js 'd.usage.prompt_tokens_details.cached_tokens' <"$tmp/out")
 # turn 1's prompt + answer, the answer's last token (<|im_end|> at a stop, else its 16th) not fed
 check "chat turn 2 resumes turn 1 ($FIN; cached $CACHED of $N1 − 1)" [ "$CACHED" = $((N1 - 1)) ]
@@ -63,8 +58,8 @@ stop_server "$SPID"
 
 launch_server off serve -m "$MODEL" --port 0 --device cpu --threads 2 --max-model-len 512 \
   --max-num-seqs 4 --no-enable-prefix-caching
-post /v1/completions "{\"prompt\":[$P],\"max_tokens\":12,\"temperature\":0,\"ignore_eos\":true}"
-post /v1/completions "{\"prompt\":[$P,$OUT1,41,42,43],\"max_tokens\":8,\"temperature\":0}"
+post_json /v1/completions "{\"prompt\":[$P],\"max_tokens\":12,\"temperature\":0,\"ignore_eos\":true}"
+post_json /v1/completions "{\"prompt\":[$P,$OUT1,41,42,43],\"max_tokens\":8,\"temperature\":0}"
 check "off: nothing cached" [ "$(js 'd.usage.prompt_tokens_details.cached_tokens' <"$tmp/out")" = 0 ]
 check "off: no entries" [ "$(metric deltaserve:prefix_cache_entries)" = 0 ]
 check "off: no hits" [ "$(metric vllm:prefix_cache_hits_total)" = 0 ]

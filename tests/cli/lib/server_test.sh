@@ -5,7 +5,8 @@
 #   js EXPR < JSON → the value of a JS expression over `d` (strings raw, other values as JSON);
 #   launch_server NAME ARGS... → runs "$BIN" ARGS... in the background, log in $tmp/NAME.log,
 #     sets SPID and PORT once it prints "listening on" (bounded wait; the test exits on failure);
-#   stop_server PID [TENTHS]: SIGTERM, up to TENTHS × 0.1 s (default 100) for a clean exit (0).
+#   stop_server PID [TENTHS]: SIGTERM, up to TENTHS × 0.1 s (default 100) for a clean exit (0);
+#   post_json PATH BODY → POST to the server on $PORT: the body in $tmp/out, the status in $CODE.
 pass=0; fail=0
 tmp=$(mktemp -d)
 PIDS=()
@@ -40,4 +41,9 @@ stop_server() {
   if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid"; bad "server $pid ignored SIGTERM"; fi
   wait "$pid"; rc=$?
   check "server $pid exit code $rc after SIGTERM" [ "$rc" -eq 0 ]
+}
+
+post_json() {
+  CODE=$(curl -s --max-time 120 -o "$tmp/out" -w '%{http_code}' -H 'Content-Type: application/json' \
+         --data-binary "$2" "http://127.0.0.1:$PORT$1")
 }
