@@ -4,7 +4,8 @@
 # JSON object, or a prefix of one when max_tokens cuts it; logit_bias towards "{" and "}" gives
 # "{}" and finish "stop"; streamed content equals the non-streamed content; with thinking
 # enabled by the prompt the object comes after the reasoning; json_schema, ignore_eos and
-# min_tokens are refused with 400 naming the field.
+# min_tokens are refused with 400 naming the field; with MTP speculation the outputs are
+# objects (or prefixes) too.
 set -u
 BIN=${DS_BIN:-build/deltaserve}
 MODEL=${DS_SERVER_TEST_MODEL:-models/qwen35-demo}
@@ -82,6 +83,22 @@ expect400 "ignore_eos" "{$MSG,\"ignore_eos\":true,\"response_format\":{\"type\":
 expect400 "min_tokens" "{$MSG,\"min_tokens\":3,\"response_format\":{\"type\":\"json_object\"}}" min_tokens
 post_json /v1/chat/completions "{$MSG,\"max_tokens\":4}"
 check "still serving" [ "$CODE" = 200 ]
+stop_server "$SPID"
+
+# with MTP speculation: the drafts (unconstrained) are verified against the masked rows
+launch_server spec serve -m "$MODEL" --port 0 --device cpu --threads 2 --max-model-len 1024 \
+  --num-speculative-tokens 2
+for t in 0 0.8; do
+  post_json /v1/chat/completions "{$MSG,\"max_tokens\":60,\"temperature\":$t,\"seed\":2,\"logit_bias\":{\"$OPEN\":100,\"$CLOSE\":8},\"response_format\":{\"type\":\"json_object\"}}"
+  C=$(js 'd.choices[0].message.content' <"$tmp/out")
+  F=$(js 'd.choices[0].finish_reason' <"$tmp/out")
+  if [ "$F" = stop ]; then
+    check "speculative, temperature $t: a whole JSON object: $C" node -e 'const o=JSON.parse(process.argv[1]); process.exit(o&&typeof o==="object"&&!Array.isArray(o)?0:1)' "$C"
+  else
+    check "speculative, temperature $t: a JSON object's prefix ($F): $C" is_json_object_prefix "$C"
+  fi
+done
+check "speculative: drafts were verified" [ "$(curl -s "http://127.0.0.1:$PORT/metrics" | sed -n 's/^vllm:spec_decode_num_drafts_total{[^}]*} //p')" -gt 0 ]
 stop_server "$SPID"
 
 echo "server_json_mode: $pass passed, $fail failed"
