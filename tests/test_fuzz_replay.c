@@ -1,6 +1,7 @@
-/* test_fuzz_replay.c — the OpenAI request and model config fuzz targets without libFuzzer.
+/* test_fuzz_replay.c — the OpenAI request, model config and JSON-mode grammar fuzz targets
+ * without libFuzzer.
  *
- * Both targets are compiled in (each is one entry point, renamed here) so that their seed
+ * The targets are compiled in (each is one entry point, renamed here) so that their seed
  * corpora and thousands of deterministic mutations of each seed run through exactly what
  * libFuzzer calls, with the targets' own oracles; the sanitizer build (ASan + UBSan + leak
  * checks) runs this test too. Every seed must be accepted by its parser (a rejected seed is a
@@ -18,6 +19,9 @@
 #undef LLVMFuzzerTestOneInput
 #define LLVMFuzzerTestOneInput fuzz_config_one
 #include "../fuzz/fuzz_config.c"
+#undef LLVMFuzzerTestOneInput
+#define LLVMFuzzerTestOneInput fuzz_json_grammar_one
+#include "../fuzz/fuzz_json_grammar.c"
 #undef LLVMFuzzerTestOneInput
 
 /* Whether the parser behind a target accepts the input (for the seed and accept counts);
@@ -44,6 +48,14 @@ static int config_accepts(const uint8_t *data, size_t size, int verbose) {
     const int ok = ds_config_parse(text, "seed", &cfg, &err) == DS_OK;
     if (!ok && verbose) fprintf(stderr, "  (rejected: %s)\n", err.msg);
     free(text);
+    return ok;
+}
+
+static int json_accepts(const uint8_t *data, size_t size, int verbose) {
+    ds_json_state s;
+    ds_json_init(&s);
+    const int ok = ds_json_feed_bytes(&s, data, size) && ds_json_done(&s);
+    if (!ok && verbose) fprintf(stderr, "  (not one closed JSON object)\n");
     return ok;
 }
 
@@ -132,6 +144,11 @@ static void test_config_corpus(void **state) {
     replay_corpus("fuzz/corpus_config", fuzz_config_one, config_accepts, 0, 1500);
 }
 
+static void test_json_grammar_corpus(void **state) {
+    (void)state;
+    replay_corpus("fuzz/corpus_json_grammar", fuzz_json_grammar_one, json_accepts, 0, 3000);
+}
+
 /* Hand-made hostile inputs through the targets' oracles (a rejection must be a 4xx error whose
  * JSON rendering holds its message; an acceptance must hold up to the checks). */
 static void test_hostile_inputs(void **state) {
@@ -158,6 +175,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_openai_req_corpus),
         cmocka_unit_test(test_config_corpus),
+        cmocka_unit_test(test_json_grammar_corpus),
         cmocka_unit_test(test_hostile_inputs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
