@@ -124,41 +124,31 @@ static void histogram(ds_strbuf *o, const char *labels, const char *name, const 
                      (unsigned long long)h->count);
 }
 
-/* vLLM's prefix-cache counters (vllm:prefix_cache_queries_total / _hits_total, in tokens: hit
- * rate = hits / queries), so its dashboards read ours. */
+/* A counter under vLLM's own name (vllm:NAME), for dashboards and tools that read vLLM's. */
+static void vllm_counter(ds_strbuf *o, const char *L, const char *name, const char *help,
+                         uint64_t v) {
+    ds_strbuf_printf(o, "# HELP vllm:%s %s\n# TYPE vllm:%s counter\n", name, help, name);
+    ds_strbuf_printf(o, "vllm:%s{%s} %llu\n", name, L, (unsigned long long)v);
+}
+
+/* vLLM's prefix-cache counters, in tokens: hit rate = hits / queries. */
 static void prefix_counters(ds_strbuf *o, const char *L, const ds_engine_stats *st) {
-    static const struct {
-        const char *name, *help;
-    } c[2] = {
-        {"prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache."},
-        {"prefix_cache_hits_total", "Prompt tokens taken over from the prefix cache."},
-    };
-    const uint64_t v[2] = {st->prefix_queries, st->prefix_hits};
-    for (int i = 0; i < 2; i++) {
-        ds_strbuf_printf(o, "# HELP vllm:%s %s\n# TYPE vllm:%s counter\n", c[i].name, c[i].help,
-                         c[i].name);
-        ds_strbuf_printf(o, "vllm:%s{%s} %llu\n", c[i].name, L, (unsigned long long)v[i]);
-    }
+    vllm_counter(o, L, "prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
+                 st->prefix_queries);
+    vllm_counter(o, L, "prefix_cache_hits_total", "Prompt tokens taken over from the prefix cache.",
+                 st->prefix_hits);
 }
 
 /* Speculative decoding counters under vLLM's own names (vllm:spec_decode_*), so dashboards and
  * `bench serve` read them as they read vLLM's: acceptance rate = accepted / draft tokens, mean
  * accepted length = 1 + accepted / drafts. Exported only when speculative decoding is on. */
 static void spec_counters(ds_strbuf *o, const char *L, const ds_engine_stats *st) {
-    static const struct {
-        const char *name, *help;
-    } c[3] = {
-        {"spec_decode_num_drafts_total", "Verification steps that checked draft tokens."},
-        {"spec_decode_num_draft_tokens_total", "Draft tokens checked."},
-        {"spec_decode_num_accepted_tokens_total", "Draft tokens accepted."},
-    };
-    const uint64_t v[3] = {st->spec.n_drafts, st->spec.n_draft_tokens,
-                           st->spec.n_accepted_tokens};
-    for (int i = 0; i < 3; i++) {
-        ds_strbuf_printf(o, "# HELP vllm:%s %s\n# TYPE vllm:%s counter\n", c[i].name, c[i].help,
-                         c[i].name);
-        ds_strbuf_printf(o, "vllm:%s{%s} %llu\n", c[i].name, L, (unsigned long long)v[i]);
-    }
+    vllm_counter(o, L, "spec_decode_num_drafts_total",
+                 "Verification steps that checked draft tokens.", st->spec.n_drafts);
+    vllm_counter(o, L, "spec_decode_num_draft_tokens_total", "Draft tokens checked.",
+                 st->spec.n_draft_tokens);
+    vllm_counter(o, L, "spec_decode_num_accepted_tokens_total", "Draft tokens accepted.",
+                 st->spec.n_accepted_tokens);
     const char *pn = "spec_decode_num_accepted_tokens_per_pos_total";
     ds_strbuf_printf(o, "# HELP vllm:%s Draft tokens accepted, by draft position.\n"
                         "# TYPE vllm:%s counter\n", pn, pn);

@@ -28,18 +28,25 @@ is_json_object_prefix() {
     try { const o=JSON.parse(c); process.exit(o&&typeof o==="object"&&!Array.isArray(o)?0:1); } catch (e) { process.exit(1); }' "$1"
 }
 
+# check_answer LABEL: the chat answer in $tmp/out is a whole JSON object when it finished by
+# "stop", else a JSON object's prefix
+check_answer() {
+  local c f
+  c=$(js 'd.choices[0].message.content' <"$tmp/out")
+  f=$(js 'd.choices[0].finish_reason' <"$tmp/out")
+  if [ "$f" = stop ]; then
+    check "$1: a whole JSON object: $c" node -e 'const o=JSON.parse(process.argv[1]); process.exit(o&&typeof o==="object"&&!Array.isArray(o)?0:1)' "$c"
+  else
+    check "$1: a JSON object's prefix ($f): $c" is_json_object_prefix "$c"
+  fi
+}
+
 launch_server json serve -m "$MODEL" --port 0 --device cpu --threads 2 --max-model-len 1024
 MSG='"messages":[{"role":"user","content":"List the sons of Noah as JSON."}]'
 for t in 0 0.9; do
   post_json /v1/chat/completions "{$MSG,\"max_tokens\":80,\"temperature\":$t,\"seed\":5,\"response_format\":{\"type\":\"json_object\"}}"
   check "temperature $t → 200" [ "$CODE" = 200 ]
-  C=$(js 'd.choices[0].message.content' <"$tmp/out")
-  F=$(js 'd.choices[0].finish_reason' <"$tmp/out")
-  if [ "$F" = stop ]; then
-    check "temperature $t: a whole JSON object" node -e 'const o=JSON.parse(process.argv[1]); process.exit(o&&typeof o==="object"&&!Array.isArray(o)?0:1)' "$C"
-  else
-    check "temperature $t: a JSON object's prefix ($F): $C" is_json_object_prefix "$C"
-  fi
+  check_answer "temperature $t"
 done
 # completions take it too (as vLLM)
 post_json /v1/completions '{"prompt":"And God said","max_tokens":40,"temperature":0,"response_format":{"type":"json_object"}}'
@@ -90,13 +97,7 @@ launch_server spec serve -m "$MODEL" --port 0 --device cpu --threads 2 --max-mod
   --num-speculative-tokens 2
 for t in 0 0.8; do
   post_json /v1/chat/completions "{$MSG,\"max_tokens\":60,\"temperature\":$t,\"seed\":2,\"logit_bias\":{\"$OPEN\":100,\"$CLOSE\":8},\"response_format\":{\"type\":\"json_object\"}}"
-  C=$(js 'd.choices[0].message.content' <"$tmp/out")
-  F=$(js 'd.choices[0].finish_reason' <"$tmp/out")
-  if [ "$F" = stop ]; then
-    check "speculative, temperature $t: a whole JSON object: $C" node -e 'const o=JSON.parse(process.argv[1]); process.exit(o&&typeof o==="object"&&!Array.isArray(o)?0:1)' "$C"
-  else
-    check "speculative, temperature $t: a JSON object's prefix ($F): $C" is_json_object_prefix "$C"
-  fi
+  check_answer "speculative, temperature $t"
 done
 check "speculative: drafts were verified" [ "$(curl -s "http://127.0.0.1:$PORT/metrics" | sed -n 's/^vllm:spec_decode_num_drafts_total{[^}]*} //p')" -gt 0 ]
 stop_server "$SPID"
