@@ -259,11 +259,11 @@ typedef struct ds_backend_ops {
      * lowered on the device), decides the token at p_t + 1 from P = the sampling table's row
      * s; its draft d is the token of row t + 1 when that row is in the same sequence, else none.
      *  - P.temperature ≤ 0: the argmax (lowest id on ties, NaN never wins).
-     *  - else z = logits[t] / P.temperature; survivors: z ≥ max z + log(min_p) when min_p > 0;
-     *    z at least the top_k-th largest z when 0 < top_k < V; and, of those (weights
-     *    w = exp(z − max z), total W), z at least the largest value c such that the survivors
-     *    with z ≥ c weigh ≥ top_p · W when top_p < 1. Ties at a threshold all survive; NaN
-     *    never does. p = w / (their total) over the survivors, 0 elsewhere.
+     *  - else z = logits[t] · (1 / P.temperature) (float); survivors: z ≥ max z + log(min_p)
+     *    when min_p > 0; z at least the top_k-th largest z when 0 < top_k < V; and, of those
+     *    (weights w = exp(z − max z), total W), z at least the largest value c such that the
+     *    survivors with z ≥ c weigh ≥ top_p · W when top_p < 1. Ties at a threshold all
+     *    survive; NaN never does. p = w / (their total) over the survivors, 0 elsewhere.
      *    With the key k = ds_crng_key(P.seed, p_t + 1): a draft d is accepted (id = d) when
      *    ds_crng_uniform(k, DS_CRNG_ACCEPT) < p(d); otherwise, and for a row without a draft,
      *    the id is the inverse CDF, in id order, of p with d removed and renormalised at

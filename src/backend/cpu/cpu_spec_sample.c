@@ -75,9 +75,10 @@ static uint32_t survivor_threshold(const float *z, int V, float zmax, const ds_s
 static int32_t sample_row(const float *logits, int V, const ds_spec_sampling *P, int64_t pos,
                           int32_t d, float *z, uint32_t *keys, keyed *sorted) {
     if (!(P->temperature > 0.0f)) return (int32_t)ds_cpu_argmax_row(logits, V);
+    const float inv_t = 1.0f / P->temperature; /* the CUDA kernel's z, to the bit */
     float zmax = -INFINITY;
     for (int v = 0; v < V; v++) {
-        z[v] = logits[v] / P->temperature;
+        z[v] = logits[v] * inv_t;
         if (z[v] > zmax) zmax = z[v]; /* NaN never */
     }
     if (!isfinite(zmax)) return (int32_t)ds_cpu_argmax_row(logits, V);
