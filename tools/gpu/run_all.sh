@@ -227,7 +227,7 @@ if want ncu_prefill && command -v ncu > /dev/null && [ "$t" -ge 60 ]; then
 fi
 
 # ---- 5. serving and speculative decoding on the GPU (scripts of their own, if present) ------------
-for part in serve_bench spec_checks serve_spec_check spec_accept_bench; do
+for part in serve_bench spec_checks serve_spec_check serve_prefix_check prefix_bench spec_accept_bench; do
     t=$(left)
     if want "$part" && [ -f "tools/gpu/$part.sh" ] && [ "$t" -ge 60 ]; then
         log "$part.sh ($t s left)"
@@ -262,7 +262,7 @@ done
     echo; echo "## Nsight Compute, every kernel of one decode step (device time)"; echo '```'
     python3 tools/gpu/ncu_summary.py "$OUT/ncu.csv" 2>&1 | head -80
     echo '```'; echo; echo "## Serving and speculative decoding"; echo '```'
-    for f in serve_bench.log spec_checks.log serve_spec_check.log; do [ -f "$OUT/$f" ] && { echo "--- $f"; tail -40 "$OUT/$f"; }; done
+    for f in serve_bench.log spec_checks.log serve_spec_check.log serve_prefix_check.log prefix_bench.log; do [ -f "$OUT/$f" ] && { echo "--- $f"; tail -40 "$OUT/$f"; }; done
     echo '```'; echo; echo "## Timeline"; echo '```'; grep "^\[" "$OUT/gpu.txt"; echo '```'
 } > "$OUT/summary.md"
 log "done, rc=$rc_all"
