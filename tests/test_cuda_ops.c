@@ -1121,7 +1121,9 @@ static void moe_sublayer_vs_pair(tmodel *m, int l, int T, int seqs, int small_ch
  * gate_up launch (DS_OPT_MOE_ROUTE_FUSED) vs its own launch, routing from registers or shared
  * memory (DS_CUDA_ROUTE_REGS), each top-k round's argmax by hardware reductions or shuffles
  * (DS_CUDA_ROUTE_REDUX), one-token grouping by rank or by counts and scans
- * (DS_CUDA_ROUTE_RANKS), and the expert GEMVs' rows per warp
+ * (DS_CUDA_ROUTE_RANKS), the staged down launch's row tiles per block (DS_CUDA_MOE_DOWN_TILES),
+ * routing in the gate_up launch for steps of up to 8 tokens (DS_CUDA_ROUTE_FUSED_MAX_T),
+ * and the expert GEMVs' rows per warp
  * (DS_CUDA_MOE_GU_ROWS, DS_CUDA_MOE_DOWN_ROWS: every output row sums the same chunks in the
  * same order whatever the rows per warp). Steps above 8 tokens take none of these paths and
  * compare the same path with itself. */
@@ -1131,24 +1133,31 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
 #else
     ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
     const int H = m->cfg.hidden;
-    const int saved[7] = {c->opt.moe_route_fused, c->moe_gu_rows, c->moe_down_rows, c->moe_down_staged,
-                          c->route_regs, c->route_ranks, c->route_redux};
+    const int saved[9] = {c->opt.moe_route_fused, c->moe_gu_rows, c->moe_down_rows, c->moe_down_staged,
+                          c->route_regs, c->route_ranks, c->route_redux, c->moe_down_tiles,
+                          c->route_fused_max_t};
     static const struct {
         const char *name;
-        int route_fused, gu_rows, down_rows, staged, route_regs, route_ranks, route_redux;
+        int route_fused, gu_rows, down_rows, staged, route_regs, route_ranks, route_redux, tiles, fused_t;
     } variants[] = {
-        {"routing in its own launch", 0, 2, 4, 0, 1, 1, 1},
-        {"grouping by counts and scans", 1, 2, 4, 0, 1, 0, 1},
-        {"argmax rounds by shuffles", 1, 2, 4, 0, 1, 1, 0},
-        {"argmax rounds by shuffles in its own launch", 0, 2, 4, 0, 1, 1, 0},
-        {"gate_up 4 rows per warp", 1, 4, 4, 0, 1, 1, 1},
-        {"down rows by step size", 1, 2, 0, 0, 1, 1, 1},
-        {"down 8 rows per warp", 1, 2, 8, 0, 1, 1, 1},
-        {"down 16 rows per warp", 1, 2, 16, 0, 1, 1, 1},
-        {"down staged in shared memory", 1, 2, 0, 1, 1, 1, 1},
-        {"down staged, routing in its own launch", 0, 2, 0, 1, 1, 1, 1},
-        {"routing from shared memory", 1, 2, 4, 0, 0, 1, 1},
-        {"routing from shared memory in its own launch", 0, 2, 4, 0, 0, 1, 1},
+        {"routing in its own launch", 0, 2, 4, 0, 1, 1, 1, 1, 1},
+        {"grouping by counts and scans", 1, 2, 4, 0, 1, 0, 1, 1, 1},
+        {"argmax rounds by shuffles", 1, 2, 4, 0, 1, 1, 0, 1, 1},
+        {"argmax rounds by shuffles in its own launch", 0, 2, 4, 0, 1, 1, 0, 1, 1},
+        {"gate_up 4 rows per warp", 1, 4, 4, 0, 1, 1, 1, 1, 1},
+        {"down rows by step size", 1, 2, 0, 0, 1, 1, 1, 1, 1},
+        {"down 8 rows per warp", 1, 2, 8, 0, 1, 1, 1, 1, 1},
+        {"down 16 rows per warp", 1, 2, 16, 0, 1, 1, 1, 1, 1},
+        {"down staged in shared memory", 1, 2, 0, 1, 1, 1, 1, 1, 1},
+        {"down staged, routing in its own launch", 0, 2, 0, 1, 1, 1, 1, 1, 1},
+        {"routing from shared memory", 1, 2, 4, 0, 0, 1, 1, 1, 1},
+        {"routing from shared memory in its own launch", 0, 2, 4, 0, 0, 1, 1, 1, 1},
+        {"down staged, 2 tiles a block", 1, 2, 0, 1, 1, 1, 1, 2, 1},
+        {"down staged, 4 tiles a block", 1, 2, 0, 1, 1, 1, 1, 4, 1},
+        {"down staged, 8 tiles a block, routing in its own launch", 0, 2, 0, 1, 1, 1, 1, 8, 1},
+        {"routing in the gate_up launch up to 8 tokens", 1, 2, 4, 0, 1, 1, 1, 1, 8},
+        {"routing in the gate_up launch up to 8 tokens, down staged, 4 tiles", 1, 2, 0, 1, 1, 1, 1, 4, 8},
+        {"routing in the gate_up launch up to 8 tokens, from shared memory", 1, 2, 4, 0, 0, 1, 1, 1, 8},
     };
     const size_t n = (size_t)T * H;
     void *o1 = act_poisoned(g_cuda, DS_DTYPE_BF16, n), *o2 = act_poisoned(g_cuda, DS_DTYPE_BF16, n);
@@ -1160,6 +1169,8 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
     c->route_regs = 1;
     c->route_ranks = 1;
     c->route_redux = 1;
+    c->moe_down_tiles = 1;
+    c->route_fused_max_t = 1;
     g_cuda->ops->moe(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &to1);
     float *a = act_download(g_cuda, o1, DS_DTYPE_BF16, n);
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
@@ -1170,6 +1181,8 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
         c->route_regs = variants[v].route_regs;
         c->route_ranks = variants[v].route_ranks;
         c->route_redux = variants[v].route_redux;
+        c->moe_down_tiles = variants[v].tiles;
+        c->route_fused_max_t = variants[v].fused_t;
         g_cuda->ops->moe(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &to2);
         float *b = act_download(g_cuda, o2, DS_DTYPE_BF16, n);
         size_t diff = 0;
@@ -1186,6 +1199,8 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
     c->route_regs = saved[4];
     c->route_ranks = saved[5];
     c->route_redux = saved[6];
+    c->moe_down_tiles = saved[7];
+    c->route_fused_max_t = saved[8];
     free(a);
     g_cuda->ops->free(g_cuda, o1);
     g_cuda->ops->free(g_cuda, o2);

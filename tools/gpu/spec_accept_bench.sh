@@ -21,7 +21,9 @@ BIN=${BIN:?} OUT=${OUT:?}
 budget=${DS_PART_BUDGET_S:-170}
 mkdir -p "$OUT"
 log="$OUT/spec_accept_bench.log"
-per=$(( (budget - 10) / 8 ))
+# four serve_bench runs a model (two rounds of the switch on and off), two models unless SAB_ONLY
+runs=8; [ -n "${SAB_ONLY:-}" ] && runs=4
+per=$(( (budget - 10) / runs ))
 var=${SAB_VAR:-DS_OPT_SPEC_DEVICE_ACCEPT}
 rc_all=0
 run() { # name model dummy in out

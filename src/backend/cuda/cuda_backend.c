@@ -600,6 +600,10 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->gdn_early = knob_on("DS_CUDA_GDN_EARLY");
         c->gemv_preload = knob_on("DS_CUDA_GEMV_PRELOAD");
         c->moe_down_staged = knob_on("DS_CUDA_MOE_DOWN_STAGED");
+        const char *tiles = getenv("DS_CUDA_MOE_DOWN_TILES");
+        c->moe_down_tiles = tiles && (atoi(tiles) == 2 || atoi(tiles) == 4 || atoi(tiles) == 8) ? atoi(tiles) : 1;
+        const char *fmt = getenv("DS_CUDA_ROUTE_FUSED_MAX_T");
+        c->route_fused_max_t = fmt && atoi(fmt) >= 1 && atoi(fmt) <= 8 ? atoi(fmt) : 1;
         const char *cols = getenv("DS_CUDA_GDN_SCAN_COLS");
         c->gdn_scan_cols = cols && atoi(cols) == 4 ? 4 : 2;
         const char *stages = getenv("DS_CUDA_MOE_GEMM_STAGES");

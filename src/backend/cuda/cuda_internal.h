@@ -243,6 +243,13 @@ typedef struct ds_cuda_ctx {
      * (1, default; DS_CUDA_MOE_DOWN_STAGED=0: the per-warp loader, for before/after runs;
      * cuda_moe_experts.cuh moe_down_staged_kernel) */
     int moe_down_staged;
+    /* row tiles (of 64 rows) each block of the staged down launch serves (DS_CUDA_MOE_DOWN_TILES:
+     * 1, 2, 4 or 8; cuda_moe_experts.cuh moe_down_staged_kernel). Same bits for every value. */
+    int moe_down_tiles;
+    /* the largest step (tokens) routed inside the gate_up launch when DS_OPT_MOE_ROUTE_FUSED
+     * (DS_CUDA_ROUTE_FUSED_MAX_T, 1-8; default 1: larger steps route in their own launch).
+     * Same ids, weights and outputs. */
+    int route_fused_max_t;
     /* the lm_head of multi-sequence steps (logits and fused argmax) on tensor cores (1, default;
      * DS_CUDA_LM_HEAD_TC=0: the CUDA cores, for before/after runs; ds_cuda_lm_head_tc) */
     int lm_head_tc;

@@ -204,8 +204,9 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
     /* one-token steps: routing and grouping inside the gate_up launch (moe_gate_up_routed_kernel).
      * Only T = 1: every gate_up block repeats the routing, and at T = 4 / 8 (32 / 64 expert
      * columns of blocks, each routing T tokens) that cost 5.878 vs 5.178 and 9.835 vs 7.745 ms
-     * per step, against 2.936 vs 3.000 ms at T = 1 (s5-run2) */
-    const bool route_fused = ctx->opt.moe_route_fused && !use_gemm && T == 1 &&
+     * per step, against 2.936 vs 3.000 ms at T = 1 (s5-run2); DS_CUDA_ROUTE_FUSED_MAX_T re-measures
+     * that with session 10-13's routing in registers */
+    const bool route_fused = ctx->opt.moe_route_fused && !use_gemm && T <= ctx->route_fused_max_t &&
                              E <= MOE_WARPS * 32 && T * E <= ROUTE_FUSED_LOGITS && A <= ROUTE_FUSED_A;
     if (route_fused) {
         /* nothing here: step 4 routes */
@@ -271,9 +272,16 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
         const size_t staged_smem = sizeof(float) * (size_t)T * (size_t)I;
         if (ctx->moe_down_staged && T >= 2 && ctx->moe_down_rows == 0 && ctx->moe_rmax == 2 &&
             staged_smem <= 48 * 1024) { /* 8 rows per warp: the whole K = I per lane in one batch */
-            dim3 grid(nblk + (w_sh ? 1 : 0), DS_DIV_UP(H, MOE_WARPS * 8));
-            ds_launch(ctx, moe_down_staged_kernel<8, 2, 2>, grid, MOE_WARPS * 32, staged_smem,
-                      (const bf16 *)a->w_down, H, I, sc, w_sh, Is, T, pf_sh);
+            /* `tiles` row tiles a routed block (8 rows a warp for one, else 4), the shared
+             * expert one a block over `tiles` columns */
+            const int tiles = ctx->moe_down_tiles, rows = tiles == 1 ? 8 : 4;
+            dim3 grid(nblk + (w_sh ? tiles : 0), DS_DIV_UP(DS_DIV_UP(H, MOE_WARPS * rows), tiles));
+            auto kern = tiles == 8 ? moe_down_staged_kernel<4, 2, 2, 8>
+                        : tiles == 4 ? moe_down_staged_kernel<4, 2, 2, 4>
+                        : tiles == 2 ? moe_down_staged_kernel<4, 2, 2, 2>
+                                     : moe_down_staged_kernel<8, 2, 2, 1>;
+            ds_launch(ctx, kern, grid, MOE_WARPS * 32, staged_smem, (const bf16 *)a->w_down, H, I, sc,
+                      w_sh, Is, T, pf_sh);
         } else if (down_rows == 16) launch_down<16, 1>(ctx, a, sc, nblk, w_sh, pf_sh);
         else if (down_rows == 8) launch_down<8, 2>(ctx, a, sc, nblk, w_sh, pf_sh);
         else launch_down<4, 2>(ctx, a, sc, nblk, w_sh, pf_sh);

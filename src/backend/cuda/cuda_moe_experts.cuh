@@ -106,8 +106,9 @@ static __device__ __forceinline__ void for_chunks(int n, F &&f) {
 template <int ROWS, int UNROLL, int RMAX>
 static __device__ __forceinline__ void shared_down_column(const bf16 *__restrict__ w_sh, int H, int Is,
                                                           int T, const moe_scratch &sc,
-                                                          const bf16 *__restrict__ pf_w) {
-    const int64_t n0 = ((int64_t)blockIdx.y * MOE_WARPS + (threadIdx.x >> 5)) * ROWS;
+                                                          const bf16 *__restrict__ pf_w,
+                                                          int tile) {
+    const int64_t n0 = ((int64_t)tile * MOE_WARPS + (threadIdx.x >> 5)) * ROWS;
     if (pf_w && (threadIdx.x & 31) == 0 && n0 < H)
         prefetch_l2(w_sh + n0 * Is, (uint32_t)((H - n0 < ROWS ? H - n0 : ROWS) * Is * 2));
     pdl_enter(); /* cuda_launch.cuh */
@@ -131,7 +132,7 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
                       int Is, int T, const bf16 *__restrict__ pf_w) {
     const int i = blockIdx.x;
     if (DOWN && w_sh && i == (int)gridDim.x - 1) {
-        shared_down_column<ROWS, UNROLL, RMAX>(w_sh, H, Is, T, sc, pf_w);
+        shared_down_column<ROWS, UNROLL, RMAX>(w_sh, H, Is, T, sc, pf_w, blockIdx.y);
         return;
     }
     pdl_enter(); /* cuda_launch.cuh: before any access */
@@ -173,75 +174,94 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
  * batch of weights is loaded before the staging, so the block's dependent loads (groups,
  * gate_up rows) overlap it. The per-warp loader held both halves of every gate_up row and the
  * SiLU in registers: moe_expert_kernel<down, 16 rows> needed 240 registers, one block per SM,
- * DRAM at 55 % (ncu, s7-run1, batch 8). Same chunks, same order: bit-identical to moe_expert_kernel. Dynamic
- * shared memory: T·I floats. */
-template <int ROWS, int UNROLL, int RMAX>
+ * DRAM at 55 % (ncu, s7-run1, batch 8). Same chunks, same order: bit-identical to moe_expert_kernel.
+ *
+ * TILES (ctx->moe_down_tiles, DS_CUDA_MOE_DOWN_TILES): a block of expert i serves TILES
+ * consecutive tiles of MOE_WARPS·ROWS output rows (blockIdx.y·TILES + t), so the dependent
+ * prologue (active list, offsets, the staging and its barrier) is paid once per TILES tiles:
+ * with one tile a block a 64 KB slice of weights cost that prologue (DRAM ~57 % at batch 8, ncu
+ * s13). The shared expert's down (w_sh) takes the last TILES columns, one tile a block (its T
+ * tokens already make its blocks the longest), tile (x − first shared column)·gridDim.y +
+ * blockIdx.y. With ROWS 8 a loop over tiles spills (328 bytes: the 64 registers of a weight
+ * batch and the loop's invariants), so TILES > 1 runs 4 rows a warp (no spills).
+ * Dynamic shared memory: T·I floats. */
+template <int ROWS, int UNROLL, int RMAX, int TILES>
 __global__ void __launch_bounds__(MOE_WARPS * 32, 2) /* ≤ 128 registers: two blocks per SM */
     moe_down_staged_kernel(const bf16 *__restrict__ Wall, int H, int I, moe_scratch sc,
                            const bf16 *__restrict__ w_sh, int Is, int T, const bf16 *__restrict__ pf_w) {
     extern __shared__ __align__(16) float act[]; /* [n, I] */
     const int i = blockIdx.x;
-    if (w_sh && i == (int)gridDim.x - 1) {
-        shared_down_column<ROWS, UNROLL, RMAX>(w_sh, H, Is, T, sc, pf_w);
+    const int first_shared = (int)gridDim.x - TILES;
+    if (w_sh && i >= first_shared) {
+        shared_down_column<ROWS, UNROLL, RMAX>(w_sh, H, Is, T, sc, pf_w,
+                                               (i - first_shared) * (int)gridDim.y + blockIdx.y);
         return;
     }
     pdl_enter(); /* cuda_launch.cuh: before any access */
     if (i >= *sc.n_act) return;
     const int e = sc.act[i];
-    const int lane = threadIdx.x & 31;
-    const int64_t n0 = ((int64_t)blockIdx.y * MOE_WARPS + (threadIdx.x >> 5)) * ROWS;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const bf16 *W = Wall + (int64_t)e * H * I;
-    /* the warp's first batch of weights is in flight while the block stages the inputs */
-    WBatch<ROWS, UNROLL> first;
-    if (n0 < H) {
-        const bf16 *wrow[ROWS];
-        gemv_rows<ROWS>(W, I, n0, H, wrow);
-        wbatch_load<ROWS, UNROLL, true>(wrow, lane * 8, I, first);
-    }
+    const int tile0 = blockIdx.y * TILES;
+    auto row0 = [&](int t) { return ((int64_t)(tile0 + t) * MOE_WARPS + warp) * ROWS; };
     const int a0 = sc.off[i], n = sc.off[i + 1] - a0;
-    const int cpr = I / 8; /* 8-element chunks per row */
-    for (int q = threadIdx.x; q < n * cpr; q += blockDim.x) {
-        const int r = q / cpr, c = q - r * cpr;
-        const XSiluMul<1> hs{{sc.h + (int64_t)sc.sorted[a0 + r] * 2 * I}, I};
-        float g[8];
-        hs.load(0, (int64_t)c * 8, g);
-        float4 *dst = reinterpret_cast<float4 *>(act + (int64_t)r * I + c * 8);
-        dst[0] = make_float4(g[0], g[1], g[2], g[3]);
-        dst[1] = make_float4(g[4], g[5], g[6], g[7]);
-    }
-    __syncthreads();
-    if (n0 >= H) return;
-    /* chunks of assignments as for_chunks<RMAX> walks them; the first takes the loaded batch */
-    auto chunk = [&](auto rc, int c, bool pre) {
-        constexpr int R = decltype(rc)::value;
-        float acc[ROWS][R];
-#pragma unroll
-        for (int rr = 0; rr < ROWS; rr++)
-#pragma unroll
-            for (int r = 0; r < R; r++) acc[rr][r] = 0.f;
-        const XSharedF32 xs{act + (int64_t)c * I, I};
-        if (pre) gemv_warp_partial<R, ROWS, UNROLL, true, XSharedF32, true>(W, I, n0, H, xs, 0, I, acc, &first);
-        else gemv_warp_partial<R, ROWS, UNROLL, true>(W, I, n0, H, xs, 0, I, acc);
-        gemv_warp_reduce<R, ROWS>(acc);
-        if (lane == 0) {
-#pragma unroll
-            for (int rr = 0; rr < ROWS; rr++) {
-                if (n0 + rr >= H) continue;
-#pragma unroll
-                for (int r = 0; r < R; r++) sc.y[(int64_t)sc.sorted[a0 + c + r] * H + n0 + rr] = acc[rr][r];
-            }
+    /* `first` is loaded at the top of every tile, so it is dead across the loop's back edge (a
+     * batch loaded before the loop for tile 0 stayed live through it: 580 bytes of spills) */
+#pragma unroll 1
+    for (int t = 0; t < TILES; t++) {
+        const int64_t n0 = row0(t);
+        WBatch<ROWS, UNROLL> first;
+        if (n0 < H) {
+            const bf16 *wrow[ROWS];
+            gemv_rows<ROWS>(W, I, n0, H, wrow);
+            wbatch_load<ROWS, UNROLL, true>(wrow, lane * 8, I, first);
         }
-    };
-    int c0;
-    if (RMAX >= 2 && n >= 2) {
-        chunk(IntC<(RMAX >= 2 ? 2 : 1)>(), 0, true);
-        c0 = 2;
-    } else {
-        chunk(IntC<1>(), 0, true);
-        c0 = 1;
+        if (t == 0) { /* tile 0's weights are in flight while the block stages the inputs */
+            const int cpr = I / 8; /* 8-element chunks per row */
+            for (int q = threadIdx.x; q < n * cpr; q += blockDim.x) {
+                const int r = q / cpr, c = q - r * cpr;
+                const XSiluMul<1> hs{{sc.h + (int64_t)sc.sorted[a0 + r] * 2 * I}, I};
+                float g[8];
+                hs.load(0, (int64_t)c * 8, g);
+                float4 *dst = reinterpret_cast<float4 *>(act + (int64_t)r * I + c * 8);
+                dst[0] = make_float4(g[0], g[1], g[2], g[3]);
+                dst[1] = make_float4(g[4], g[5], g[6], g[7]);
+            }
+            __syncthreads();
+        }
+        if (n0 >= H) return; /* after the barrier */
+        /* chunks of assignments as for_chunks<RMAX> walks them; the first takes `first` */
+        auto chunk = [&](auto rc, int c, bool pre) {
+            constexpr int R = decltype(rc)::value;
+            float acc[ROWS][R];
+#pragma unroll
+            for (int rr = 0; rr < ROWS; rr++)
+#pragma unroll
+                for (int r = 0; r < R; r++) acc[rr][r] = 0.f;
+            const XSharedF32 xs{act + (int64_t)c * I, I};
+            if (pre) gemv_warp_partial<R, ROWS, UNROLL, true, XSharedF32, true>(W, I, n0, H, xs, 0, I, acc, &first);
+            else gemv_warp_partial<R, ROWS, UNROLL, true>(W, I, n0, H, xs, 0, I, acc);
+            gemv_warp_reduce<R, ROWS>(acc);
+            if (lane == 0) {
+#pragma unroll
+                for (int rr = 0; rr < ROWS; rr++) {
+                    if (n0 + rr >= H) continue;
+#pragma unroll
+                    for (int r = 0; r < R; r++) sc.y[(int64_t)sc.sorted[a0 + c + r] * H + n0 + rr] = acc[rr][r];
+                }
+            }
+        };
+        int c0;
+        if (RMAX >= 2 && n >= 2) {
+            chunk(IntC<(RMAX >= 2 ? 2 : 1)>(), 0, true);
+            c0 = 2;
+        } else {
+            chunk(IntC<1>(), 0, true);
+            c0 = 1;
+        }
+        if (n > c0) /* an expert with more assignments than one chunk: rare in decode */
+            for_chunks<RMAX>(n - c0, [&](auto rc, int c) { chunk(rc, c0 + c, false); });
     }
-    if (n > c0) /* an expert with more assignments than one chunk: rare in decode */
-        for_chunks<RMAX>(n - c0, [&](auto rc, int c) { chunk(rc, c0 + c, false); });
 }
 
 /* One-token steps: routing + grouping folded into the gate_up launch (DS_OPT_MOE_ROUTE_FUSED), so
