@@ -78,6 +78,41 @@ int ds_cuda_refuse_in_capture(ds_cuda_ctx *ctx, const char *what) {
     return 1;
 }
 
+/* DS_CUDA_DIAG_SKIP: a pattern matches a kernel whose mangled name contains it; two aliases
+ * split the add + norm GEMV by its output type at one-sequence steps: "router" (fp32 logits, the
+ * MoE router | shared gate_up) and "mixer_in" (bf16, the GDN in_proj and the attention qkv). */
+static int diag_matches(const char *name, const char *pat, size_t n) {
+    char p[96];
+    if (n == 0 || n >= sizeof p) return 0;
+    memcpy(p, pat, n);
+    p[n] = 0;
+    if (!strcmp(p, "router")) return strstr(name, "gemv_add_norm_kernel") && strstr(name, "EfEv");
+    if (!strcmp(p, "mixer_in"))
+        return strstr(name, "gemv_add_norm_kernel") && strstr(name, "E13__nv_bfloat16Ev");
+    return strstr(name, p) != NULL;
+}
+
+int ds_cuda_diag_skip(ds_cuda_ctx *ctx, const void *kernel) {
+    for (int i = 0; i < ctx->diag_n; i++)
+        if (ctx->diag_fn[i] == kernel) return ctx->diag_drop[i];
+    const char *name = NULL;
+    int drop = 0;
+    if (cudaFuncGetName(&name, kernel) == cudaSuccess && name) {
+        for (const char *p = ctx->diag_skip; *p;) {
+            const char *e = strchr(p, ',');
+            const size_t n = e ? (size_t)(e - p) : strlen(p);
+            if (diag_matches(name, p, n)) drop = 1;
+            p += n + (e ? 1 : 0);
+        }
+        if (drop) fprintf(stderr, "DS_CUDA_DIAG_SKIP: dropping every launch of %s\n", name);
+    }
+    if (ctx->diag_n < 64) {
+        ctx->diag_fn[ctx->diag_n] = kernel;
+        ctx->diag_drop[ctx->diag_n++] = (unsigned char)drop;
+    }
+    return drop;
+}
+
 /* ---- profile (DS_CUDA_PROFILE=1) ------------------------------------------------------------
  * Each eager step (set_batch to set_batch) records an event after every kernel; the time from
  * the previous event (the step's start for the first kernel) is charged to the kernel. A spin
@@ -602,6 +637,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->moe_down_staged = knob_on("DS_CUDA_MOE_DOWN_STAGED");
         const char *tiles = getenv("DS_CUDA_MOE_DOWN_TILES");
         c->moe_down_tiles = tiles && (atoi(tiles) == 2 || atoi(tiles) == 4 || atoi(tiles) == 8) ? atoi(tiles) : 1;
+        c->diag_skip = getenv("DS_CUDA_DIAG_SKIP");
+        if (c->diag_skip && !*c->diag_skip) c->diag_skip = NULL;
         const char *fmt = getenv("DS_CUDA_ROUTE_FUSED_MAX_T");
         c->route_fused_max_t = fmt && atoi(fmt) >= 1 && atoi(fmt) <= 8 ? atoi(fmt) : 1;
         const char *cols = getenv("DS_CUDA_GDN_SCAN_COLS");

@@ -337,6 +337,15 @@ typedef struct ds_cuda_ctx {
     ds_spec_sampling *h_samp;     /* pinned staging [DS_SPEC_SAMPLING_MAX] */
     cudaEvent_t samp_done;        /* recorded after the last upload from h_samp */
 
+    /* DS_CUDA_DIAG_SKIP (a measurement of where a step's time goes, never for serving: the
+     * outputs are garbage): comma-separated kernel patterns whose launches ds_launch drops, so
+     * that a step's time without them gives their marginal cost inside the PDL chain
+     * (ds_cuda_diag_skip; NULL when unset). Decisions cached per kernel function. */
+    const char *diag_skip;
+    int diag_n;
+    const void *diag_fn[64];
+    unsigned char diag_drop[64];
+
     /* MoE scratch (sized by prepare_weights from the model; freed at destroy) */
     size_t moe_scratch_bytes;
     void *d_moe_scratch;
@@ -359,6 +368,8 @@ void ds_cuda_launched(ds_cuda_ctx *ctx, const char *name, int64_t a, int64_t b, 
 /* An op that cannot run inside a capture (it waits for the device) was called during one: the
  * capture is marked failed (graph_end reports why) and the op does nothing. Returns 1 then. */
 int ds_cuda_refuse_in_capture(ds_cuda_ctx *ctx, const char *what);
+/* Whether ds_launch drops launches of `kernel` (ctx->diag_skip; cuda_backend.c). */
+int ds_cuda_diag_skip(ds_cuda_ctx *ctx, const void *kernel);
 
 /* ---- launchers (cuda_*.cu) -------------------------------------------------------------- */
 /* dtype codes match ds_dtype: 0 F32, 1 BF16, 2 F16 */
