@@ -469,24 +469,30 @@ static void linear_cuda_free(ds_linear *d) {
 }
 
 /* run_linear as a one-sequence step (the CUDA-core GEMV), with narrow matrices split in K at 4
- * rows a warp and unsplit at 1 row a warp (DS_CUDA_GEMV_NARROW 0 / 1, cuda_gemv.cuh gemv_plan):
- * both plans against the CPU. */
+ * rows a warp and unsplit at 1 row a warp (DS_CUDA_GEMV_NARROW 0 / 1, cuda_gemv.cuh gemv_plan),
+ * and with one or two weight batches loaded before the PDL wait (DS_CUDA_GEMV_PRELOAD 1 / 2):
+ * every plan against the CPU. */
 static void run_linear_cores(const char *what, const ds_linear *wc, const ds_linear *wg, int R,
                              test_rng *r) {
 #ifndef DS_HAVE_CUDA
     run_linear(what, wc, wg, R, r, 0);
 #else
     ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
-    const int saved_seqs = c->batch.n_seqs, saved_narrow = c->gemv_narrow;
+    const int saved_seqs = c->batch.n_seqs, saved_narrow = c->gemv_narrow, saved_pre = c->gemv_preload;
     c->batch.n_seqs = 1;
     for (int narrow = 0; narrow <= 1; narrow++) {
-        char name[96];
-        snprintf(name, sizeof name, "%s, CUDA cores%s", what, narrow ? ", narrow plan" : "");
-        c->gemv_narrow = narrow;
-        run_linear(name, wc, wg, R, r, 0);
+        for (int pre = 1; pre <= 2; pre++) {
+            char name[128];
+            snprintf(name, sizeof name, "%s, CUDA cores%s%s", what, narrow ? ", narrow plan" : "",
+                     pre == 2 ? ", two batches before the wait" : "");
+            c->gemv_narrow = narrow;
+            c->gemv_preload = pre;
+            run_linear(name, wc, wg, R, r, 0);
+        }
     }
     c->batch.n_seqs = saved_seqs;
     c->gemv_narrow = saved_narrow;
+    c->gemv_preload = saved_pre;
 #endif
 }
 
@@ -544,6 +550,13 @@ static void test_linear(void **state) {
         run_linear("K=4096, 3 splits of 1536", &d, &dg, R, &r, 0);
         run_linear("K=3000, 3 splits with a tail", &e, &eg, R, &r, 0);
         run_linear_cores("K=2048, 3 splits or 1 row a warp", &g, &gg, R, &r);
+    }
+    { /* the output projections' shape at batch 1: 4 splits of 1024, two weight batches a warp */
+        const int64_t half[1] = {2048};
+        ds_linear o = lin(w, &r, 1, half, 4096);
+        ds_linear og = linear_to_cuda(&o);
+        run_linear_cores("out_proj-like N=2048 K=4096", &o, &og, 1, &r);
+        linear_cuda_free(&og);
     }
     for (int R = 2; R <= 8; R += 6) { /* K % 256 == 0: the tensor-core kernel's shapes */
         run_linear_tc_splits("narrow N", &b, &bg, R, &r);

@@ -633,10 +633,13 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         const char *one = getenv("DS_CUDA_TC_ONE_SEQ");
         c->tc_one_seq = one && atoi(one) == 1;
         c->gdn_early = knob_on("DS_CUDA_GDN_EARLY");
-        c->gemv_preload = knob_on("DS_CUDA_GEMV_PRELOAD");
+        const char *gpre = getenv("DS_CUDA_GEMV_PRELOAD"); /* 0, 1 (default) or 2 batches */
+        c->gemv_preload = gpre && atoi(gpre) >= 0 && atoi(gpre) <= 2 ? atoi(gpre) : 1;
         c->moe_down_staged = knob_on("DS_CUDA_MOE_DOWN_STAGED");
+        /* 4 vs 1: 4.529 / 6.722 vs 4.598 / 6.895 ms at batch 4 / 8 (2: 4.531 / 6.786, 8: 4.547 /
+         * 6.764; s17-run2, one run) */
         const char *tiles = getenv("DS_CUDA_MOE_DOWN_TILES");
-        c->moe_down_tiles = tiles && (atoi(tiles) == 2 || atoi(tiles) == 4 || atoi(tiles) == 8) ? atoi(tiles) : 1;
+        c->moe_down_tiles = tiles && (atoi(tiles) == 1 || atoi(tiles) == 2 || atoi(tiles) == 8) ? atoi(tiles) : 4;
         c->diag_skip = getenv("DS_CUDA_DIAG_SKIP");
         if (c->diag_skip && !*c->diag_skip) c->diag_skip = NULL;
         const char *fmt = getenv("DS_CUDA_ROUTE_FUSED_MAX_T");

@@ -12,7 +12,12 @@
 #include "cuda_gemv.cuh"
 #include "cuda_launch.cuh"
 
-template <int R, int ROWS, int UNROLL, typename OutT>
+/* PRE2: the warp's second batch of weights is loaded before the wait too (ctx->gemv_preload 2,
+ * launches whose warps have at most two batches: then every weight of the launch is in
+ * registers before its predecessor ends — the output projections, whose predecessor, the GDN or
+ * the attention's last launch, leaves most SMs idle for microseconds). Same chunks in the same
+ * order: the same sums as without. */
+template <int R, int ROWS, int UNROLL, typename OutT, bool PRE2 = false>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_kernel(const bf16 *__restrict__ W, int64_t N, int64_t K, const bf16 *__restrict__ x,
                 int64_t ldx, OutT *__restrict__ out, int64_t ldo, int64_t k_per_split,
@@ -28,12 +33,31 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     }
     WBatch<ROWS, UNROLL> first; /* the first weights before the wait (gemv_preload) */
     const bool pre = gemv_preload<ROWS, UNROLL>(W, K, n0, N, k0, k1, lane, preload, first);
+    WBatch<ROWS, UNROLL> second;
+    const int64_t kb2 = k0 + lane * 8 + 256 * UNROLL; /* this lane's column in the second batch */
+    if (PRE2 && pre) {
+        const bf16 *wrow[ROWS];
+        gemv_rows<ROWS>(W, K, n0, N, wrow);
+        wbatch_load<ROWS, UNROLL, true>(wrow, kb2, k1, second);
+    }
     pdl_enter();
     XRows<R> xs;
 #pragma unroll
     for (int r = 0; r < R; r++) xs.base[r] = x + r * ldx;
     float acc[ROWS][R];
-    gemv_warp_sums<R, ROWS, UNROLL>(W, K, n0, N, xs, k0, k1, pre, first, acc);
+    if (PRE2 && pre) {
+#pragma unroll
+        for (int rr = 0; rr < ROWS; rr++)
+#pragma unroll
+            for (int r = 0; r < R; r++) acc[rr][r] = 0.f;
+        wbatch_fma<R, ROWS, UNROLL>(first, xs, kb2 - 256 * UNROLL, k1, acc);
+        if (kb2 < k1) wbatch_fma<R, ROWS, UNROLL>(second, xs, kb2, k1, acc);
+        if (kb2 + 256 * UNROLL < k1) /* more than two batches: the rest as usual */
+            gemv_warp_partial<R, ROWS, UNROLL, true>(W, K, n0, N, xs, kb2 + 256 * UNROLL - lane * 8, k1, acc);
+        gemv_warp_reduce<R, ROWS>(acc);
+    } else {
+        gemv_warp_sums<R, ROWS, UNROLL>(W, K, n0, N, xs, k0, k1, pre, first, acc);
+    }
 
     gemv_block_store<R, ROWS>(acc, n0, N, out, ldo, ws, counters);
 }
@@ -55,8 +79,14 @@ template <int R, int ROWS, int UNROLL, typename OutT>
 static void launch_gemv(ds_cuda_ctx *ctx, dim3 grid, const bf16 *W, int64_t N, int64_t K,
                         const bf16 *x, int64_t ldx, OutT *out, int64_t ldo, int64_t kps) {
     const int pf = gemv_prefetch_bytes(ctx, N, K, kps, (int64_t)grid.x * grid.y);
-    ds_launch(ctx, gemv_kernel<R, ROWS, UNROLL, OutT>, grid, GEMV_WARPS * 32, 0, W, N, K, x, ldx,
-              out, ldo, kps, ctx->d_splitk_ws, ctx->d_splitk_cnt, pf, ctx->gemv_preload);
+    /* both batches before the wait (gemv_kernel PRE2) for one input row when a warp has two */
+    const bool pre2 = R == 1 && ctx->gemv_preload == 2 && kps > 256 * UNROLL && kps <= 2 * 256 * UNROLL;
+    if (pre2)
+        ds_launch(ctx, gemv_kernel<R, ROWS, UNROLL, OutT, true>, grid, GEMV_WARPS * 32, 0, W, N, K, x,
+                  ldx, out, ldo, kps, ctx->d_splitk_ws, ctx->d_splitk_cnt, pf, 1);
+    else
+        ds_launch(ctx, gemv_kernel<R, ROWS, UNROLL, OutT>, grid, GEMV_WARPS * 32, 0, W, N, K, x, ldx,
+                  out, ldo, kps, ctx->d_splitk_ws, ctx->d_splitk_cnt, pf, ctx->gemv_preload);
 }
 
 template <int ROWS, int UNROLL, typename OutT>

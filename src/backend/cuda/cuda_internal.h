@@ -237,14 +237,16 @@ typedef struct ds_cuda_ctx {
      * after, for before/after runs; cuda_gdn.cu) */
     int gdn_early;
     /* CUDA-core GEMV: each warp's first batch of weights loaded into registers before the PDL
-     * wait (1, default; DS_CUDA_GEMV_PRELOAD=0: after, for before/after runs; cuda_gemv.cu) */
+     * wait (1, default; DS_CUDA_GEMV_PRELOAD=0: after, for before/after runs; 2: the second
+     * batch too where a warp has two, one input row; cuda_gemv.cu) */
     int gemv_preload;
     /* the expert down launch of decode steps of 2+ tokens stages SiLU(g)·u in shared memory
      * (1, default; DS_CUDA_MOE_DOWN_STAGED=0: the per-warp loader, for before/after runs;
      * cuda_moe_experts.cuh moe_down_staged_kernel) */
     int moe_down_staged;
-    /* row tiles (of 64 rows) each block of the staged down launch serves (DS_CUDA_MOE_DOWN_TILES:
-     * 1, 2, 4 or 8; cuda_moe_experts.cuh moe_down_staged_kernel). Same bits for every value. */
+    /* row tiles each block of the staged down launch serves (DS_CUDA_MOE_DOWN_TILES: 1 (64 rows,
+     * the session-7 launch), 2, 4 (default) or 8 (32 rows each); cuda_moe_experts.cuh
+     * moe_down_staged_kernel). Same bits for every value. */
     int moe_down_tiles;
     /* the largest step (tokens) routed inside the gate_up launch when DS_OPT_MOE_ROUTE_FUSED
      * (DS_CUDA_ROUTE_FUSED_MAX_T, 1-8; default 1: larger steps route in their own launch).
