@@ -12,6 +12,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "bench/bench_client.h"
 #include "bench/bench_serve.h"
 #include "server/json_py.h"
 #include "server/metrics.h"
@@ -176,8 +177,32 @@ static void test_sse_reader(void **state) {
         }
 }
 
+/* bench serve's clock starts at the first chunk carrying a token: text, or token ids alone
+ * (return_token_ids, text held back by the detokenizer); an empty chunk without ids does not
+ * count. */
+static void test_bench_token_chunks(void **state) {
+    (void)state;
+    ds_bench_request r = {0};
+    r.t_send = ds_bench_now();
+    const char *empty = "{\"choices\":[{\"index\":0,\"text\":\"\"}]}";
+    const char *ids_only = "{\"choices\":[{\"index\":0,\"text\":\"\",\"token_ids\":[17]}]}";
+    const char *text = "{\"choices\":[{\"index\":0,\"text\":\"ab\",\"token_ids\":[5,6]}]}";
+    ds_bench_request_event(&r, empty, strlen(empty));
+    assert_int_equal(r.n_content_chunks, 0);
+    ds_bench_request_event(&r, ids_only, strlen(ids_only));
+    assert_int_equal(r.n_content_chunks, 1);
+    assert_true(r.ttft >= 0);
+    ds_bench_request_event(&r, text, strlen(text));
+    assert_int_equal(r.n_content_chunks, 2);
+    assert_int_equal(r.n_itl, 1);
+    assert_int_equal(r.n_out_ids, 3);
+    assert_int_equal(r.out_ids[0], 17);
+    ds_bench_request_free(&r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bench_token_chunks),
         cmocka_unit_test(test_json_py),
         cmocka_unit_test(test_metrics_render),
         cmocka_unit_test(test_percentile),

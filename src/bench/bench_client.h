@@ -39,6 +39,9 @@ double ds_bench_now(void);
 /* Blocking; fills the out fields. */
 void ds_bench_request_run(ds_bench_request *r);
 void ds_bench_request_free(ds_bench_request *r);
+/* One SSE event's data (the stream's reader calls it; public for tests): a chunk whose choice
+ * has text, content, reasoning or token ids counts as a token arrival (TTFT, then ITL). */
+void ds_bench_request_event(ds_bench_request *r, const char *data, size_t len);
 
 /* GET url (with the key) into *body (malloc'd). Returns the HTTP status or -1 (error in err). */
 long ds_bench_http_get(const char *url, const char *api_key, double timeout_s, char **body,

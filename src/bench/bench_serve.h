@@ -53,6 +53,7 @@ typedef struct ds_bench_opts {
     const char *result_json;     /* NULL: no file */
     const char *command_line;    /* recorded in the result file */
     int multi_turn;              /* requests per conversation (1: independent requests) */
+    bool return_token_ids;       /* ask for token ids: every token's chunk times TTFT / ITL */
     int turn_input_len;          /* new prompt ids per later turn */
 } ds_bench_opts;
 

@@ -49,6 +49,8 @@ static void usage(FILE *f) {
             "                            turns, turn t + 1 = turn t's prompt + output ids + new\n"
             "                            ids (TTFT of later turns and cached tokens reported)\n"
             "  --turn-input-len N        new ids per later turn (default 32)\n"
+            "  --return-token-ids        ask for token ids: a chunk times every token, text or\n"
+            "                            not (dummy weights' random ids hold text back)\n"
             "  --seed S                  (default 0)   --no-warmup\n"
             "  --request-timeout S       per request (default 21600)\n"
             "  --result-json FILE        write the results as JSON\n");
@@ -195,6 +197,8 @@ int ds_cmd_bench_serve(int argc, char **argv) {
             o.ignore_eos = true;
         } else if (!strcmp(argv[i], "--no-warmup")) {
             o.warmup = false;
+        } else if (!strcmp(argv[i], "--return-token-ids")) {
+            o.return_token_ids = true;
         } else if ((v = ds_arg_value(argc, argv, &i, "--base-url", cmd, &bad))) {
             o.base_url = v;
         } else if ((v = ds_arg_value(argc, argv, &i, "--host", cmd, &bad))) {

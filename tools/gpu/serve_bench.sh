@@ -102,6 +102,9 @@ serve_bench_main() {
             # shellcheck disable=SC2206 # DS_SB_BENCH_ARGS: extra bench serve flags, split on spaces
             [ -n "${DS_SB_BENCH_ARGS:-}" ] && bs+=(${DS_SB_BENCH_ARGS})
             [ $first = 1 ] || bs+=(--no-warmup) # the first level's warm-up serves them all
+            # dummy weights: random ids are mostly incomplete UTF-8, so text comes in bursts;
+            # token ids in every chunk time each token (TTFT, ITL) as it is generated
+            [ "${DS_SB_DUMMY:-1}" = 0 ] || bs+=(--return-token-ids)
             first=0
             rm -f "$work/result.json"
             sb_log "bench serve --max-concurrency $c --num-prompts $((2 * c)) (timeout $t s)"
