@@ -1237,8 +1237,19 @@ static void test_moe(void **state) {
         tmodel *m = calloc(1, sizeof *m);
         model_build(m, fs, 2);
         const int H = m->cfg.hidden;
-        /* a one-token step with Is ≠ I: the shared expert's warp in the down + combine launch */
-        moe_sublayer_vs_pair(m, 0, 1, 1, 0, true, &r);
+        /* a one-token step with Is ≠ I: the shared expert's warp in the down + combine launch,
+         * at 2, 4 and 8 rows a warp (DS_CUDA_MOE_DC_ROWS) */
+        for (int dcr = 2; dcr <= 8; dcr *= 2) {
+#ifdef DS_HAVE_CUDA
+            ds_cuda_ctx *cc = (ds_cuda_ctx *)g_cuda->impl;
+            const int saved_dcr = cc->moe_dc_rows;
+            cc->moe_dc_rows = dcr;
+#endif
+            moe_sublayer_vs_pair(m, 0, 1, 1, 0, true, &r);
+#ifdef DS_HAVE_CUDA
+            cc->moe_dc_rows = saved_dcr;
+#endif
+        }
         const int Ts[] = {8, 37, 300};
         for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
             const int T = Ts[i];
@@ -1280,6 +1291,17 @@ static void test_moe(void **state) {
                     moe_sublayer_vs_pair(m, l, T, 1, 0, defer, &r);
                     moe_sublayer_vs_pair(m, l, T, 1, 1, defer, &r);
                 }
+#ifdef DS_HAVE_CUDA
+                if (T == 1) { /* the down + combine launch at 2 and 8 rows a warp too */
+                    ds_cuda_ctx *cc = (ds_cuda_ctx *)g_cuda->impl;
+                    const int saved_dcr = cc->moe_dc_rows;
+                    for (int dcr = 2; dcr <= 8; dcr *= 4) {
+                        cc->moe_dc_rows = dcr;
+                        moe_sublayer_vs_pair(m, l, T, 1, 0, true, &r);
+                    }
+                    cc->moe_dc_rows = saved_dcr;
+                }
+#endif
                 if (T > 1) moe_sublayer_vs_pair(m, l, T, T, 0, true, &r);
                 moe_variants_vs_default(m, l, &xg, T);
             }

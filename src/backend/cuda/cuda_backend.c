@@ -642,6 +642,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->moe_down_tiles = tiles && (atoi(tiles) == 1 || atoi(tiles) == 2 || atoi(tiles) == 8) ? atoi(tiles) : 4;
         c->diag_skip = getenv("DS_CUDA_DIAG_SKIP");
         if (c->diag_skip && !*c->diag_skip) c->diag_skip = NULL;
+        const char *dcr = getenv("DS_CUDA_MOE_DC_ROWS");
+        c->moe_dc_rows = dcr && (atoi(dcr) == 2 || atoi(dcr) == 8) ? atoi(dcr) : 4;
         const char *fmt = getenv("DS_CUDA_ROUTE_FUSED_MAX_T");
         c->route_fused_max_t = fmt && atoi(fmt) >= 1 && atoi(fmt) <= 8 ? atoi(fmt) : 1;
         const char *cols = getenv("DS_CUDA_GDN_SCAN_COLS");

@@ -252,6 +252,9 @@ typedef struct ds_cuda_ctx {
      * (DS_CUDA_ROUTE_FUSED_MAX_T, 1-8; default 1: larger steps route in their own launch).
      * Same ids, weights and outputs. */
     int route_fused_max_t;
+    /* output rows a warp of the one-token down + combine launch (DS_CUDA_MOE_DC_ROWS: 2, 4
+     * (default) or 8; cuda_moe.cu). Same sums for every value. */
+    int moe_dc_rows;
     /* the lm_head of multi-sequence steps (logits and fused argmax) on tensor cores (1, default;
      * DS_CUDA_LM_HEAD_TC=0: the CUDA cores, for before/after runs; ds_cuda_lm_head_tc) */
     int lm_head_tc;
