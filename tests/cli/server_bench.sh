@@ -44,10 +44,11 @@ check "top_k / top_p run" [ "$(js 'd.runs[0].completed+"/"+d.dataset.top_k+"/"+d
 check "top_p 0 refused by the CLI" [ $? -eq 2 ]
 
 # --return-token-ids: asked for and recorded (how many chunks carry the 8 tokens depends on
-# timing: a slow build's server puts several in one; test_server_misc checks the counting)
+# timing — several tokens in one chunk, or a held-back text in a chunk of its own; ASan runs saw
+# 22 ITL samples for 21 gaps — so test_server_misc checks the counting)
 "$BIN" "${BENCH[@]}" --port "$PORT" --num-prompts 3 --random-input-len 20 --random-output-len 8 \
   --return-token-ids --max-concurrency 1 --no-warmup --result-json "$tmp/t1.json" >/dev/null 2>&1
-check "return_token_ids run" [ "$(js 'd.runs[0].completed+"/"+d.runs[0].total_output_tokens+"/"+d.dataset.return_token_ids+"/"+(d.runs[0].itl_samples<=21&&d.runs[0].mean_ttft_ms>0)' <"$tmp/t1.json")" = "3/24/true/true" ]
+check "return_token_ids run" [ "$(js 'd.runs[0].completed+"/"+d.runs[0].total_output_tokens+"/"+d.dataset.return_token_ids+"/"+(d.runs[0].mean_ttft_ms>0)' <"$tmp/t1.json")" = "3/24/true/true" ]
 
 # range ratio + Poisson arrivals + unlimited concurrency
 "$BIN" "${BENCH[@]}" --base-url "http://127.0.0.1:$PORT" --num-prompts 10 --random-input-len 20 \
