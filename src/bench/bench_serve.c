@@ -77,6 +77,10 @@ static char *join_url(const char *base, const char *path) {
     return u;
 }
 
+/* Whether requests ask for token ids: multi-turn feeds them back; --return-token-ids times
+ * every token's chunk, text or not. */
+static bool asks_token_ids(const ds_bench_opts *o) { return o->multi_turn > 1 || o->return_token_ids; }
+
 /* Adds the common fields and prints the body. Takes ownership of req. */
 static char *finish_body(const ds_bench_opts *o, const char *model, cJSON *req, int max_tokens) {
     cJSON_AddStringToObject(req, "model", model);
@@ -89,8 +93,7 @@ static char *finish_body(const ds_bench_opts *o, const char *model, cJSON *req, 
     cJSON_AddTrueToObject(req, "stream");
     cJSON *so = cJSON_AddObjectToObject(req, "stream_options");
     cJSON_AddTrueToObject(so, "include_usage");
-    /* multi-turn: the ids are fed back; and a chunk for every token, text or not */
-    if (o->multi_turn > 1 || o->return_token_ids) cJSON_AddTrueToObject(req, "return_token_ids");
+    if (asks_token_ids(o)) cJSON_AddTrueToObject(req, "return_token_ids");
     char *s = cJSON_PrintUnformatted(req);
     cJSON_Delete(req);
     return s;
@@ -660,7 +663,7 @@ int ds_bench_serve_run(const ds_bench_opts *o) {
     if (o->top_k != 0) cJSON_AddNumberToObject(ds, "top_k", o->top_k);
     if (o->top_p > 0) cJSON_AddNumberToObject(ds, "top_p", o->top_p);
     cJSON_AddNumberToObject(ds, "seed", (double)o->seed);
-    cJSON_AddBoolToObject(ds, "return_token_ids", o->return_token_ids || o->multi_turn > 1);
+    cJSON_AddBoolToObject(ds, "return_token_ids", asks_token_ids(o));
     if (o->multi_turn > 1) {
         cJSON_AddNumberToObject(ds, "multi_turn", o->multi_turn);
         cJSON_AddNumberToObject(ds, "turn_input_len", o->turn_input_len);
