@@ -1220,6 +1220,59 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
 #endif
 }
 
+/* The grouped expert GEMM's tile variants (cuda_moe_gemm.cu: DS_CUDA_MOE_GEMM_WN / _STAGES /
+ * _BK / _BN) against the defaults (WN 2, 2 stages, BK 32, BN 128), bit for bit: every variant
+ * runs the same k = 0, 16, 32, … sequence of MMAs for each output element. Prefill-sized steps
+ * only (T > 8); a BK that does not divide a pass's K takes BK 32 for that pass. */
+static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T) {
+#ifndef DS_HAVE_CUDA
+    (void)m, (void)l, (void)xg, (void)T;
+#else
+    ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
+    const int H = m->cfg.hidden;
+    const int saved[4] = {c->moe_gemm_wn, c->moe_gemm_stages, c->moe_gemm_bk, c->moe_gemm_bn};
+    static const struct {
+        const char *name;
+        int wn, stages, bk, bn;
+    } variants[] = {
+        {"4 warps along N", 4, 2, 32, 128},   {"3 stages", 2, 3, 32, 128},
+        {"4 stages", 2, 4, 32, 128},          {"BK 64", 2, 2, 64, 128},
+        {"BK 64, 3 stages", 2, 3, 64, 128},   {"BK 128", 2, 2, 128, 128},
+        {"BN 256", 2, 2, 32, 256},            {"BN 256, BK 64", 2, 2, 64, 256},
+    };
+    const size_t n = (size_t)T * H;
+    void *o1 = act_poisoned(g_cuda, DS_DTYPE_BF16, n), *o2 = act_poisoned(g_cuda, DS_DTYPE_BF16, n);
+    ds_tensor to1 = view2(o1, DS_DTYPE_BF16, T, H), to2 = view2(o2, DS_DTYPE_BF16, T, H);
+    c->moe_gemm_wn = 2;
+    c->moe_gemm_stages = 2;
+    c->moe_gemm_bk = 32;
+    c->moe_gemm_bn = 128;
+    g_cuda->ops->moe(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &to1);
+    float *a = act_download(g_cuda, o1, DS_DTYPE_BF16, n);
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+        c->moe_gemm_wn = variants[v].wn;
+        c->moe_gemm_stages = variants[v].stages;
+        c->moe_gemm_bk = variants[v].bk;
+        c->moe_gemm_bn = variants[v].bn;
+        g_cuda->ops->moe(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &to2);
+        float *b = act_download(g_cuda, o2, DS_DTYPE_BF16, n);
+        size_t diff = 0;
+        for (size_t i = 0; i < n; i++) diff += memcmp(&a[i], &b[i], 4) != 0;
+        printf("  moe grouped GEMM %s vs the defaults, layer %d T=%d: %zu of %zu values differ\n",
+               variants[v].name, l, T, diff, n);
+        assert_int_equal(diff, 0);
+        free(b);
+    }
+    c->moe_gemm_wn = saved[0];
+    c->moe_gemm_stages = saved[1];
+    c->moe_gemm_bk = saved[2];
+    c->moe_gemm_bn = saved[3];
+    free(a);
+    g_cuda->ops->free(g_cuda, o1);
+    g_cuda->ops->free(g_cuda, o2);
+#endif
+}
+
 /* Expert widths the grouped tensor-core GEMM (cuda_moe_gemm.cu) is not built for: its K of both
  * passes must be a multiple of 32. With I = 24 a prefill-sized step (T = 37, 300) falls back to
  * the expert GEMV; the results must still match the CPU. The second shape's shared expert is
@@ -1304,6 +1357,7 @@ static void test_moe(void **state) {
 #endif
                 if (T > 1) moe_sublayer_vs_pair(m, l, T, T, 0, true, &r);
                 moe_variants_vs_default(m, l, &xg, T);
+                if (T > 8) moe_gemm_variants_vs_default(m, l, &xg, T);
             }
             pair_free(&x);
             pair_free(&o);

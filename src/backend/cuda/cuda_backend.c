@@ -650,6 +650,9 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->gdn_scan_cols = cols && atoi(cols) == 4 ? 4 : 2;
         const char *stages = getenv("DS_CUDA_MOE_GEMM_STAGES");
         c->moe_gemm_stages = stages && (atoi(stages) == 3 || atoi(stages) == 4) ? atoi(stages) : 2;
+        const char *gbk = getenv("DS_CUDA_MOE_GEMM_BK"), *gbn = getenv("DS_CUDA_MOE_GEMM_BN");
+        c->moe_gemm_bk = gbk && (atoi(gbk) == 64 || atoi(gbk) == 128) ? atoi(gbk) : 32;
+        c->moe_gemm_bn = gbn && atoi(gbn) == 256 ? 256 : 128;
         c->lt_split = knob_on("DS_CUDA_LT_SPLIT");
         c->norm_regs = knob_on("DS_CUDA_NORM_REGS");
         c->gemv_norm = knob_on("DS_CUDA_GEMV_NORM");

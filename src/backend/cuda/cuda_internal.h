@@ -186,8 +186,12 @@ typedef struct ds_cuda_ctx {
      * 2: cuda_gdn_prefill.cu) */
     int moe_gemm_wn, gdn_scan_cols;
     /* pipeline stages of the grouped expert GEMM (DS_CUDA_MOE_GEMM_STAGES, 2, 3 or 4; default
-     * 2; 3 and 4 only at WN = 2) */
+     * 2; 3 and 4 only at WN = 2, BK = 32; 3 also at BK = 64) */
     int moe_gemm_stages;
+    /* the grouped expert GEMM's K per stage (DS_CUDA_MOE_GEMM_BK, 32, 64 or 128; default 32)
+     * and weight rows per tile (DS_CUDA_MOE_GEMM_BN, 128 or 256 with 8 warps; default 128):
+     * cuda_moe_gemm.cu, session 18, not yet measured */
+    int moe_gemm_bk, moe_gemm_bn;
     /* a cuBLASLt GEMM whose row count is not a multiple of 8 as two, the 8-aligned rows then
      * the rest (1, default: the prefill router GEMM, 1281 rows at 35B-A3B, prefill of 1024
      * tokens 51.87 vs 54.71 ms, s9-run8; DS_CUDA_LT_SPLIT=0: one GEMM; ds_cuda_gemm_lt) */

@@ -27,15 +27,23 @@
 
 using namespace nvcuda;
 
-#define GG_BM 64             /* assignments per tile */
-#define GG_BN 128            /* weight rows per tile */
-#define GG_BK 32             /* K per pipeline stage */
-#define GG_LDS (GG_BK + 8)   /* smem row pitch (bf16): 80 bytes, rows start on distinct banks */
-#define GG_LDC (GG_BN + 4)   /* fp32 pitch of the epilogue tile */
-/* Warps: 2 (M) × WN (N), each 32 × (GG_BN / WN): WN = 4 (256 threads, 32 × 32 warp tiles, two
- * smem fragment loads per MMA) or WN = 2 (128 threads, 32 × 64: 1.5 loads per MMA). Chosen at
- * creation (DS_CUDA_MOE_GEMM_WN, default 2: prefill of 1024 tokens 82.06 ms with 4, 78.27 ms
- * with 2, run s4-run6). */
+#define GG_BM 64 /* assignments per tile */
+/* Weight rows per tile BN (128, or 256 with DS_CUDA_MOE_GEMM_BN) and K per pipeline stage BK
+ * (32, or 64 / 128 with DS_CUDA_MOE_GEMM_BK) are template parameters. Why BK: a stage reads
+ * 2·BK bytes of each of its BN weight rows, rows K·2 bytes apart; at BK = 32 that is 64-byte
+ * pieces of 128 (gate_up) or 256 rows, the next piece of each row a stage later. The expert
+ * GEMV streams each row in long runs and reaches ~4 TB/s where this kernel stays at 2.1-2.25
+ * (session 9); longer runs per row per stage are the untried difference. Why BN: each block
+ * reads its tile's activations once per weight tile, so 256 rows halve those L2 reads. */
+template <int BK> struct gg_pitch {
+    /* smem row pitch (bf16): 80, 144 or 272 bytes, so 8 consecutive rows start in 8 distinct
+     * 16-byte bank groups (fragment loads without conflicts) */
+    static constexpr int LDS = BK + 8;
+};
+/* Warps: 2 (M) × WN (N), each 32 × (BN / WN): WN = 4 (256 threads) or WN = 2 (128 threads).
+ * At BN = 128, WN = 4 gives 32 × 32 warp tiles (two smem fragment loads per MMA), WN = 2 32 × 64
+ * (1.5 loads per MMA); DS_CUDA_MOE_GEMM_WN, default 2: prefill of 1024 tokens 82.06 ms with 4,
+ * 78.27 ms with 2, run s4-run6. BN = 256 always takes WN = 4 (32 × 64 warp tiles). */
 #define GG_THREADS(WN) (64 * (WN))
 /* Pipeline depth ST: ST − 1 stages of weight tiles in flight per block. 2 by default; 3 or 4
  * with DS_CUDA_MOE_GEMM_STAGES (at WN = 2). ncu (s9-run2) finds the warps waiting on memory
@@ -43,13 +51,13 @@ using namespace nvcuda;
  * help: prefill of 1024 tokens 63.33 (3 stages) / 62.95 (4) vs 63.93 ms (2), s9-run3; and an L2
  * prefetch of each weight row's next 4 / 8 stages measured 57.89 / 64.04 vs 58.31 ms (s9-run5,
  * removed). */
-template <int ST> struct gg_smem_pipe {
-    bf16 a[ST][GG_BM][GG_LDS]; /* [stage][row][k] */
-    bf16 b[ST][GG_BN][GG_LDS]; /* [stage][weight row][k] */
+template <int ST, int BK, int BN> struct gg_smem_pipe {
+    bf16 a[ST][GG_BM][gg_pitch<BK>::LDS]; /* [stage][row][k] */
+    bf16 b[ST][BN][gg_pitch<BK>::LDS];    /* [stage][weight row][k] */
 };
-template <int ST> union gg_smem {
-    gg_smem_pipe<ST> pipe;
-    float c[GG_BM][GG_LDC]; /* the accumulators, after the main loop */
+template <int ST, int BK, int BN> union gg_smem {
+    gg_smem_pipe<ST, BK, BN> pipe;
+    float c[GG_BM][BN + 4]; /* the accumulators, after the main loop */
 };
 
 /* Block x → (active expert index, first assignment row within it); *expert_i = -1 past the end.
@@ -90,12 +98,13 @@ static __device__ void gg_find_tile(int bx, const ds_moe_groups &g, int *expert_
     }
 }
 
-template <bool GATE_UP, int WN, int ST>
+template <bool GATE_UP, int WN, int ST, int BK, int BN>
 __global__ void __launch_bounds__(GG_THREADS(WN))
     moe_group_gemm_kernel(const bf16 *__restrict__ W, int N, int K, const bf16 *__restrict__ x,
                           int k_top, ds_moe_groups g, void *__restrict__ out) {
+    constexpr int LDS = gg_pitch<BK>::LDS, LDC = BN + 4, HALF = BN / 2;
     extern __shared__ __align__(128) unsigned char gg_dyn[];
-    gg_smem<ST> &sm = *(gg_smem<ST> *)gg_dyn; /* dynamic: over the 48 KiB static limit */
+    gg_smem<ST, BK, BN> &sm = *(gg_smem<ST, BK, BN> *)gg_dyn; /* dynamic: over the 48 KiB static limit */
     __shared__ const bf16 *arow[GG_BM]; /* source row of each tile row, NULL for padding */
     __shared__ int asg[GG_BM];          /* assignment index of each tile row */
     __shared__ int tile_i, tile_m0;
@@ -114,47 +123,53 @@ __global__ void __launch_bounds__(GG_THREADS(WN))
         /* gate_up reads token a / k_top of x [T, K]; down reads row a of act [A, K] */
         arow[tid] = a < 0 ? NULL : x + (int64_t)(GATE_UP ? a / k_top : a) * K;
     }
-    /* weight rows of this tile: gate_up, 64 gate rows n0.. and the same 64 up rows I + n0..
-     * (N = I output columns per half); down, 128 rows n0.. of [N, K] */
-    const int n0 = blockIdx.y * (GATE_UP ? GG_BN / 2 : GG_BN);
+    /* weight rows of this tile: gate_up, HALF gate rows n0.. and the same HALF up rows I + n0..
+     * (N = I output columns per half); down, BN rows n0.. of [N, K] */
+    const int n0 = blockIdx.y * (GATE_UP ? HALF : BN);
     const int64_t w_rows = GATE_UP ? 2 * (int64_t)N : (int64_t)N;
     const bf16 *We = W + (int64_t)e * w_rows * K;
     __syncthreads();
 
     /* per thread: CA 16-byte chunks of the A tile (rows ar + RS·j), CB of the B tile, all at
-     * column ch of the stage */
-    constexpr int NT = GG_THREADS(WN), RS = NT / 4, CA = GG_BM / RS, CB = GG_BN / RS;
-    const int ch = (tid & 3) * 8;
-    const int ar = tid >> 2;
-    const bf16 *asrc[CA];
+     * column ch of the stage; CPR threads cover a row's BK columns */
+    constexpr int NT = GG_THREADS(WN), CPR = BK / 8, RS = NT / CPR, CA = GG_BM / RS, CB = BN / RS;
+    static_assert(NT % CPR == 0 && GG_BM % RS == 0 && HALF % RS == 0, "load map");
+    const int ch = (tid % CPR) * 8;
+    const int ar = tid / CPR;
+    /* A sources: in registers while few; from arow (shared) per stage when CA > 2, where the
+     * pointers would cost more registers than the loads of them cost time */
+    constexpr bool A_REGS = CA <= 2;
+    const bf16 *asrc[A_REGS ? CA : 1];
+    if constexpr (A_REGS) {
 #pragma unroll
-    for (int j = 0; j < CA; j++) asrc[j] = arow[ar + RS * j];
-    const bf16 *bsrc[CB];
-    bool bval[CB];
-#pragma unroll
-    for (int j = 0; j < CB; j++) {
-        const int r = ar + RS * j;
-        int64_t wr;
-        if (GATE_UP) {
-            const int c = n0 + (r & 63);
-            bval[j] = c < N;
-            wr = (r < 64 ? 0 : N) + (int64_t)(bval[j] ? c : 0);
-        } else {
-            bval[j] = n0 + r < N;
-            wr = bval[j] ? n0 + r : 0;
-        }
-        bsrc[j] = We + wr * K + ch;
+        for (int j = 0; j < CA; j++) asrc[j] = arow[ar + RS * j];
     }
+    /* B row of chunk j: rows ar + RS·j of the tile; gate_up's first CB / 2 are gate rows
+     * n0 + ar + RS·j, the rest the matching up rows (N further down) */
+    const bf16 *bbase = We + (int64_t)(n0 + ar) * K + ch;
+    auto b_row_ok = [&](int j) {
+        return GATE_UP ? n0 + ar + RS * (j % (CB / 2)) < N : n0 + ar + RS * j < N;
+    };
+    auto b_src = [&](int j) -> const bf16 * {
+        if (!b_row_ok(j)) return We; /* zero-filled, nothing read */
+        const int64_t r = GATE_UP ? (j < CB / 2 ? (int64_t)RS * j : (int64_t)N + RS * (j - CB / 2)) : (int64_t)RS * j;
+        return bbase + r * K;
+    };
     auto load_stage = [&](int s, int k0) { /* one commit group */
 #pragma unroll
-        for (int j = 0; j < CA; j++)
-            cp_async16(&sm.pipe.a[s][ar + RS * j][ch], asrc[j] ? asrc[j] + k0 + ch : We, asrc[j] ? 16 : 0);
+        for (int j = 0; j < CA; j++) {
+            const bf16 *src = A_REGS ? asrc[A_REGS ? j : 0] : arow[ar + RS * j];
+            cp_async16(&sm.pipe.a[s][ar + RS * j][ch], src ? src + k0 + ch : We, src ? 16 : 0);
+        }
 #pragma unroll
-        for (int j = 0; j < CB; j++) cp_async16(&sm.pipe.b[s][ar + RS * j][ch], bsrc[j] + k0, bval[j] ? 16 : 0);
+        for (int j = 0; j < CB; j++) {
+            const bool ok = b_row_ok(j);
+            cp_async16(&sm.pipe.b[s][ar + RS * j][ch], ok ? b_src(j) + k0 : We, ok ? 16 : 0);
+        }
         cp_async_commit();
     };
 
-    constexpr int WTN = GG_BN / WN, FN = WTN / 16; /* warp tile columns, fragments */
+    constexpr int WTN = BN / WN, FN = WTN / 16; /* warp tile columns, fragments */
     const int warp = tid >> 5, wm = warp / WN, wn = warp % WN;
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][FN];
 #pragma unroll
@@ -162,12 +177,12 @@ __global__ void __launch_bounds__(GG_THREADS(WN))
 #pragma unroll
         for (int j = 0; j < FN; j++) wmma::fill_fragment(acc[i][j], 0.f);
 
-    const int KT = K / GG_BK;
+    const int KT = K / BK; /* the launch picks BK dividing K */
     /* stages 0 .. ST − 2 in flight; every iteration commits one group (possibly empty) so that
      * wait_group<ST − 2> always means "stage kt has landed" */
 #pragma unroll
     for (int st = 0; st < ST - 1; st++) {
-        if (st < KT) load_stage(st, st * GG_BK);
+        if (st < KT) load_stage(st, st * BK);
         else cp_async_commit();
     }
     for (int kt = 0; kt < KT; kt++) {
@@ -175,17 +190,18 @@ __global__ void __launch_bounds__(GG_THREADS(WN))
         cp_async_wait<ST - 2>();
         __syncthreads(); /* stage s visible to all; stage (kt − 1) % ST consumed by all */
         const int kn = kt + ST - 1;
-        if (kn < KT) load_stage(kn % ST, kn * GG_BK);
+        if (kn < KT) load_stage(kn % ST, kn * BK);
         else cp_async_commit();
+        /* the same k = 0, 16, 32, … sequence of MMAs whatever BK: results bit for bit equal */
 #pragma unroll
-        for (int kk = 0; kk < GG_BK; kk += 16) {
+        for (int kk = 0; kk < BK; kk += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[2];
             wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb[FN];
 #pragma unroll
-            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], &sm.pipe.a[s][wm * 32 + i * 16][kk], GG_LDS);
+            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], &sm.pipe.a[s][wm * 32 + i * 16][kk], LDS);
             /* B(k, n) = W[n, k]: the weight tile rows are B's columns */
 #pragma unroll
-            for (int j = 0; j < FN; j++) wmma::load_matrix_sync(fb[j], &sm.pipe.b[s][wn * WTN + j * 16][kk], GG_LDS);
+            for (int j = 0; j < FN; j++) wmma::load_matrix_sync(fb[j], &sm.pipe.b[s][wn * WTN + j * 16][kk], LDS);
 #pragma unroll
             for (int i = 0; i < 2; i++)
 #pragma unroll
@@ -198,23 +214,23 @@ __global__ void __launch_bounds__(GG_THREADS(WN))
     for (int i = 0; i < 2; i++)
 #pragma unroll
         for (int j = 0; j < FN; j++)
-            wmma::store_matrix_sync(&sm.c[wm * 32 + i * 16][wn * WTN + j * 16], acc[i][j], GG_LDC,
+            wmma::store_matrix_sync(&sm.c[wm * 32 + i * 16][wn * WTN + j * 16], acc[i][j], LDC,
                                     wmma::mem_row_major);
     __syncthreads();
 
     if (GATE_UP) {
         bf16 *act = (bf16 *)out; /* [A, N] */
-        for (int idx = tid; idx < GG_BM * 64; idx += NT) {
-            const int r = idx >> 6, c = idx & 63;
+        for (int idx = tid; idx < GG_BM * HALF; idx += NT) {
+            const int r = idx / HALF, c = idx % HALF;
             if (r >= rows || n0 + c >= N) continue;
             const float gv = __bfloat162float(__float2bfloat16_rn(sm.c[r][c]));
-            const float uv = __bfloat162float(__float2bfloat16_rn(sm.c[r][64 + c]));
+            const float uv = __bfloat162float(__float2bfloat16_rn(sm.c[r][HALF + c]));
             act[(int64_t)asg[r] * N + n0 + c] = __float2bfloat16_rn(silu_f(gv) * uv);
         }
     } else {
         float *y = (float *)out; /* [A, N] */
-        for (int idx = tid; idx < GG_BM * (GG_BN / 4); idx += NT) {
-            const int r = idx / (GG_BN / 4), c = (idx % (GG_BN / 4)) * 4;
+        for (int idx = tid; idx < GG_BM * (BN / 4); idx += NT) {
+            const int r = idx / (BN / 4), c = (idx % (BN / 4)) * 4;
             if (r >= rows || n0 + c >= N) continue; /* N % 8 == 0: n0 + c < N → all 4 valid */
             *(float4 *)&y[(int64_t)asg[r] * N + n0 + c] =
                 make_float4(sm.c[r][c], sm.c[r][c + 1], sm.c[r][c + 2], sm.c[r][c + 3]);
@@ -223,41 +239,69 @@ __global__ void __launch_bounds__(GG_THREADS(WN))
 }
 
 extern "C" bool ds_cuda_moe_gemm_fits(int H, int I) {
-    return H % GG_BK == 0 && I % GG_BK == 0 && H % 8 == 0 && I % 8 == 0;
+    return H % 32 == 0 && I % 32 == 0 && H % 8 == 0 && I % 8 == 0;
 }
 
-/* Dynamic shared memory limit of every instantiation, set once at creation. */
-template <int WN, int ST> static void gemm_init(ds_cuda_ctx *ctx) {
-    DS_CU(ctx, cudaFuncSetAttribute(moe_group_gemm_kernel<true, WN, ST>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sizeof(gg_smem<ST>)));
-    DS_CU(ctx, cudaFuncSetAttribute(moe_group_gemm_kernel<false, WN, ST>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sizeof(gg_smem<ST>)));
+/* Dynamic shared memory limit of both passes of one instantiation, set once at creation. */
+template <int WN, int ST, int BK, int BN> static void gemm_init(ds_cuda_ctx *ctx) {
+    const int bytes = (int)sizeof(gg_smem<ST, BK, BN>);
+    DS_CU(ctx, cudaFuncSetAttribute(moe_group_gemm_kernel<true, WN, ST, BK, BN>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    DS_CU(ctx, cudaFuncSetAttribute(moe_group_gemm_kernel<false, WN, ST, BK, BN>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
+/* Every instantiation ds_cuda_moe_gemm can pick (gemm_shape below). */
 extern "C" void ds_cuda_moe_gemm_init(ds_cuda_ctx *ctx) {
-    gemm_init<4, 2>(ctx);
-    gemm_init<2, 2>(ctx);
-    gemm_init<2, 3>(ctx);
-    gemm_init<2, 4>(ctx);
+    gemm_init<4, 2, 32, 128>(ctx);
+    gemm_init<2, 2, 32, 128>(ctx);
+    gemm_init<2, 3, 32, 128>(ctx);
+    gemm_init<2, 4, 32, 128>(ctx);
+    gemm_init<2, 2, 64, 128>(ctx);
+    gemm_init<2, 3, 64, 128>(ctx);
+    gemm_init<2, 2, 128, 128>(ctx);
+    gemm_init<4, 2, 32, 256>(ctx);
+    gemm_init<4, 2, 64, 256>(ctx);
 }
 
-template <int WN, int ST>
-static void launch_gemms(ds_cuda_ctx *ctx, const ds_moe_gemm_args *a) {
+/* One pass: gate_up (act [A, I] from x [T, H] and W_gu [E, 2I, H]) or down (y [A, H] fp32 from
+ * act [A, I] and W_down [E, H, I]). */
+template <bool GATE_UP, int WN, int ST, int BK, int BN>
+static void launch_pass(ds_cuda_ctx *ctx, const ds_moe_gemm_args *a) {
     const int tiles = DS_DIV_UP(a->A, GG_BM) + (a->A < a->E ? a->A : a->E);
-    /* gate_up: act [A, I] from x [T, H] and W_gu [E, 2I, H] */
-    dim3 gu(tiles, DS_DIV_UP(a->I, GG_BN / 2));
-    ds_launch(ctx, moe_group_gemm_kernel<true, WN, ST>, gu, GG_THREADS(WN), sizeof(gg_smem<ST>),
-              (const bf16 *)a->w_gu, a->I, a->H, (const bf16 *)a->x, a->top_k, a->groups, (void *)a->act);
-    DS_CU_LAUNCHED2(ctx, "moe_group_gemm_kernel<gate_up>", a->A, a->I);
-    /* down: y [A, H] fp32 from act [A, I] and W_down [E, H, I] */
-    dim3 dn(tiles, DS_DIV_UP(a->H, GG_BN));
-    ds_launch(ctx, moe_group_gemm_kernel<false, WN, ST>, dn, GG_THREADS(WN), sizeof(gg_smem<ST>),
-              (const bf16 *)a->w_down, a->H, a->I, (const bf16 *)a->act, a->top_k, a->groups, (void *)a->y);
-    DS_CU_LAUNCHED2(ctx, "moe_group_gemm_kernel<down>", a->A, a->H);
+    const int N = GATE_UP ? a->I : a->H, K = GATE_UP ? a->H : a->I;
+    dim3 grid(tiles, DS_DIV_UP(N, GATE_UP ? BN / 2 : BN));
+    ds_launch(ctx, moe_group_gemm_kernel<GATE_UP, WN, ST, BK, BN>, grid, GG_THREADS(WN),
+              sizeof(gg_smem<ST, BK, BN>), (const bf16 *)(GATE_UP ? a->w_gu : a->w_down), N, K,
+              (const bf16 *)(GATE_UP ? a->x : a->act), a->top_k, a->groups,
+              GATE_UP ? (void *)a->act : (void *)a->y);
+    DS_CU_LAUNCHED2(ctx, GATE_UP ? "moe_group_gemm_kernel<gate_up>" : "moe_group_gemm_kernel<down>", a->A, N);
+}
+
+/* The instantiation for the knobs (ctx->moe_gemm_wn / _stages / _bk / _bn) and this pass's K:
+ * a BK that does not divide K falls back to 32 (ds_cuda_moe_gemm_fits holds K % 32 == 0). */
+template <bool GATE_UP> static void pass(ds_cuda_ctx *ctx, const ds_moe_gemm_args *a) {
+    const int K = GATE_UP ? a->H : a->I;
+    const int bk = K % ctx->moe_gemm_bk == 0 ? ctx->moe_gemm_bk : 32;
+    if (ctx->moe_gemm_bn == 256) {
+        if (bk == 64) launch_pass<GATE_UP, 4, 2, 64, 256>(ctx, a);
+        else launch_pass<GATE_UP, 4, 2, 32, 256>(ctx, a);
+    } else if (bk == 128) {
+        launch_pass<GATE_UP, 2, 2, 128, 128>(ctx, a);
+    } else if (bk == 64) {
+        if (ctx->moe_gemm_stages == 3) launch_pass<GATE_UP, 2, 3, 64, 128>(ctx, a);
+        else launch_pass<GATE_UP, 2, 2, 64, 128>(ctx, a);
+    } else if (ctx->moe_gemm_wn == 4) {
+        launch_pass<GATE_UP, 4, 2, 32, 128>(ctx, a);
+    } else if (ctx->moe_gemm_stages == 4) {
+        launch_pass<GATE_UP, 2, 4, 32, 128>(ctx, a);
+    } else if (ctx->moe_gemm_stages == 3) {
+        launch_pass<GATE_UP, 2, 3, 32, 128>(ctx, a);
+    } else {
+        launch_pass<GATE_UP, 2, 2, 32, 128>(ctx, a);
+    }
 }
 
 extern "C" void ds_cuda_moe_gemm(ds_cuda_ctx *ctx, const ds_moe_gemm_args *a) {
-    if (ctx->moe_gemm_wn == 4) launch_gemms<4, 2>(ctx, a);
-    else if (ctx->moe_gemm_stages == 4) launch_gemms<2, 4>(ctx, a);
-    else if (ctx->moe_gemm_stages == 3) launch_gemms<2, 3>(ctx, a);
-    else launch_gemms<2, 2>(ctx, a);
+    pass<true>(ctx, a);
+    pass<false>(ctx, a);
 }
