@@ -1230,15 +1230,24 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
 #else
     ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
     const int H = m->cfg.hidden;
-    const int saved[4] = {c->moe_gemm_wn, c->moe_gemm_stages, c->moe_gemm_bk, c->moe_gemm_bn};
+    const int saved[5] = {c->moe_gemm_wn, c->moe_gemm_stages, c->moe_gemm_bk, c->moe_gemm_bn,
+                          c->moe_gemm_down_tiles};
     static const struct {
         const char *name;
-        int wn, stages, bk, bn;
+        int wn, stages, bk, bn, down_tiles;
     } variants[] = {
-        {"4 warps along N", 4, 2, 32, 128},   {"3 stages", 2, 3, 32, 128},
-        {"4 stages", 2, 4, 32, 128},          {"BK 64", 2, 2, 64, 128},
-        {"BK 64, 3 stages", 2, 3, 64, 128},   {"BK 128", 2, 2, 128, 128},
-        {"BN 256", 2, 2, 32, 256},            {"BN 256, BK 64", 2, 2, 64, 256},
+        {"4 warps along N", 4, 2, 32, 128, 1},
+        {"3 stages", 2, 3, 32, 128, 1},
+        {"4 stages", 2, 4, 32, 128, 1},
+        {"BK 64", 2, 2, 64, 128, 1},
+        {"BK 64, 3 stages", 2, 3, 64, 128, 1},
+        {"BK 128", 2, 2, 128, 128, 1},
+        {"BN 256", 2, 2, 32, 256, 1},
+        {"BN 256, BK 64", 2, 2, 64, 256, 1},
+        {"down 2 column tiles a block", 2, 2, 32, 128, 2},
+        {"down 4 column tiles a block", 2, 2, 32, 128, 4},
+        {"down 4 column tiles a block, BK 64", 2, 2, 64, 128, 4},
+        {"down 2 column tiles a block, BN 256", 2, 2, 32, 256, 2},
     };
     const size_t n = (size_t)T * H;
     void *o1 = act_poisoned(g_cuda, DS_DTYPE_BF16, n), *o2 = act_poisoned(g_cuda, DS_DTYPE_BF16, n);
@@ -1247,6 +1256,7 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
     c->moe_gemm_stages = 2;
     c->moe_gemm_bk = 32;
     c->moe_gemm_bn = 128;
+    c->moe_gemm_down_tiles = 1;
     g_cuda->ops->moe(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &to1);
     float *a = act_download(g_cuda, o1, DS_DTYPE_BF16, n);
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
@@ -1254,6 +1264,7 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
         c->moe_gemm_stages = variants[v].stages;
         c->moe_gemm_bk = variants[v].bk;
         c->moe_gemm_bn = variants[v].bn;
+        c->moe_gemm_down_tiles = variants[v].down_tiles;
         g_cuda->ops->moe(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &to2);
         float *b = act_download(g_cuda, o2, DS_DTYPE_BF16, n);
         size_t diff = 0;
@@ -1267,6 +1278,7 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
     c->moe_gemm_stages = saved[1];
     c->moe_gemm_bk = saved[2];
     c->moe_gemm_bn = saved[3];
+    c->moe_gemm_down_tiles = saved[4];
     free(a);
     g_cuda->ops->free(g_cuda, o1);
     g_cuda->ops->free(g_cuda, o2);

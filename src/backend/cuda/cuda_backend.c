@@ -653,6 +653,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         const char *gbk = getenv("DS_CUDA_MOE_GEMM_BK"), *gbn = getenv("DS_CUDA_MOE_GEMM_BN");
         c->moe_gemm_bk = gbk && (atoi(gbk) == 64 || atoi(gbk) == 128) ? atoi(gbk) : 32;
         c->moe_gemm_bn = gbn && atoi(gbn) == 256 ? 256 : 128;
+        const char *gdt = getenv("DS_CUDA_MOE_GEMM_DOWN_TILES");
+        c->moe_gemm_down_tiles = gdt && (atoi(gdt) == 2 || atoi(gdt) == 4) ? atoi(gdt) : 1;
         c->lt_split = knob_on("DS_CUDA_LT_SPLIT");
         c->norm_regs = knob_on("DS_CUDA_NORM_REGS");
         c->gemv_norm = knob_on("DS_CUDA_GEMV_NORM");

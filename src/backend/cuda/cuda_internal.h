@@ -192,6 +192,9 @@ typedef struct ds_cuda_ctx {
      * and weight rows per tile (DS_CUDA_MOE_GEMM_BN, 128 or 256 with 8 warps; default 128):
      * cuda_moe_gemm.cu, session 18, not yet measured */
     int moe_gemm_bk, moe_gemm_bn;
+    /* column tiles per block of the grouped GEMM's down pass (DS_CUDA_MOE_GEMM_DOWN_TILES, 1,
+     * 2 or 4; default 1): its tile lookup and row setup paid once per that many tiles */
+    int moe_gemm_down_tiles;
     /* a cuBLASLt GEMM whose row count is not a multiple of 8 as two, the 8-aligned rows then
      * the rest (1, default: the prefill router GEMM, 1281 rows at 35B-A3B, prefill of 1024
      * tokens 51.87 vs 54.71 ms, s9-run8; DS_CUDA_LT_SPLIT=0: one GEMM; ds_cuda_gemm_lt) */

@@ -101,7 +101,7 @@ static __device__ void gg_find_tile(int bx, const ds_moe_groups &g, int *expert_
 template <bool GATE_UP, int WN, int ST, int BK, int BN>
 __global__ void __launch_bounds__(GG_THREADS(WN))
     moe_group_gemm_kernel(const bf16 *__restrict__ W, int N, int K, const bf16 *__restrict__ x,
-                          int k_top, ds_moe_groups g, void *__restrict__ out) {
+                          int k_top, ds_moe_groups g, void *__restrict__ out, int ntiles) {
     constexpr int LDS = gg_pitch<BK>::LDS, LDC = BN + 4, HALF = BN / 2;
     extern __shared__ __align__(128) unsigned char gg_dyn[];
     gg_smem<ST, BK, BN> &sm = *(gg_smem<ST, BK, BN> *)gg_dyn; /* dynamic: over the 48 KiB static limit */
@@ -123,118 +123,125 @@ __global__ void __launch_bounds__(GG_THREADS(WN))
         /* gate_up reads token a / k_top of x [T, K]; down reads row a of act [A, K] */
         arow[tid] = a < 0 ? NULL : x + (int64_t)(GATE_UP ? a / k_top : a) * K;
     }
-    /* weight rows of this tile: gate_up, HALF gate rows n0.. and the same HALF up rows I + n0..
-     * (N = I output columns per half); down, BN rows n0.. of [N, K] */
-    const int n0 = blockIdx.y * (GATE_UP ? HALF : BN);
-    const int64_t w_rows = GATE_UP ? 2 * (int64_t)N : (int64_t)N;
-    const bf16 *We = W + (int64_t)e * w_rows * K;
-    __syncthreads();
+    /* column tiles blockIdx.y · ntiles … (ntiles > 1: DS_CUDA_MOE_GEMM_DOWN_TILES, the down pass,
+     * whose K = I main loop is short: the tile lookup and row setup above are paid once) */
+    const int n_tiles = GATE_UP ? 1 : ntiles; /* a constant for gate_up: no loop there */
+    for (int tile = 0; tile < n_tiles; tile++) {
+        /* weight rows of this tile: gate_up, HALF gate rows n0.. and the same HALF up rows I + n0..
+         * (N = I output columns per half); down, BN rows n0.. of [N, K] */
+        const int n0 = (blockIdx.y * n_tiles + tile) * (GATE_UP ? HALF : BN);
+        if (n0 >= N) break; /* uniform across the block */
+        const int64_t w_rows = GATE_UP ? 2 * (int64_t)N : (int64_t)N;
+        const bf16 *We = W + (int64_t)e * w_rows * K;
+        __syncthreads();
 
-    /* per thread: CA 16-byte chunks of the A tile (rows ar + RS·j), CB of the B tile, all at
-     * column ch of the stage; CPR threads cover a row's BK columns */
-    constexpr int NT = GG_THREADS(WN), CPR = BK / 8, RS = NT / CPR, CA = GG_BM / RS, CB = BN / RS;
-    static_assert(NT % CPR == 0 && GG_BM % RS == 0 && HALF % RS == 0, "load map");
-    const int ch = (tid % CPR) * 8;
-    const int ar = tid / CPR;
-    /* A sources: in registers while few; from arow (shared) per stage when CA > 2, where the
-     * pointers would cost more registers than the loads of them cost time */
-    constexpr bool A_REGS = CA <= 2;
-    const bf16 *asrc[A_REGS ? CA : 1];
-    if constexpr (A_REGS) {
-#pragma unroll
-        for (int j = 0; j < CA; j++) asrc[j] = arow[ar + RS * j];
-    }
-    /* B row of chunk j: rows ar + RS·j of the tile; gate_up's first CB / 2 are gate rows
-     * n0 + ar + RS·j, the rest the matching up rows (N further down) */
-    const bf16 *bbase = We + (int64_t)(n0 + ar) * K + ch;
-    auto b_row_ok = [&](int j) {
-        return GATE_UP ? n0 + ar + RS * (j % (CB / 2)) < N : n0 + ar + RS * j < N;
-    };
-    auto b_src = [&](int j) -> const bf16 * {
-        if (!b_row_ok(j)) return We; /* zero-filled, nothing read */
-        const int64_t r = GATE_UP ? (j < CB / 2 ? (int64_t)RS * j : (int64_t)N + RS * (j - CB / 2)) : (int64_t)RS * j;
-        return bbase + r * K;
-    };
-    auto load_stage = [&](int s, int k0) { /* one commit group */
-#pragma unroll
-        for (int j = 0; j < CA; j++) {
-            const bf16 *src = A_REGS ? asrc[A_REGS ? j : 0] : arow[ar + RS * j];
-            cp_async16(&sm.pipe.a[s][ar + RS * j][ch], src ? src + k0 + ch : We, src ? 16 : 0);
+        /* per thread: CA 16-byte chunks of the A tile (rows ar + RS·j), CB of the B tile, all at
+         * column ch of the stage; CPR threads cover a row's BK columns */
+        constexpr int NT = GG_THREADS(WN), CPR = BK / 8, RS = NT / CPR, CA = GG_BM / RS, CB = BN / RS;
+        static_assert(NT % CPR == 0 && GG_BM % RS == 0 && HALF % RS == 0, "load map");
+        const int ch = (tid % CPR) * 8;
+        const int ar = tid / CPR;
+        /* A sources: in registers while few; from arow (shared) per stage when CA > 2, where the
+         * pointers would cost more registers than the loads of them cost time */
+        constexpr bool A_REGS = CA <= 2;
+        const bf16 *asrc[A_REGS ? CA : 1];
+        if constexpr (A_REGS) {
+    #pragma unroll
+            for (int j = 0; j < CA; j++) asrc[j] = arow[ar + RS * j];
         }
-#pragma unroll
-        for (int j = 0; j < CB; j++) {
-            const bool ok = b_row_ok(j);
-            cp_async16(&sm.pipe.b[s][ar + RS * j][ch], ok ? b_src(j) + k0 : We, ok ? 16 : 0);
-        }
-        cp_async_commit();
-    };
+        /* B row of chunk j: rows ar + RS·j of the tile; gate_up's first CB / 2 are gate rows
+         * n0 + ar + RS·j, the rest the matching up rows (N further down) */
+        const bf16 *bbase = We + (int64_t)(n0 + ar) * K + ch;
+        auto b_row_ok = [&](int j) {
+            return GATE_UP ? n0 + ar + RS * (j % (CB / 2)) < N : n0 + ar + RS * j < N;
+        };
+        auto b_src = [&](int j) -> const bf16 * {
+            if (!b_row_ok(j)) return We; /* zero-filled, nothing read */
+            const int64_t r = GATE_UP ? (j < CB / 2 ? (int64_t)RS * j : (int64_t)N + RS * (j - CB / 2)) : (int64_t)RS * j;
+            return bbase + r * K;
+        };
+        auto load_stage = [&](int s, int k0) { /* one commit group */
+    #pragma unroll
+            for (int j = 0; j < CA; j++) {
+                const bf16 *src = A_REGS ? asrc[A_REGS ? j : 0] : arow[ar + RS * j];
+                cp_async16(&sm.pipe.a[s][ar + RS * j][ch], src ? src + k0 + ch : We, src ? 16 : 0);
+            }
+    #pragma unroll
+            for (int j = 0; j < CB; j++) {
+                const bool ok = b_row_ok(j);
+                cp_async16(&sm.pipe.b[s][ar + RS * j][ch], ok ? b_src(j) + k0 : We, ok ? 16 : 0);
+            }
+            cp_async_commit();
+        };
 
-    constexpr int WTN = BN / WN, FN = WTN / 16; /* warp tile columns, fragments */
-    const int warp = tid >> 5, wm = warp / WN, wn = warp % WN;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][FN];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < FN; j++) wmma::fill_fragment(acc[i][j], 0.f);
+        constexpr int WTN = BN / WN, FN = WTN / 16; /* warp tile columns, fragments */
+        const int warp = tid >> 5, wm = warp / WN, wn = warp % WN;
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][FN];
+    #pragma unroll
+        for (int i = 0; i < 2; i++)
+    #pragma unroll
+            for (int j = 0; j < FN; j++) wmma::fill_fragment(acc[i][j], 0.f);
 
-    const int KT = K / BK; /* the launch picks BK dividing K */
-    /* stages 0 .. ST − 2 in flight; every iteration commits one group (possibly empty) so that
-     * wait_group<ST − 2> always means "stage kt has landed" */
-#pragma unroll
-    for (int st = 0; st < ST - 1; st++) {
-        if (st < KT) load_stage(st, st * BK);
-        else cp_async_commit();
-    }
-    for (int kt = 0; kt < KT; kt++) {
-        const int s = kt % ST;
-        cp_async_wait<ST - 2>();
-        __syncthreads(); /* stage s visible to all; stage (kt − 1) % ST consumed by all */
-        const int kn = kt + ST - 1;
-        if (kn < KT) load_stage(kn % ST, kn * BK);
-        else cp_async_commit();
-        /* the same k = 0, 16, 32, … sequence of MMAs whatever BK: results bit for bit equal */
-#pragma unroll
-        for (int kk = 0; kk < BK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb[FN];
-#pragma unroll
-            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], &sm.pipe.a[s][wm * 32 + i * 16][kk], LDS);
-            /* B(k, n) = W[n, k]: the weight tile rows are B's columns */
-#pragma unroll
-            for (int j = 0; j < FN; j++) wmma::load_matrix_sync(fb[j], &sm.pipe.b[s][wn * WTN + j * 16][kk], LDS);
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int j = 0; j < FN; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        const int KT = K / BK; /* the launch picks BK dividing K */
+        /* stages 0 .. ST − 2 in flight; every iteration commits one group (possibly empty) so that
+         * wait_group<ST − 2> always means "stage kt has landed" */
+    #pragma unroll
+        for (int st = 0; st < ST - 1; st++) {
+            if (st < KT) load_stage(st, st * BK);
+            else cp_async_commit();
         }
-    }
-    cp_async_wait<0>();
-    __syncthreads(); /* the accumulator tile reuses the pipeline's memory */
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < FN; j++)
-            wmma::store_matrix_sync(&sm.c[wm * 32 + i * 16][wn * WTN + j * 16], acc[i][j], LDC,
-                                    wmma::mem_row_major);
-    __syncthreads();
+        for (int kt = 0; kt < KT; kt++) {
+            const int s = kt % ST;
+            cp_async_wait<ST - 2>();
+            __syncthreads(); /* stage s visible to all; stage (kt − 1) % ST consumed by all */
+            const int kn = kt + ST - 1;
+            if (kn < KT) load_stage(kn % ST, kn * BK);
+            else cp_async_commit();
+            /* the same k = 0, 16, 32, … sequence of MMAs whatever BK: results bit for bit equal */
+    #pragma unroll
+            for (int kk = 0; kk < BK; kk += 16) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[2];
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb[FN];
+    #pragma unroll
+                for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], &sm.pipe.a[s][wm * 32 + i * 16][kk], LDS);
+                /* B(k, n) = W[n, k]: the weight tile rows are B's columns */
+    #pragma unroll
+                for (int j = 0; j < FN; j++) wmma::load_matrix_sync(fb[j], &sm.pipe.b[s][wn * WTN + j * 16][kk], LDS);
+    #pragma unroll
+                for (int i = 0; i < 2; i++)
+    #pragma unroll
+                    for (int j = 0; j < FN; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+            }
+        }
+        cp_async_wait<0>();
+        __syncthreads(); /* the accumulator tile reuses the pipeline's memory */
+    #pragma unroll
+        for (int i = 0; i < 2; i++)
+    #pragma unroll
+            for (int j = 0; j < FN; j++)
+                wmma::store_matrix_sync(&sm.c[wm * 32 + i * 16][wn * WTN + j * 16], acc[i][j], LDC,
+                                        wmma::mem_row_major);
+        __syncthreads();
 
-    if (GATE_UP) {
-        bf16 *act = (bf16 *)out; /* [A, N] */
-        for (int idx = tid; idx < GG_BM * HALF; idx += NT) {
-            const int r = idx / HALF, c = idx % HALF;
-            if (r >= rows || n0 + c >= N) continue;
-            const float gv = __bfloat162float(__float2bfloat16_rn(sm.c[r][c]));
-            const float uv = __bfloat162float(__float2bfloat16_rn(sm.c[r][HALF + c]));
-            act[(int64_t)asg[r] * N + n0 + c] = __float2bfloat16_rn(silu_f(gv) * uv);
+        if (GATE_UP) {
+            bf16 *act = (bf16 *)out; /* [A, N] */
+            for (int idx = tid; idx < GG_BM * HALF; idx += NT) {
+                const int r = idx / HALF, c = idx % HALF;
+                if (r >= rows || n0 + c >= N) continue;
+                const float gv = __bfloat162float(__float2bfloat16_rn(sm.c[r][c]));
+                const float uv = __bfloat162float(__float2bfloat16_rn(sm.c[r][HALF + c]));
+                act[(int64_t)asg[r] * N + n0 + c] = __float2bfloat16_rn(silu_f(gv) * uv);
+            }
+        } else {
+            float *y = (float *)out; /* [A, N] */
+            for (int idx = tid; idx < GG_BM * (BN / 4); idx += NT) {
+                const int r = idx / (BN / 4), c = (idx % (BN / 4)) * 4;
+                if (r >= rows || n0 + c >= N) continue; /* N % 8 == 0: n0 + c < N → all 4 valid */
+                *(float4 *)&y[(int64_t)asg[r] * N + n0 + c] =
+                    make_float4(sm.c[r][c], sm.c[r][c + 1], sm.c[r][c + 2], sm.c[r][c + 3]);
+            }
         }
-    } else {
-        float *y = (float *)out; /* [A, N] */
-        for (int idx = tid; idx < GG_BM * (BN / 4); idx += NT) {
-            const int r = idx / (BN / 4), c = (idx % (BN / 4)) * 4;
-            if (r >= rows || n0 + c >= N) continue; /* N % 8 == 0: n0 + c < N → all 4 valid */
-            *(float4 *)&y[(int64_t)asg[r] * N + n0 + c] =
-                make_float4(sm.c[r][c], sm.c[r][c + 1], sm.c[r][c + 2], sm.c[r][c + 3]);
-        }
+        __syncthreads(); /* the next tile's stages overwrite sm.c */
     }
 }
 
@@ -269,11 +276,12 @@ template <bool GATE_UP, int WN, int ST, int BK, int BN>
 static void launch_pass(ds_cuda_ctx *ctx, const ds_moe_gemm_args *a) {
     const int tiles = DS_DIV_UP(a->A, GG_BM) + (a->A < a->E ? a->A : a->E);
     const int N = GATE_UP ? a->I : a->H, K = GATE_UP ? a->H : a->I;
-    dim3 grid(tiles, DS_DIV_UP(N, GATE_UP ? BN / 2 : BN));
+    const int ntiles = GATE_UP ? 1 : ctx->moe_gemm_down_tiles; /* column tiles a block */
+    dim3 grid(tiles, DS_DIV_UP(DS_DIV_UP(N, GATE_UP ? BN / 2 : BN), ntiles));
     ds_launch(ctx, moe_group_gemm_kernel<GATE_UP, WN, ST, BK, BN>, grid, GG_THREADS(WN),
               sizeof(gg_smem<ST, BK, BN>), (const bf16 *)(GATE_UP ? a->w_gu : a->w_down), N, K,
               (const bf16 *)(GATE_UP ? a->x : a->act), a->top_k, a->groups,
-              GATE_UP ? (void *)a->act : (void *)a->y);
+              GATE_UP ? (void *)a->act : (void *)a->y, ntiles);
     DS_CU_LAUNCHED2(ctx, GATE_UP ? "moe_group_gemm_kernel<gate_up>" : "moe_group_gemm_kernel<down>", a->A, N);
 }
 
