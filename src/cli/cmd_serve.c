@@ -1,5 +1,6 @@
 /* deltaserve serve — the OpenAI-compatible HTTP server:
  *   deltaserve serve -m DIR [--host H] [--port P] [--api-key KEY] [--served-model-name NAME]
+ *   (or `deltaserve serve DIR ...` and the other vLLM spellings of cli/vllm_compat.h)
  *                    [--max-num-seqs N] [--max-model-len N] [--max-queue N] [--memory-fraction F]
  *                    [--device D] [--threads N] ...
  * --dummy-weights [--seed N] serves seeded random weights of -m DIR's config.json (no checkpoint
@@ -29,6 +30,7 @@
 #include "cli/args.h"
 #include "cli/cli_cmds.h"
 #include "cli/engine.h"
+#include "cli/vllm_compat.h"
 #include "model/loader.h"
 #include "runtime/engine.h"
 #include "server/server.h"
@@ -71,7 +73,14 @@ static void usage(FILE *f) {
             "                              verification) shape before listening: all (default,\n"
             "                              up to %d), off (at first use), or the N smallest;\n"
             "                              stderr lists the shapes that fell back to eager\n"
-            "  --device cpu|cuda|auto      --threads N\n",
+            "  --device cpu|cuda|auto      --threads N\n"
+            "vLLM command lines (cli/vllm_compat.h): `serve DIR` as -m DIR; option names with\n"
+            "underscores; --speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": K}'\n"
+            "(also qwen3_next_mtp) as --num-speculative-tokens K; --reasoning-parser qwen3,\n"
+            "--tool-call-parser qwen3_coder|qwen3_xml|hermes, --enable-auto-tool-choice,\n"
+            "--tensor-parallel-size 1, --dtype auto|bfloat16, --trust-remote-code and\n"
+            "--language-model-only are what deltaserve does anyway (other values: an error).\n"
+            "--seed is the dummy weights' seed, not a sampling seed.\n",
             SERVE_MAX_SPEC, DS_GRAPH_WARMUP_MAX);
 }
 
@@ -120,6 +129,11 @@ static int parse_args(int argc, char **argv, serve_args *a) {
             return -1;
         } else if ((v = ds_arg_value(argc, argv, &i, "-m", cmd, &bad)) ||
                    (v = ds_arg_value(argc, argv, &i, "--model", cmd, &bad))) {
+            if (a->model_dir && strcmp(a->model_dir, v)) {
+                fprintf(stderr, "deltaserve serve: two models given ('%s' and '%s')\n",
+                        a->model_dir, v);
+                return 2;
+            }
             a->model_dir = v;
         } else if (!strcmp(argv[i], "--dummy-weights")) {
             a->dummy = true;
@@ -206,6 +220,39 @@ static int parse_args(int argc, char **argv, serve_args *a) {
         } else if ((v = ds_arg_value(argc, argv, &i, "--threads", cmd, &bad))) {
             if (!ds_arg_int(cmd, "--threads", v, 0, 1024, &n)) return 2;
             a->threads = (int)n;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--speculative-config", cmd, &bad))) {
+            int k = 0;
+            if (!ds_vllm_spec_config(v, SERVE_MAX_SPEC, &k)) return 2;
+            a->eng.num_speculative_tokens = k;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--reasoning-parser", cmd, &bad))) {
+            if (!ds_vllm_parser_ok("--reasoning-parser", v)) return 2;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--tool-call-parser", cmd, &bad))) {
+            if (!ds_vllm_parser_ok("--tool-call-parser", v)) return 2;
+        } else if ((v = ds_arg_value(argc, argv, &i, "--tensor-parallel-size", cmd, &bad)) ||
+                   (v = ds_arg_value(argc, argv, &i, "-tp", cmd, &bad))) {
+            if (!ds_arg_int(cmd, "--tensor-parallel-size", v, 1, 1 << 16, &n)) return 2;
+            if (n != 1) {
+                fprintf(stderr, "deltaserve serve: --tensor-parallel-size %ld: deltaserve serves a "
+                                "model on one device\n",
+                        n);
+                return 2;
+            }
+        } else if ((v = ds_arg_value(argc, argv, &i, "--dtype", cmd, &bad))) {
+            if (strcmp(v, "auto") && strcmp(v, "bfloat16") && strcmp(v, "bf16")) {
+                fprintf(stderr, "deltaserve serve: --dtype: '%s' is not supported; weights and "
+                                "activations are bf16 (auto or bfloat16)\n",
+                        v);
+                return 2;
+            }
+        } else if (ds_vllm_noop_flag(argv[i])) {
+            /* vLLM flags for what deltaserve does anyway (cli/vllm_compat.h) */
+        } else if (argv[i][0] != '-' && !bad) { /* vLLM's `serve MODEL` */
+            if (a->model_dir && strcmp(a->model_dir, argv[i])) {
+                fprintf(stderr, "deltaserve serve: two models given ('%s' and '%s')\n",
+                        a->model_dir, argv[i]);
+                return 2;
+            }
+            a->model_dir = argv[i];
         } else if (!bad) {
             fprintf(stderr, "deltaserve serve: unknown option '%s'\n", argv[i]);
             usage(stderr);
@@ -272,10 +319,19 @@ static void cache_sizes(const ds_config *c, const ds_backend *be, int block_size
 }
 
 
-int ds_cmd_serve(int argc, char **argv) {
+int ds_cmd_serve(int argc, char **argv_in) {
     serve_args a = {0};
+    /* vLLM's underscore spellings of option names; a's strings point into this copy */
+    char **argv = ds_vllm_normalize_args(argc, argv_in);
+    if (!argv) {
+        fprintf(stderr, "deltaserve serve: out of memory\n");
+        return 1;
+    }
     int rc = parse_args(argc, argv, &a);
-    if (rc) return rc < 0 ? 0 : rc;
+    if (rc) {
+        ds_vllm_args_free(argc, argv);
+        return rc < 0 ? 0 : rc;
+    }
 
     /* Every thread started from here inherits this mask, so SIGINT/SIGTERM reach sigwait below
      * and nobody dies of SIGPIPE on a vanished client. */
@@ -452,5 +508,6 @@ done:
     if (host_ok) ds_model_weights_free(&host);
     ds_tokenizer_free(tok);
     ds_chat_formatter_free(chat);
+    ds_vllm_args_free(argc, argv);
     return rc;
 }

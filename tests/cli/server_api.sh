@@ -73,6 +73,30 @@ cli 2 "max_position_embeddings" -m "$MODEL" --device cpu --max-model-len 1000000
 cli 2 "must be >=" -m "$MODEL" --max-num-seqs 64 --max-num-batched-tokens 8
 cli 1 "cannot resolve" -m "$MODEL" --device cpu --host no-such-host.invalid
 cli 1 "no-model-here" -m "$tmp/no-model-here"
+# vLLM command lines (cli/vllm_compat.h): what deltaserve cannot do is refused by name
+cli 2 "method eagle is not supported" "$MODEL" --speculative-config '{"method":"eagle","num_speculative_tokens":2}'
+cli 2 "integer in \[0, 4\]" "$MODEL" --speculative_config '{"method":"mtp","num_speculative_tokens":9}'
+cli 2 "not valid JSON" "$MODEL" --speculative-config '{"method":'
+cli 2 "must be a JSON object" "$MODEL" --speculative-config '[2]'
+cli 2 "'deepseek_r1' is not supported" "$MODEL" --reasoning-parser deepseek_r1
+cli 2 "'mistral' is not supported" "$MODEL" --tool-call-parser mistral
+cli 2 "one device" "$MODEL" --tensor-parallel-size 2
+cli 2 "'float16' is not supported" "$MODEL" --dtype float16
+cli 2 "two models given" "$MODEL" -m "$tmp/other"
+cli 2 "unknown option" "$MODEL" --enforce_eager
+
+# a vLLM-style command line: positional model, underscores, MTP as --speculative-config, parser
+# flags; the settings must arrive (served name, context length, k in the start-up line)
+launch_server vllm serve "$MODEL" --port 0 --device cpu --threads 2 --served_model_name=vllm-name \
+  --max_model_len 128 --speculative_config '{"method":"qwen3_next_mtp","num_speculative_tokens":2,"disable_padded_drafter_batch":false}' \
+  --reasoning-parser qwen3 --enable-auto-tool-choice --tool-call-parser qwen3_coder -tp 1 \
+  --trust-remote-code --dtype auto --gpu_memory_utilization 0.5
+curl -s "http://127.0.0.1:$PORT/v1/models" >"$tmp/models"
+check "vLLM command line: served name" [ "$(js 'd.data[0].id' <"$tmp/models")" = vllm-name ]
+check "vLLM command line: max_model_len" [ "$(js 'd.data[0].max_model_len' <"$tmp/models")" = 128 ]
+check "vLLM command line: speculative k=2" grep -q "speculative decoding k=2" "$tmp/vllm.log"
+check "vLLM command line: ignored key named" grep -q "'disable_padded_drafter_batch' has no meaning here" "$tmp/vllm.log"
+stop_server "$SPID"
 
 start_server main --served-model-name tiny --max-model-len 256 --max-num-seqs 4
 MAIN_PID=$SPID
