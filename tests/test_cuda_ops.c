@@ -26,6 +26,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_moe_gemm.h"
 #include "spec_accept_case.h"
 #include "spec_sample_case.h"
 #endif
@@ -496,6 +497,49 @@ static void run_linear_cores(const char *what, const ds_linear *wc, const ds_lin
 #endif
 }
 
+/* One-row GEMV with one vs two weight batches loaded before the PDL wait (DS_CUDA_GEMV_PRELOAD
+ * 1 / 2), bit for bit: PRE2 sums the same chunks in the same order. The SM count is pinned to
+ * an H100 / H200's 132: there the out_proj-like shape's plan has K per split in (256·UNROLL,
+ * 512·UNROLL], PRE2's condition (cuda_gemv.cu launch_gemv), whatever GPU runs the test. */
+static void linear_preload_bitwise(const char *what, const ds_linear *wg, test_rng *r) {
+#ifndef DS_HAVE_CUDA
+    (void)what, (void)wg, (void)r;
+#else
+    ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
+    const int saved_seqs = c->batch.n_seqs, saved_pre = c->gemv_preload, saved_sms = c->sm_count,
+              saved_narrow = c->gemv_narrow;
+    c->batch.n_seqs = 1;
+    c->sm_count = 132;
+    c->gemv_narrow = 0;
+    const int64_t K = wg->n_in, N = wg->n_out;
+    float *xv = rand_vals(r, (size_t)K, 1.0f);
+    pair x = pair_in(xv, 1, K);
+    ds_tensor xg = tcuda(&x, DS_DTYPE_BF16);
+    float *outs[3] = {NULL, NULL, NULL};
+    for (int pre = 1; pre <= 2; pre++) {
+        void *o = act_poisoned(g_cuda, DS_DTYPE_BF16, (size_t)N);
+        ds_tensor og = view2(o, DS_DTYPE_BF16, 1, N);
+        c->gemv_preload = pre;
+        g_cuda->ops->linear(g_cuda, &xg, wg, &og);
+        outs[pre] = act_download(g_cuda, o, DS_DTYPE_BF16, (size_t)N);
+        g_cuda->ops->free(g_cuda, o);
+    }
+    size_t d1 = 0;
+    for (int64_t i = 0; i < N; i++) d1 += memcmp(&outs[1][i], &outs[2][i], 4) != 0;
+    printf("  %s [%lld -> %lld], 132-SM plan: two batches before the wait vs one: %zu of %lld "
+           "values differ\n",
+           what, (long long)K, (long long)N, d1, (long long)N);
+    assert_int_equal(d1, 0);
+    for (int i = 1; i < 3; i++) free(outs[i]);
+    pair_free(&x);
+    free(xv);
+    c->batch.n_seqs = saved_seqs;
+    c->gemv_preload = saved_pre;
+    c->sm_count = saved_sms;
+    c->gemv_narrow = saved_narrow;
+#endif
+}
+
 /* run_linear as a multi-sequence step (the tensor-core GEMV) with K split for 0 (never), 1 and
  * 2 blocks per SM (DS_CUDA_TC_SPLITK_PER_SM): each split plan against the CPU. */
 static void run_linear_tc_splits(const char *what, const ds_linear *wc, const ds_linear *wg, int R,
@@ -556,6 +600,7 @@ static void test_linear(void **state) {
         ds_linear o = lin(w, &r, 1, half, 4096);
         ds_linear og = linear_to_cuda(&o);
         run_linear_cores("out_proj-like N=2048 K=4096", &o, &og, 1, &r);
+        linear_preload_bitwise("out_proj-like", &og, &r);
         linear_cuda_free(&og);
     }
     for (int R = 2; R <= 8; R += 6) { /* K % 256 == 0: the tensor-core kernel's shapes */
@@ -1129,6 +1174,15 @@ static void moe_sublayer_vs_pair(tmodel *m, int l, int T, int seqs, int small_ch
     for (int i = 0; i < 6; i++) g_cuda->ops->free(g_cuda, bufs[i]);
 }
 
+#ifdef DS_HAVE_CUDA
+/* NaN bytes over the whole MoE scratch (router logits, routing, groups, expert activations and
+ * outputs) on the backend's stream: a variant compared with the defaults must write every piece
+ * it reads, not find the previous call's values there. */
+static void poison_moe_scratch(ds_cuda_ctx *c) {
+    assert_int_equal(cudaMemsetAsync(c->d_moe_scratch, 0xff, c->moe_scratch_bytes, c->stream), cudaSuccess);
+}
+#endif
+
 /* The decode MoE's launch variants against the defaults, all on CUDA, bit for bit: the down
  * launch with its inputs staged in shared memory (DS_CUDA_MOE_DOWN_STAGED) or not, routing in the
  * gate_up launch (DS_OPT_MOE_ROUTE_FUSED) vs its own launch, routing from registers or shared
@@ -1184,6 +1238,7 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
     c->route_redux = 1;
     c->moe_down_tiles = 1;
     c->route_fused_max_t = 1;
+    poison_moe_scratch(c);
     g_cuda->ops->moe(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &to1);
     float *a = act_download(g_cuda, o1, DS_DTYPE_BF16, n);
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
@@ -1196,6 +1251,7 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
         c->route_redux = variants[v].route_redux;
         c->moe_down_tiles = variants[v].tiles;
         c->route_fused_max_t = variants[v].fused_t;
+        poison_moe_scratch(c);
         g_cuda->ops->moe(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &to2);
         float *b = act_download(g_cuda, o2, DS_DTYPE_BF16, n);
         size_t diff = 0;
@@ -1257,6 +1313,9 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
     c->moe_gemm_bk = 32;
     c->moe_gemm_bn = 128;
     c->moe_gemm_down_tiles = 1;
+    /* the steps compared must take the grouped GEMM, not the expert GEMV it falls back to */
+    assert_true(T > DS_CUDA_GEMV_MAX_ROWS && c->opt.moe_gemm && ds_cuda_moe_gemm_fits(H, m->cfg.moe_inter));
+    poison_moe_scratch(c);
     g_cuda->ops->moe(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &to1);
     float *a = act_download(g_cuda, o1, DS_DTYPE_BF16, n);
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
@@ -1265,6 +1324,7 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
         c->moe_gemm_bk = variants[v].bk;
         c->moe_gemm_bn = variants[v].bn;
         c->moe_gemm_down_tiles = variants[v].down_tiles;
+        poison_moe_scratch(c);
         g_cuda->ops->moe(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &to2);
         float *b = act_download(g_cuda, o2, DS_DTYPE_BF16, n);
         size_t diff = 0;

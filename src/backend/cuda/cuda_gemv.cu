@@ -80,13 +80,16 @@ static void launch_gemv(ds_cuda_ctx *ctx, dim3 grid, const bf16 *W, int64_t N, i
                         const bf16 *x, int64_t ldx, OutT *out, int64_t ldo, int64_t kps) {
     const int pf = gemv_prefetch_bytes(ctx, N, K, kps, (int64_t)grid.x * grid.y);
     /* both batches before the wait (gemv_kernel PRE2) for one input row when a warp has two */
-    const bool pre2 = R == 1 && ctx->gemv_preload == 2 && kps > 256 * UNROLL && kps <= 2 * 256 * UNROLL;
-    if (pre2)
-        ds_launch(ctx, gemv_kernel<R, ROWS, UNROLL, OutT, true>, grid, GEMV_WARPS * 32, 0, W, N, K, x,
-                  ldx, out, ldo, kps, ctx->d_splitk_ws, ctx->d_splitk_cnt, pf, 1);
-    else
-        ds_launch(ctx, gemv_kernel<R, ROWS, UNROLL, OutT>, grid, GEMV_WARPS * 32, 0, W, N, K, x, ldx,
-                  out, ldo, kps, ctx->d_splitk_ws, ctx->d_splitk_cnt, pf, ctx->gemv_preload);
+    /* (instantiated for R = 1 only) */
+    if constexpr (R == 1) {
+        if (ctx->gemv_preload == 2 && kps > 256 * UNROLL && kps <= 2 * 256 * UNROLL) {
+            ds_launch(ctx, gemv_kernel<R, ROWS, UNROLL, OutT, true>, grid, GEMV_WARPS * 32, 0, W, N, K,
+                      x, ldx, out, ldo, kps, ctx->d_splitk_ws, ctx->d_splitk_cnt, pf, 1);
+            return;
+        }
+    }
+    ds_launch(ctx, gemv_kernel<R, ROWS, UNROLL, OutT>, grid, GEMV_WARPS * 32, 0, W, N, K, x, ldx, out,
+              ldo, kps, ctx->d_splitk_ws, ctx->d_splitk_cnt, pf, ctx->gemv_preload);
 }
 
 template <int ROWS, int UNROLL, typename OutT>

@@ -5,8 +5,8 @@
  * expert's weights and multiplies on CUDA cores. A 512-token prefill chunk gives each of the 256 experts
  * of Qwen3.5-35B-A3B ~16 assignments, so every expert's weights were streamed 4 times from L2
  * and every FMA ran on the FP32 pipes: 194 of the chunk's 255 ms were the two expert launches.
- * Here a block computes a 64-assignment × 128-column tile of one expert with mma (WMMA
- * 16×16×16), reading each weight tile once per 64 assignments.
+ * Here a block computes a 64-assignment × BN-column tile of one expert with mma (WMMA
+ * 16×16×16; BN 128 by default, see below), reading each weight tile once per 64 assignments.
  *
  * Tiles. The assignments are grouped by expert on the device (sc.sorted, sc.off, sc.act); the
  * host does not know the counts, so the grid's x extent is the bound on the number of M tiles
@@ -257,7 +257,7 @@ template <int WN, int ST, int BK, int BN> static void gemm_init(ds_cuda_ctx *ctx
     DS_CU(ctx, cudaFuncSetAttribute(moe_group_gemm_kernel<false, WN, ST, BK, BN>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
-/* Every instantiation ds_cuda_moe_gemm can pick (gemm_shape below). */
+/* Every instantiation ds_cuda_moe_gemm can pick (pass below). */
 extern "C" void ds_cuda_moe_gemm_init(ds_cuda_ctx *ctx) {
     gemm_init<4, 2, 32, 128>(ctx);
     gemm_init<2, 2, 32, 128>(ctx);
@@ -286,12 +286,15 @@ static void launch_pass(ds_cuda_ctx *ctx, const ds_moe_gemm_args *a) {
 }
 
 /* The instantiation for the knobs (ctx->moe_gemm_wn / _stages / _bk / _bn) and this pass's K:
- * a BK that does not divide K falls back to 32 (ds_cuda_moe_gemm_fits holds K % 32 == 0). */
+ * a BK that does not divide K falls back to 32 (ds_cuda_moe_gemm_fits holds K % 32 == 0).
+ * Instantiated combinations (the knob table in the README says the same): BN 128 with BK 32
+ * (WN 2 at 2-4 stages, or WN 4 at 2), BK 64 (WN 2, 2 or 3 stages), BK 128 (WN 2, 2 stages);
+ * BN 256 with BK 32 or 64 (WN 4, 2 stages; BK 128 takes 64). Knobs outside them are not used. */
 template <bool GATE_UP> static void pass(ds_cuda_ctx *ctx, const ds_moe_gemm_args *a) {
     const int K = GATE_UP ? a->H : a->I;
     const int bk = K % ctx->moe_gemm_bk == 0 ? ctx->moe_gemm_bk : 32;
     if (ctx->moe_gemm_bn == 256) {
-        if (bk == 64) launch_pass<GATE_UP, 4, 2, 64, 256>(ctx, a);
+        if (bk >= 64) launch_pass<GATE_UP, 4, 2, 64, 256>(ctx, a); /* K % 128 == 0 → K % 64 == 0 */
         else launch_pass<GATE_UP, 4, 2, 32, 256>(ctx, a);
     } else if (bk == 128) {
         launch_pass<GATE_UP, 2, 2, 128, 128>(ctx, a);
