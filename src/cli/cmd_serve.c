@@ -35,6 +35,10 @@
 #include "runtime/engine.h"
 #include "server/server.h"
 
+#ifndef DS_GIT_COMMIT
+#define DS_GIT_COMMIT "unknown"
+#endif
+
 /* --num-speculative-tokens bound (the engine takes up to DS_SPEC_MAX_K; beyond 4 the MTP's
  * acceptance makes longer drafts a loss) */
 #define SERVE_MAX_SPEC 4
@@ -471,6 +475,7 @@ int ds_cmd_serve(int argc, char **argv_in) {
         .info_json = info,
         .defaults = defaults,
         .chat = chat,
+        .version = DS_GIT_COMMIT, /* CMakeLists.txt: git describe of the source tree */
     };
     for (int i = 0; i < a.n_names; i++) so.served_names[i] = a.names[i];
     if (ds_server_start(eng, tok, &so, &srv, &err) != DS_OK) goto fail;

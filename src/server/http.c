@@ -85,7 +85,10 @@ static ds_route route_of(const char *url) {
     if (!strcmp(url, "/v1/completions")) return DS_ROUTE_COMPLETIONS;
     if (!strcmp(url, "/v1/chat/completions")) return DS_ROUTE_CHAT;
     if (!strcmp(url, "/v1/models")) return DS_ROUTE_MODELS;
-    if (!strcmp(url, "/health")) return DS_ROUTE_HEALTH;
+    if (!strncmp(url, "/v1/models/", 11) && url[11]) return DS_ROUTE_MODEL;
+    /* /ping: vLLM's (and SageMaker's) liveness path, the same as /health */
+    if (!strcmp(url, "/health") || !strcmp(url, "/ping")) return DS_ROUTE_HEALTH;
+    if (!strcmp(url, "/version")) return DS_ROUTE_VERSION;
     if (!strcmp(url, "/metrics")) return DS_ROUTE_METRICS;
     if (!strcmp(url, "/tokenize")) return DS_ROUTE_TOKENIZE;
     if (!strcmp(url, "/detokenize")) return DS_ROUTE_DETOKENIZE;
@@ -109,29 +112,52 @@ static bool authorized(const ds_server *s, struct MHD_Connection *c) {
     return diff == 0;
 }
 
+/* The model object of served name i (the /v1/models list entry, and /v1/models/{id}). */
+static cJSON *model_object(const ds_server *s, int i) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", s->o.served_names[i]);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)(long long)time(NULL));
+    cJSON_AddStringToObject(m, "owned_by", "deltaserve");
+    cJSON_AddStringToObject(m, "root", s->model_root ? s->model_root : s->o.served_names[0]);
+    cJSON_AddNullToObject(m, "parent");
+    cJSON_AddNumberToObject(m, "max_model_len", s->o.max_model_len);
+    cJSON *info = s->info_json ? cJSON_Parse(s->info_json) : NULL;
+    if (!info) info = cJSON_CreateObject();
+    cJSON_AddNumberToObject(info, "vocab_size", s->o.vocab);
+    cJSON_AddItemToObject(m, "deltaserve", info);
+    return m;
+}
+
+static enum MHD_Result respond_json(ds_server *s, struct MHD_Connection *c, cJSON *root) {
+    char *body = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return ds_http_respond(s, c, 200, "application/json", body, body ? strlen(body) : 0, NULL);
+}
+
 static enum MHD_Result handle_models(ds_server *s, struct MHD_Connection *c) {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "object", "list");
     cJSON *data = cJSON_AddArrayToObject(root, "data");
-    long long created = (long long)time(NULL);
-    for (int i = 0; i < s->o.n_served_names; i++) {
-        cJSON *m = cJSON_CreateObject();
-        cJSON_AddStringToObject(m, "id", s->o.served_names[i]);
-        cJSON_AddStringToObject(m, "object", "model");
-        cJSON_AddNumberToObject(m, "created", (double)created);
-        cJSON_AddStringToObject(m, "owned_by", "deltaserve");
-        cJSON_AddStringToObject(m, "root", s->model_root ? s->model_root : s->o.served_names[0]);
-        cJSON_AddNullToObject(m, "parent");
-        cJSON_AddNumberToObject(m, "max_model_len", s->o.max_model_len);
-        cJSON *info = s->info_json ? cJSON_Parse(s->info_json) : NULL;
-        if (!info) info = cJSON_CreateObject();
-        cJSON_AddNumberToObject(info, "vocab_size", s->o.vocab);
-        cJSON_AddItemToObject(m, "deltaserve", info);
-        cJSON_AddItemToArray(data, m);
-    }
-    char *body = cJSON_PrintUnformatted(root);
-    cJSON_Delete(root);
-    return ds_http_respond(s, c, 200, "application/json", body, body ? strlen(body) : 0, NULL);
+    for (int i = 0; i < s->o.n_served_names; i++) cJSON_AddItemToArray(data, model_object(s, i));
+    return respond_json(s, c, root);
+}
+
+/* GET /v1/models/{id}: the served name's object, else 404 model_not_found. The id is the rest
+ * of the path as libmicrohttpd decoded it (a name with '/' in it, "org/model", included). */
+static enum MHD_Result handle_model(ds_server *s, struct MHD_Connection *c, const char *url) {
+    const char *id = url + strlen("/v1/models/");
+    for (int i = 0; i < s->o.n_served_names; i++)
+        if (!strcmp(id, s->o.served_names[i])) return respond_json(s, c, model_object(s, i));
+    char msg[320];
+    snprintf(msg, sizeof msg, "the model '%.200s' does not exist", id);
+    return simple_error(s, c, 404, "model_not_found", msg);
+}
+
+static enum MHD_Result handle_version(ds_server *s, struct MHD_Connection *c) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "version", s->o.version ? s->o.version : "unknown");
+    return respond_json(s, c, root);
 }
 
 static enum MHD_Result handle_metrics(ds_server *s, struct MHD_Connection *c) {
@@ -211,6 +237,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return ds_http_respond(s, c, 200, NULL, NULL, 0, NULL);
     case DS_ROUTE_MODELS:
         return handle_models(s, c);
+    case DS_ROUTE_MODEL:
+        return handle_model(s, c, url);
+    case DS_ROUTE_VERSION:
+        return handle_version(s, c);
     case DS_ROUTE_METRICS:
         return handle_metrics(s, c);
     case DS_ROUTE_COMPLETIONS:

@@ -36,6 +36,7 @@ typedef struct ds_server_opts {
     const ds_chat_formatter *chat;  /* NULL = the built-in Qwen3.5 formatter */
     const char *info_json;          /* optional JSON object merged into /v1/models as "deltaserve" */
     ds_oai_defaults defaults;       /* sampling defaults (generation_config.json), may be empty */
+    const char *version;            /* GET /version's "version" (borrowed); NULL = "unknown" */
 } ds_server_opts;
 
 typedef struct ds_server ds_server;

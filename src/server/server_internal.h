@@ -38,6 +38,8 @@ typedef enum ds_route {
     DS_ROUTE_METRICS,
     DS_ROUTE_TOKENIZE,
     DS_ROUTE_DETOKENIZE,
+    DS_ROUTE_MODEL,   /* GET /v1/models/{id}: OpenAI's models.retrieve */
+    DS_ROUTE_VERSION, /* GET /version (vLLM) */
 } ds_route;
 
 /* Per connection-request state (MHD's con_cls). */

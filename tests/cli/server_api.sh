@@ -324,6 +324,15 @@ expect_error 404 model model_not_found $H '{"model":"nope","messages":[{"role":"
 check "GET on a POST route → 405" [ "$(curl -s -o /dev/null -w '%{http_code}' "$U/v1/completions")" = 405 ]
 check "DELETE on a GET route → 405" [ "$(curl -s -X DELETE -o /dev/null -w "%{http_code}" "$U/v1/models")" = 405 ]
 check "unknown path → 404" [ "$(curl -s -o /dev/null -w '%{http_code}' "$U/v2/nothing")" = 404 ]
+# OpenAI's models.retrieve, vLLM's /version and /ping
+curl -s -o "$tmp/out" -w '%{http_code}' "$U/v1/models/tiny" >"$tmp/code"
+check "/v1/models/tiny → 200 and its object" [ "$(cat "$tmp/code") $(js 'd.id+" "+d.object+" "+d.max_model_len' <"$tmp/out")" = "200 tiny model 256" ]
+curl -s -o "$tmp/out" -w '%{http_code}' "$U/v1/models/gpt-9" >"$tmp/code"
+check "/v1/models/gpt-9 → 404 model_not_found" [ "$(cat "$tmp/code") $(js 'd.error.code' <"$tmp/out")" = "404 model_not_found" ]
+curl -s -o "$tmp/out" -w '%{http_code}' "$U/version" >"$tmp/code"
+check "/version → 200 with a version string" [ "$(cat "$tmp/code") $(js 'typeof d.version' <"$tmp/out")" = "200 string" ]
+check "/ping → 200" [ "$(curl -s -o /dev/null -w '%{http_code}' "$U/ping")" = 200 ]
+check "POST /version → 405" [ "$(curl -s -o /dev/null -w '%{http_code}' -X POST "$U/version")" = 405 ]
 check "server still healthy after bad input" [ "$(curl -s -o /dev/null -w '%{http_code}' "$U/health")" = 200 ]
 curl -s "$U/metrics" >"$tmp/metrics2"
 check "nothing left running or holding caches" grep -q '^deltaserve:kv_cache_blocks_used{model_name="tiny"} 0$' "$tmp/metrics2"
@@ -414,6 +423,7 @@ expect_error 401 null invalid_api_key /v1/completions '{"prompt":"x","max_tokens
 expect_error 401 null invalid_api_key /v1/completions '{"prompt":"x","max_tokens":2}' -H 'Authorization: Bearer wrong'
 expect_error 401 null invalid_api_key /v1/completions '{"prompt":"x","max_tokens":2}' -H 'Authorization: s3cret'
 check "401 on /v1/models without key" [ "$(curl -s -o /dev/null -w '%{http_code}' "$U/v1/models")" = 401 ]
+check "401 on /v1/models/{id} without key" [ "$(curl -s -o /dev/null -w '%{http_code}' "$U/v1/models/tiny")" = 401 ]
 post /v1/completions '{"prompt":"x","max_tokens":2}' -H 'Authorization: Bearer s3cret'
 check "right key → 200" [ "$CODE" = 200 ]
 check "/health needs no key" [ "$(curl -s -o /dev/null -w '%{http_code}' "$U/health")" = 200 ]

@@ -89,6 +89,14 @@ test('serve through the OpenAI client', async (t) => {
     assert.equal(page.data[0].max_model_len, 512);
   });
 
+  await t.test('models.retrieve', async () => {
+    const m = await client.models.retrieve('tiny');
+    assert.equal(m.id, 'tiny');
+    assert.equal(m.object, 'model');
+    await assert.rejects(client.models.retrieve('gpt-9'),
+      (e) => e.status === 404 && e.code === 'model_not_found');
+  });
+
   await t.test('greedy completion = deltaserve generate', async () => {
     const r = await client.completions.create({ model: 'tiny', prompt: PROMPT, max_tokens: 20,
       temperature: 0, return_token_ids: true });
