@@ -104,6 +104,16 @@ static const bad_case BAD[] = {
     {C, "{\"prompt\": \"x\", \"n\": 17}", "n"},
     {C, "{\"prompt\": \"x\", \"n\": 0}", "n"},
     {C, "{\"prompt\": \"x\", \"best_of\": 3}", "best_of"},
+    /* vLLM extensions that would change the output if honoured: refused, not ignored */
+    {H, "{" MSG ", \"guided_json\": {\"type\": \"object\"}}", "guided_json"},
+    {C, "{\"prompt\": \"x\", \"guided_choice\": [\"a\", \"b\"]}", "guided_choice"},
+    {C, "{\"prompt\": \"x\", \"guided_regex\": \"[0-9]+\"}", "guided_regex"},
+    {H, "{" MSG ", \"structured_outputs\": {\"json\": {}}}", "structured_outputs"},
+    {C, "{\"prompt\": \"x\", \"allowed_token_ids\": [1, 2]}", "allowed_token_ids"},
+    {C, "{\"prompt\": \"x\", \"bad_words\": [\"no\"]}", "bad_words"},
+    {C, "{\"prompt\": \"x\", \"prompt_logprobs\": 1}", "prompt_logprobs"},
+    {C, "{\"prompt\": \"x\", \"truncate_prompt_tokens\": 8}", "truncate_prompt_tokens"},
+    {C, "{\"prompt\": \"x\", \"use_beam_search\": true}", "use_beam_search"},
     {C, "{\"prompt\": \"x\", \"suffix\": \"y\"}", "suffix"},
     {C, "{\"prompt\": \"x\", \"echo\": true, \"logprobs\": 1}", "echo"},
     {C, "{\"prompt\": \"x\", \"stream_options\": {\"include_usage\": true}}", "stream_options"},
@@ -153,7 +163,8 @@ static void test_defaults_and_mapping(void **state) {
         "\"repetition_penalty\": 1.2, \"seed\": 42, \"stop\": \"END\", \"stop_token_ids\": [3, 4],"
         " \"min_tokens\": 2, \"ignore_eos\": true, \"logprobs\": 3, \"stream\": true, "
         "\"stream_options\": {\"include_usage\": true}, \"n\": 1, \"user\": \"u\", "
-        "\"unknown_field\": {\"x\": 1}, \"top_logprobs\": null}";
+        "\"unknown_field\": {\"x\": 1}, \"top_logprobs\": null, \"guided_json\": null, "
+        "\"use_beam_search\": false, \"priority\": 0}";
     assert_true(ds_oai_parse(C, b, strlen(b), &r, &e));
     assert_int_equal(r.n_prompt_ids, 3);
     assert_int_equal(r.prompt_ids[2], 7);

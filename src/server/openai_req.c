@@ -431,8 +431,29 @@ static bool parse_logit_bias(const cJSON *root, ds_oai_request *r, ds_oai_error 
     return true;
 }
 
+/* vLLM request fields that change what is generated — constrained decoding (guided_*,
+ * structured_outputs), vocabulary limits (allowed_token_ids, bad_words), prompt logprobs,
+ * prompt truncation, beam search — which deltaserve does not implement. Unknown fields are
+ * ignored (as OpenAI and vLLM do), but ignoring one of these would answer an unconstrained
+ * output as if it were constrained: refused by name instead. null counts as absent. */
+static bool refuse_vllm_extensions(const cJSON *root, ds_oai_error *e) {
+    static const char *const REFUSED[] = {"guided_json",      "guided_regex",       "guided_choice",
+                                          "guided_grammar",   "structured_outputs", "allowed_token_ids",
+                                          "bad_words",        "prompt_logprobs",    "truncate_prompt_tokens",
+                                          "logits_processors"};
+    for (size_t i = 0; i < sizeof REFUSED / sizeof REFUSED[0]; i++)
+        if (field(root, REFUSED[i]))
+            return bad(e, REFUSED[i], "%s (a vLLM extension) is not supported by this server",
+                       REFUSED[i]);
+    const cJSON *beam = field(root, "use_beam_search");
+    if (beam && !cJSON_IsFalse(beam))
+        return bad(e, "use_beam_search", "use_beam_search is not supported by this server");
+    return true;
+}
+
 static bool parse_sampling(const cJSON *root, ds_oai_request *r, ds_oai_error *e) {
     ds_sampling_params *sp = &r->sp;
+    if (!refuse_vllm_extensions(root, e)) return false;
     if (!get_float(root, "temperature", &sp->temperature, e) ||
         !get_float(root, "top_p", &sp->top_p, e) || !get_float(root, "min_p", &sp->min_p, e) ||
         !get_float(root, "presence_penalty", &sp->presence_penalty, e) ||
