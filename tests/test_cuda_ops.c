@@ -1181,6 +1181,27 @@ static void moe_sublayer_vs_pair(tmodel *m, int l, int T, int seqs, int small_ch
 static void poison_moe_scratch(ds_cuda_ctx *c) {
     assert_int_equal(cudaMemsetAsync(c->d_moe_scratch, 0xff, c->moe_scratch_bytes, c->stream), cudaSuccess);
 }
+
+/* The MoE block of layer l on xg [T, H] with the context's current knobs, from a poisoned
+ * scratch into a poisoned output; the output on the host (caller frees). */
+static float *moe_run_poisoned(tmodel *m, int l, const ds_tensor *xg, int T) {
+    const size_t n = (size_t)T * m->cfg.hidden;
+    void *o = act_poisoned(g_cuda, DS_DTYPE_BF16, n);
+    ds_tensor to = view2(o, DS_DTYPE_BF16, T, m->cfg.hidden);
+    poison_moe_scratch((ds_cuda_ctx *)g_cuda->impl);
+    g_cuda->ops->moe(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &to);
+    float *h = act_download(g_cuda, o, DS_DTYPE_BF16, n);
+    g_cuda->ops->free(g_cuda, o);
+    return h;
+}
+
+/* b equals a bit for bit (n values); prints the count either way. */
+static void assert_bitwise(const float *a, const float *b, size_t n, const char *what, int l, int T) {
+    size_t diff = 0;
+    for (size_t i = 0; i < n; i++) diff += memcmp(&a[i], &b[i], 4) != 0;
+    printf("  %s vs the defaults, layer %d T=%d: %zu of %zu values differ\n", what, l, T, diff, n);
+    assert_int_equal(diff, 0);
+}
 #endif
 
 /* The decode MoE's launch variants against the defaults, all on CUDA, bit for bit: the down
@@ -1227,8 +1248,6 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
         {"routing in the gate_up launch up to 8 tokens, from shared memory", 1, 2, 4, 0, 0, 1, 1, 1, 8},
     };
     const size_t n = (size_t)T * H;
-    void *o1 = act_poisoned(g_cuda, DS_DTYPE_BF16, n), *o2 = act_poisoned(g_cuda, DS_DTYPE_BF16, n);
-    ds_tensor to1 = view2(o1, DS_DTYPE_BF16, T, H), to2 = view2(o2, DS_DTYPE_BF16, T, H);
     c->opt.moe_route_fused = 1;
     c->moe_gu_rows = 2;
     c->moe_down_rows = 4;
@@ -1238,9 +1257,7 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
     c->route_redux = 1;
     c->moe_down_tiles = 1;
     c->route_fused_max_t = 1;
-    poison_moe_scratch(c);
-    g_cuda->ops->moe(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &to1);
-    float *a = act_download(g_cuda, o1, DS_DTYPE_BF16, n);
+    float *a = moe_run_poisoned(m, l, xg, T);
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         c->opt.moe_route_fused = variants[v].route_fused;
         c->moe_gu_rows = variants[v].gu_rows;
@@ -1251,14 +1268,10 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
         c->route_redux = variants[v].route_redux;
         c->moe_down_tiles = variants[v].tiles;
         c->route_fused_max_t = variants[v].fused_t;
-        poison_moe_scratch(c);
-        g_cuda->ops->moe(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &to2);
-        float *b = act_download(g_cuda, o2, DS_DTYPE_BF16, n);
-        size_t diff = 0;
-        for (size_t i = 0; i < n; i++) diff += memcmp(&a[i], &b[i], 4) != 0;
-        printf("  moe %s vs the defaults, layer %d T=%d: %zu of %zu values differ\n",
-               variants[v].name, l, T, diff, n);
-        assert_int_equal(diff, 0);
+        float *b = moe_run_poisoned(m, l, xg, T);
+        char what[160];
+        snprintf(what, sizeof what, "moe %s", variants[v].name);
+        assert_bitwise(a, b, n, what, l, T);
         free(b);
     }
     c->opt.moe_route_fused = saved[0];
@@ -1271,8 +1284,6 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
     c->moe_down_tiles = saved[7];
     c->route_fused_max_t = saved[8];
     free(a);
-    g_cuda->ops->free(g_cuda, o1);
-    g_cuda->ops->free(g_cuda, o2);
 #endif
 }
 
@@ -1306,8 +1317,6 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
         {"down 2 column tiles a block, BN 256", 2, 2, 32, 256, 2},
     };
     const size_t n = (size_t)T * H;
-    void *o1 = act_poisoned(g_cuda, DS_DTYPE_BF16, n), *o2 = act_poisoned(g_cuda, DS_DTYPE_BF16, n);
-    ds_tensor to1 = view2(o1, DS_DTYPE_BF16, T, H), to2 = view2(o2, DS_DTYPE_BF16, T, H);
     c->moe_gemm_wn = 2;
     c->moe_gemm_stages = 2;
     c->moe_gemm_bk = 32;
@@ -1315,23 +1324,17 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
     c->moe_gemm_down_tiles = 1;
     /* the steps compared must take the grouped GEMM, not the expert GEMV it falls back to */
     assert_true(T > DS_CUDA_GEMV_MAX_ROWS && c->opt.moe_gemm && ds_cuda_moe_gemm_fits(H, m->cfg.moe_inter));
-    poison_moe_scratch(c);
-    g_cuda->ops->moe(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &to1);
-    float *a = act_download(g_cuda, o1, DS_DTYPE_BF16, n);
+    float *a = moe_run_poisoned(m, l, xg, T);
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         c->moe_gemm_wn = variants[v].wn;
         c->moe_gemm_stages = variants[v].stages;
         c->moe_gemm_bk = variants[v].bk;
         c->moe_gemm_bn = variants[v].bn;
         c->moe_gemm_down_tiles = variants[v].down_tiles;
-        poison_moe_scratch(c);
-        g_cuda->ops->moe(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &to2);
-        float *b = act_download(g_cuda, o2, DS_DTYPE_BF16, n);
-        size_t diff = 0;
-        for (size_t i = 0; i < n; i++) diff += memcmp(&a[i], &b[i], 4) != 0;
-        printf("  moe grouped GEMM %s vs the defaults, layer %d T=%d: %zu of %zu values differ\n",
-               variants[v].name, l, T, diff, n);
-        assert_int_equal(diff, 0);
+        float *b = moe_run_poisoned(m, l, xg, T);
+        char what[160];
+        snprintf(what, sizeof what, "moe grouped GEMM %s", variants[v].name);
+        assert_bitwise(a, b, n, what, l, T);
         free(b);
     }
     c->moe_gemm_wn = saved[0];
@@ -1340,8 +1343,6 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
     c->moe_gemm_bn = saved[3];
     c->moe_gemm_down_tiles = saved[4];
     free(a);
-    g_cuda->ops->free(g_cuda, o1);
-    g_cuda->ops->free(g_cuda, o2);
 #endif
 }
 
