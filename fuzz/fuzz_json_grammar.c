@@ -15,15 +15,10 @@
 #include <cjson/cJSON.h>
 
 #include "core/status.h"
+#include "fuzz_json_util.h"
 #include "sampling/json_grammar.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-static bool has_surrogate_escape(const uint8_t *d, size_t n) {
-    for (size_t i = 0; i + 2 < n; i++)
-        if (d[i] == '\\' && d[i + 1] == 'u' && (d[i + 2] == 'd' || d[i + 2] == 'D')) return true;
-    return false;
-}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ds_json_state s;

@@ -142,6 +142,32 @@ static void test_bad_requests(void **state) {
     }
 }
 
+/* Proves: response_format json_schema compiles its schema at parse time (JSON mode on, the
+ * schema kept), and a schema outside the subset is a 400 on response_format whose message
+ * names the keyword and where it is. */
+static void test_json_schema_format(void **state) {
+    (void)state;
+    ds_oai_request r;
+    ds_oai_error e;
+    const char *ok = "{" MSG ", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": "
+                     "{\"name\": \"p\", \"strict\": true, \"schema\": {\"type\": \"object\", "
+                     "\"properties\": {\"a\": {\"type\": \"integer\"}}, \"required\": [\"a\"]}}}}";
+    assert_true(ds_oai_parse(H, ok, strlen(ok), &r, &e));
+    assert_true(r.json_object);
+    assert_non_null(r.json_schema);
+    ds_oai_request_free(&r);
+    const char *bad = "{" MSG ", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": "
+                      "{\"schema\": {\"type\": \"object\", \"properties\": {\"a\": {\"type\": "
+                      "\"string\", \"maxLength\": 3}}}}}}";
+    memset(&e, 0, sizeof e);
+    assert_false(ds_oai_parse(H, bad, strlen(bad), &r, &e));
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, "response_format");
+    if (!strstr(e.message, "keyword 'maxLength' is not supported (at #/properties/a)"))
+        fail_msg("message: %s", e.message);
+    ds_oai_request_free(&r);
+}
+
 static void test_defaults_and_mapping(void **state) {
     (void)state;
     ds_oai_request r;
@@ -463,6 +489,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_requests),
         cmocka_unit_test(test_defaults_and_mapping),
+        cmocka_unit_test(test_json_schema_format),
         cmocka_unit_test(test_seed_range),
         cmocka_unit_test(test_logit_bias),
         cmocka_unit_test(test_prompt_batch),

@@ -38,6 +38,8 @@ void ds_json_init(ds_json_state *s) { *s = (ds_json_state){.lex = L_START}; }
 
 bool ds_json_done(const ds_json_state *s) { return s->lex == L_DONE; }
 
+bool ds_json_in_string(const ds_json_state *s) { return s->lex == L_STR; }
+
 static bool is_ws(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
 /* One whitespace byte between tokens: a run is " ", or "\n" then ≤ DS_JSON_MAX_INDENT of

@@ -51,6 +51,10 @@ bool ds_json_feed_bytes(ds_json_state *s, const uint8_t *b, size_t n);
 /* The top-level object is closed: only the end may follow. */
 bool ds_json_done(const ds_json_state *s);
 
+/* Inside a string's body (not in an escape): every "plain" byte (ds_json_vocab.plain) may
+ * come. */
+bool ds_json_in_string(const ds_json_state *s);
+
 /* The vocabulary's byte strings (borrowed from the tokenizer, which must outlive it). */
 typedef struct ds_json_vocab {
     int n;                  /* ids [0, n) */

@@ -6,6 +6,8 @@
 
 #include <utf8proc.h>
 
+#include "sampling/json_schema.h"
+
 void ds_sampling_params_init(ds_sampling_params *p) {
     memset(p, 0, sizeof *p);
     p->temperature = 1.0f;
@@ -104,6 +106,7 @@ ds_status ds_sampling_params_validate(const ds_sampling_params *p, int vocab, ds
                        DS_SAMPLING_MAX_STOP_LEN);
         if (!utf8_valid(s, n)) return BAD("stop[%d] is not valid UTF-8", i);
     }
+    if (p->json_schema && !p->json) return BAD("response_format: a JSON schema needs JSON mode's vocabulary");
     if (p->json && (p->ignore_eos || p->min_tokens > 0))
         return BAD("response_format: JSON mode ends when the object closes; it cannot be combined "
                    "with %s", p->ignore_eos ? "ignore_eos" : "min_tokens");
@@ -118,6 +121,7 @@ ds_status ds_sampling_params_clone(ds_sampling_params *dst, const ds_sampling_pa
     dst->stop = NULL;
     dst->logit_bias = NULL;
     dst->owns_arrays = true;
+    ds_json_schema_ref(dst->json_schema); /* shared, dropped by _free */
     int n_ids = src->n_stop_token_ids > 0 ? src->n_stop_token_ids : 0;
     int n_stop = src->n_stop > 0 ? src->n_stop : 0;
     int n_bias = src->n_logit_bias > 0 ? src->n_logit_bias : 0;
@@ -156,6 +160,8 @@ nomem:
 
 void ds_sampling_params_free(ds_sampling_params *p) {
     if (!p->owns_arrays) return;
+    ds_json_schema_unref(p->json_schema);
+    p->json_schema = NULL;
     free((void *)p->stop_token_ids);
     free((void *)p->logit_bias);
     if (p->stop) {

@@ -56,6 +56,10 @@ typedef struct ds_sampling_params {
                                  of a reasoning block the prompt opened, "</think>"); false:
                                  from the first token */
     int json_start_after;
+    /* Structured outputs (response_format json_schema; json_schema.h): with json set, the
+     * object must also match this compiled schema. Reference-counted: a clone takes a
+     * reference, _free drops it. NULL = any object (JSON mode). */
+    struct ds_json_schema *json_schema;
 
     bool owns_arrays;         /* set by ds_sampling_params_clone; read by _free */
 } ds_sampling_params;

@@ -53,6 +53,7 @@ ds_status ds_sampler_init(ds_sampler *s, const ds_sampling_params *p, int vocab,
     }
     if (p->json) {
         ds_json_init(&s->json_state);
+        if (s->params.json_schema) ds_js_init(&s->js_state, s->params.json_schema);
         s->json_on = !p->json_deferred;
         s->end_ids = malloc(((size_t)n_eos + (size_t)p->n_stop_token_ids + 1) * sizeof(int));
         if (!s->end_ids) return ds_error_set(err, DS_ERR_NOMEM, "out of memory (JSON mode)");
@@ -97,9 +98,12 @@ static bool is_end_id(const ds_sampler *s, int token) {
 ds_status ds_sampler_accept(ds_sampler *s, int token, ds_error *err) {
     DS_ASSERT(token >= 0 && token < s->vocab);
     if (s->json_on && !is_end_id(s, token) &&
-        !ds_json_feed_token(&s->json_state, s->params.json, token))
+        !(s->params.json_schema
+              ? ds_js_feed_token(&s->js_state, s->params.json_schema, s->params.json, token)
+              : ds_json_feed_token(&s->json_state, s->params.json, token)))
         return ds_error_set(err, DS_ERR_INVALID_ARG,
-                            "JSON mode: token %d cannot continue the JSON object", token);
+                            "JSON mode: token %d cannot continue the JSON object%s", token,
+                            s->params.json_schema ? " of the schema" : "");
     if (s->params.json && !s->json_on && token == s->params.json_start_after) s->json_on = true;
     s->n_accepted++;
     if (!s->penalties) return DS_OK;
@@ -224,7 +228,10 @@ static ds_status process(ds_sampler *s, float *logits, int n_generated, int *gre
     ds_sampler_apply_logit_bias(s, logits);
     ds_sampler_apply_penalties(s, logits);
     ds_sampler_apply_min_tokens(s, logits, n_generated);
-    if (s->json_on)
+    if (s->json_on && s->params.json_schema)
+        ds_js_mask(&s->js_state, s->params.json_schema, s->params.json, s->end_ids, s->n_end,
+                   logits, n);
+    else if (s->json_on)
         ds_json_mask(&s->json_state, s->params.json, s->end_ids, s->n_end, logits, n);
     int n_live;
     const float m = sanitize_max(logits, n, &n_live);

@@ -33,6 +33,7 @@
 
 #include "core/status.h"
 #include "sampling/json_grammar.h"
+#include "sampling/json_schema.h"
 #include "sampling/params.h"
 #include "sampling/rng.h"
 #include "sampling/stop.h"
@@ -79,6 +80,7 @@ typedef struct ds_sampler {
     /* JSON mode (params.json): the grammar's state after the accepted tokens, and the ids
      * that end the output (EOS, stop ids), allowed once the object is closed */
     ds_json_state json_state;
+    ds_js_state js_state;      /* with params.json_schema: the schema's automaton instead */
     bool json_on;              /* the grammar applies (from the start, or since the
                                   params.json_start_after token) */
     int *end_ids;              /* [n_end] */

@@ -208,6 +208,7 @@ static bool submit(ds_job *j, double t_arrival, ds_oai_error *e) {
         const int32_t end_think = ds_tokenizer_token_to_id(s->tok, "</think>");
         d.params.json_deferred = reasoning_open && end_think >= 0;
         d.params.json_start_after = end_think;
+        d.params.json_schema = rq->json_schema; /* NULL: any object; the engine takes a reference */
     }
     ds_request *req = NULL;
     ds_error err = {0};

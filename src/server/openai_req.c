@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sampling/json_schema.h"
+
 #define INVALID "invalid_request_error"
 
 void ds_oai_error_set(ds_oai_error *e, int status, const char *type, const char *code,
@@ -451,6 +453,23 @@ static bool refuse_vllm_extensions(const cJSON *root, ds_oai_error *e) {
     return true;
 }
 
+/* response_format {"type": "json_schema", "json_schema": {"name", "schema", "strict", ...}}:
+ * the schema compiled here, so an unsupported one is a 400 naming what (json_schema.h). The
+ * output is then JSON mode's object, constrained by the schema. */
+static bool parse_json_schema(const cJSON *rf, ds_oai_request *r, ds_oai_error *e) {
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+    const cJSON *schema = cJSON_IsObject(js) ? cJSON_GetObjectItemCaseSensitive(js, "schema") : NULL;
+    if (!cJSON_IsObject(schema))
+        return bad(e, "response_format", "response_format: type \"json_schema\" needs "
+                                         "\"json_schema\": {\"schema\": {...}}");
+    char why[320];
+    r->json_schema = ds_json_schema_compile(schema, why, sizeof why);
+    if (!r->json_schema)
+        return bad(e, "response_format", "response_format.json_schema.schema: %s", why);
+    r->json_object = true;
+    return true;
+}
+
 static bool parse_sampling(const cJSON *root, ds_oai_request *r, ds_oai_error *e) {
     ds_sampling_params *sp = &r->sp;
     if (!refuse_vllm_extensions(root, e)) return false;
@@ -474,11 +493,14 @@ static bool parse_sampling(const cJSON *root, ds_oai_request *r, ds_oai_error *e
         if (!cJSON_IsObject(rf) || !cJSON_IsString(t))
             return bad(e, "response_format", "response_format must be an object with a string "
                                              "\"type\"");
-        if (!strcmp(t->valuestring, "json_object")) r->json_object = true;
-        else if (strcmp(t->valuestring, "text") != 0)
+        if (!strcmp(t->valuestring, "json_object")) {
+            r->json_object = true;
+        } else if (!strcmp(t->valuestring, "json_schema")) {
+            if (!parse_json_schema(rf, r, e)) return false;
+        } else if (strcmp(t->valuestring, "text") != 0) {
             return bad(e, "response_format", "response_format: type '%.40s' is not supported "
-                       "(\"text\" or \"json_object\"; JSON schemas are not enforced yet)",
-                       t->valuestring);
+                       "(\"text\", \"json_object\" or \"json_schema\")", t->valuestring);
+        }
     }
 
     /* max_tokens / max_completion_tokens (chat's newer name wins when both are given) */
@@ -672,5 +694,6 @@ void ds_oai_request_free(ds_oai_request *r) {
     free(r->logit_bias);
     cJSON_Delete(r->prompt_tools);
     cJSON_Delete(r->root);
+    ds_json_schema_unref(r->json_schema);
     memset(r, 0, sizeof *r);
 }

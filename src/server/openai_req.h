@@ -71,7 +71,9 @@ typedef struct ds_oai_request {
     bool skip_special_tokens;     /* vLLM extension, default true */
     bool return_token_ids;        /* vLLM extension: token_ids / prompt_token_ids in the output */
     bool json_object;             /* response_format {"type": "json_object"} (JSON mode: the
-                                     server sets sp.json) */
+                                     server sets sp.json), also set for a schema */
+    struct ds_json_schema *json_schema; /* response_format {"type": "json_schema"}: compiled
+                                     (sampling/json_schema.h), owned (one reference) */
     ds_sampling_params sp;        /* its stop / id / bias arrays point into the fields below */
     const char *stops[DS_SAMPLING_MAX_STOP];
     int *stop_ids;                /* owned */

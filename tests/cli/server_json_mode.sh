@@ -3,9 +3,9 @@
 # with the demo model, which knows nothing of JSON: whatever it wants to say, the content is one
 # JSON object, or a prefix of one when max_tokens cuts it; logit_bias towards "{" and "}" gives
 # "{}" and finish "stop"; streamed content equals the non-streamed content; with thinking
-# enabled by the prompt the object comes after the reasoning; json_schema, ignore_eos and
-# min_tokens are refused with 400 naming the field; with MTP speculation the outputs are
-# objects (or prefixes) too.
+# enabled by the prompt the object comes after the reasoning; a json_schema (structured outputs)
+# answer matches its schema; unsupported schemas, ignore_eos and min_tokens are refused with 400
+# naming the field; with MTP speculation the outputs are objects (or prefixes) too.
 set -u
 BIN=${DS_BIN:-build/deltaserve}
 MODEL=${DS_SERVER_TEST_MODEL:-models/qwen35-demo}
@@ -22,10 +22,12 @@ is_json_object_prefix() {
       if (ch==="\"") inStr=true; else if (ch==="{"||ch==="[") st.push(ch==="{"?"}":"]"); else if (ch==="}"||ch==="]") st.pop(); }
     if (!/^\s*\{/.test(t)) process.exit(1);
     let c=t; if (esc) c=c.slice(0,-1); if (inStr) c+="\""; c=c.replace(/[,:\s]*$/,"");
-    if (/"\s*$/.test(c) && /[{,]\s*"[^"]*"\s*$/.test(c)) c+=":null";
     c=c.replace(/(-|\.|[eE][+-]?)$/,"0"); c=c.replace(/\b(t|tr|tru)$/,"true").replace(/\b(f|fa|fal|fals)$/,"false").replace(/\b(n|nu|nul)$/,"null");
-    while (st.length) c+=st.pop();
-    try { const o=JSON.parse(c); process.exit(o&&typeof o==="object"&&!Array.isArray(o)?0:1); } catch (e) { process.exit(1); }' "$1"
+    const close=st.reverse().join("");
+    /* a string that ends the text is a key (needs a value) or a value: try both */
+    for (const tail of ["", ":null"]) {
+      try { const o=JSON.parse(c+tail+close); if (o&&typeof o==="object"&&!Array.isArray(o)) process.exit(0); } catch (e) {} }
+    process.exit(1);' "$1"
 }
 
 # check_answer LABEL: the chat answer in $tmp/out is a whole JSON object when it finished by
@@ -79,13 +81,53 @@ check "thinking → 200" [ "$CODE" = 200 ]
 C=$(js 'd.choices[0].message.content' <"$tmp/out")
 if [ -n "$C" ]; then check "thinking: content is a JSON object (prefix): $C" is_json_object_prefix "$C"; fi
 
+# structured outputs (response_format json_schema, sampling/json_schema.h): a schema with every
+# property required, in order; '"', ']' and '}' biased up so the Bible model's strings and
+# lists end (no thinking block: the content is the object). Finished by "stop": the content
+# matches the schema (keys in order, types, enum); cut by "length": a prefix.
+SCHEMA='{"type":"object","properties":{"name":{"type":"string"},"sons":{"type":"array","items":{"type":"string"}},"count":{"type":"integer"},"kind":{"enum":["a","b",null]}},"required":["name","sons","count","kind"],"additionalProperties":false}'
+post_json /tokenize '{"prompt":"\""}'
+QUOTE=$(js 'd.tokens[0]' <"$tmp/out")
+post_json /tokenize '{"prompt":"]"}'
+CLOSEB=$(js 'd.tokens[0]' <"$tmp/out")
+BIAS="{\"$QUOTE\":30,\"$CLOSEB\":30,\"$CLOSE\":30}"
+matches_schema() {
+  node -e 'const o=JSON.parse(process.argv[1]); const k=Object.keys(o).join(",");
+    const ok=k==="name,sons,count,kind" && typeof o.name==="string" && Array.isArray(o.sons) &&
+      o.sons.every(s=>typeof s==="string") && Number.isInteger(o.count) && ["a","b",null].includes(o.kind);
+    process.exit(ok?0:1)' "$1"
+}
+n_stop=0
+for t in 0 0.9; do
+  for ep in chat completions; do
+    if [ $ep = chat ]; then
+      post_json /v1/chat/completions "{$MSG,\"max_tokens\":200,\"temperature\":$t,\"seed\":3,\"logit_bias\":$BIAS,\"chat_template_kwargs\":{\"enable_thinking\":false},\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"sons\",\"strict\":true,\"schema\":$SCHEMA}}}"
+      C=$(js 'd.choices[0].message.content' <"$tmp/out")
+    else
+      post_json /v1/completions "{\"prompt\":\"And God said\",\"max_tokens\":200,\"temperature\":$t,\"seed\":3,\"logit_bias\":$BIAS,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"sons\",\"schema\":$SCHEMA}}}"
+      C=$(js 'd.choices[0].text' <"$tmp/out")
+    fi
+    F=$(js 'd.choices[0].finish_reason' <"$tmp/out")
+    check "schema, $ep, temperature $t → 200" [ "$CODE" = 200 ]
+    if [ "$F" = stop ]; then
+      n_stop=$((n_stop + 1))
+      check "schema, $ep, temperature $t: matches the schema: $C" matches_schema "$C"
+    else
+      check "schema, $ep, temperature $t: a prefix ($F): $C" is_json_object_prefix "$C"
+    fi
+  done
+done
+check "schema: at least one answer finished and was checked whole ($n_stop of 4)" [ "$n_stop" -ge 1 ]
+
 # refusals
 expect400() {
   post_json /v1/chat/completions "$2"
   check "$1 → 400 ($(head -c 160 "$tmp/out"))" [ "$CODE" = 400 ]
   check "$1 names the field" grep -q "$3" "$tmp/out"
 }
-expect400 "json_schema" "{$MSG,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{}}}}" response_format
+expect400 "json_schema without a type" "{$MSG,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{}}}}" response_format
+expect400 "json_schema with a pattern" "{$MSG,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"x\"}}}}}}" "keyword 'pattern' is not supported"
+expect400 "json_schema without schema" "{$MSG,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\"}}}" response_format
 expect400 "ignore_eos" "{$MSG,\"ignore_eos\":true,\"response_format\":{\"type\":\"json_object\"}}" ignore_eos
 expect400 "min_tokens" "{$MSG,\"min_tokens\":3,\"response_format\":{\"type\":\"json_object\"}}" min_tokens
 post_json /v1/chat/completions "{$MSG,\"max_tokens\":4}"
@@ -99,6 +141,13 @@ for t in 0 0.8; do
   post_json /v1/chat/completions "{$MSG,\"max_tokens\":60,\"temperature\":$t,\"seed\":2,\"logit_bias\":{\"$OPEN\":100,\"$CLOSE\":8},\"response_format\":{\"type\":\"json_object\"}}"
   check_answer "speculative, temperature $t"
 done
+post_json /v1/chat/completions "{$MSG,\"max_tokens\":200,\"temperature\":0,\"logit_bias\":$BIAS,\"chat_template_kwargs\":{\"enable_thinking\":false},\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"sons\",\"schema\":$SCHEMA}}}"
+C=$(js 'd.choices[0].message.content' <"$tmp/out")
+if [ "$(js 'd.choices[0].finish_reason' <"$tmp/out")" = stop ]; then
+  check "speculative, schema: matches the schema: $C" matches_schema "$C"
+else
+  check "speculative, schema: a prefix: $C" is_json_object_prefix "$C"
+fi
 check "speculative: drafts were verified" [ "$(curl -s "http://127.0.0.1:$PORT/metrics" | sed -n 's/^vllm:spec_decode_num_drafts_total{[^}]*} //p')" -gt 0 ]
 stop_server "$SPID"
 
