@@ -105,10 +105,16 @@ static const bad_case BAD[] = {
     {C, "{\"prompt\": \"x\", \"n\": 0}", "n"},
     {C, "{\"prompt\": \"x\", \"best_of\": 3}", "best_of"},
     /* vLLM extensions that would change the output if honoured: refused, not ignored */
-    {H, "{" MSG ", \"guided_json\": {\"type\": \"object\"}}", "guided_json"},
+    {H, "{" MSG ", \"guided_json\": {\"type\": \"string\"}}", "guided_json"},
+    {H, "{" MSG ", \"guided_json\": \"{nope\"}", "guided_json"},
+    {H, "{" MSG ", \"guided_json\": {\"type\": \"object\"}, \"response_format\": {\"type\": "
+        "\"json_object\"}}", "guided_json"},
     {C, "{\"prompt\": \"x\", \"guided_choice\": [\"a\", \"b\"]}", "guided_choice"},
     {C, "{\"prompt\": \"x\", \"guided_regex\": \"[0-9]+\"}", "guided_regex"},
     {H, "{" MSG ", \"structured_outputs\": {\"json\": {}}}", "structured_outputs"},
+    {H, "{" MSG ", \"structured_outputs\": {\"regex\": \"a+\"}}", "structured_outputs"},
+    {H, "{" MSG ", \"structured_outputs\": {\"json\": {\"type\": \"object\"}}, \"guided_json\": "
+        "{\"type\": \"object\"}}", "structured_outputs"},
     {C, "{\"prompt\": \"x\", \"allowed_token_ids\": [1, 2]}", "allowed_token_ids"},
     {C, "{\"prompt\": \"x\", \"bad_words\": [\"no\"]}", "bad_words"},
     {C, "{\"prompt\": \"x\", \"prompt_logprobs\": 1}", "prompt_logprobs"},
@@ -156,6 +162,19 @@ static void test_json_schema_format(void **state) {
     assert_true(r.json_object);
     assert_non_null(r.json_schema);
     ds_oai_request_free(&r);
+    /* vLLM's spellings: guided_json (object or text), structured_outputs json / json_object */
+    const char *vllm[] = {
+        "{" MSG ", \"guided_json\": {\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"null\"}}}}",
+        "{" MSG ", \"guided_json\": \"{\\\"type\\\": \\\"object\\\"}\"}",
+        "{" MSG ", \"structured_outputs\": {\"json\": {\"type\": \"object\"}}}",
+        "{" MSG ", \"structured_outputs\": {\"json_object\": true}}",
+    };
+    for (size_t i = 0; i < sizeof vllm / sizeof vllm[0]; i++) {
+        if (!ds_oai_parse(H, vllm[i], strlen(vllm[i]), &r, &e)) fail_msg("refused: %s: %s", vllm[i], e.message);
+        assert_true(r.json_object);
+        assert_true((r.json_schema != NULL) == (i < 3));
+        ds_oai_request_free(&r);
+    }
     const char *bad = "{" MSG ", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": "
                       "{\"schema\": {\"type\": \"object\", \"properties\": {\"a\": {\"type\": "
                       "\"string\", \"maxLength\": 3}}}}}}";

@@ -439,10 +439,11 @@ static bool parse_logit_bias(const cJSON *root, ds_oai_request *r, ds_oai_error 
  * ignored (as OpenAI and vLLM do), but ignoring one of these would answer an unconstrained
  * output as if it were constrained: refused by name instead. null counts as absent. */
 static bool refuse_vllm_extensions(const cJSON *root, ds_oai_error *e) {
-    static const char *const REFUSED[] = {"guided_json",      "guided_regex",       "guided_choice",
-                                          "guided_grammar",   "structured_outputs", "allowed_token_ids",
-                                          "bad_words",        "prompt_logprobs",    "truncate_prompt_tokens",
-                                          "logits_processors"};
+    /* (guided_json and structured_outputs' json / json_object are structured outputs:
+     * parse_vllm_structured) */
+    static const char *const REFUSED[] = {"guided_regex",      "guided_choice",     "guided_grammar",
+                                          "allowed_token_ids", "bad_words",         "prompt_logprobs",
+                                          "truncate_prompt_tokens", "logits_processors"};
     for (size_t i = 0; i < sizeof REFUSED / sizeof REFUSED[0]; i++)
         if (field(root, REFUSED[i]))
             return bad(e, REFUSED[i], "%s (a vLLM extension) is not supported by this server",
@@ -453,21 +454,70 @@ static bool refuse_vllm_extensions(const cJSON *root, ds_oai_error *e) {
     return true;
 }
 
-/* response_format {"type": "json_schema", "json_schema": {"name", "schema", "strict", ...}}:
- * the schema compiled here, so an unsupported one is a 400 naming what (json_schema.h). The
- * output is then JSON mode's object, constrained by the schema. */
+/* The schema compiled here, so an unsupported one is a 400 naming what (json_schema.h); the
+ * output is then JSON mode's object, constrained by the schema. `where` names the field. */
+static bool use_schema(const cJSON *schema, const char *param, const char *where, ds_oai_request *r,
+                       ds_oai_error *e) {
+    if (r->json_object)
+        return bad(e, param, "%s: the request already asks for JSON output another way "
+                             "(response_format, guided_json or structured_outputs: one of them)", where);
+    char why[320];
+    r->json_schema = ds_json_schema_compile(schema, why, sizeof why);
+    if (!r->json_schema) return bad(e, param, "%s: %s", where, why);
+    r->json_object = true;
+    return true;
+}
+
+/* response_format {"type": "json_schema", "json_schema": {"name", "schema", "strict", ...}} */
 static bool parse_json_schema(const cJSON *rf, ds_oai_request *r, ds_oai_error *e) {
     const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
     const cJSON *schema = cJSON_IsObject(js) ? cJSON_GetObjectItemCaseSensitive(js, "schema") : NULL;
     if (!cJSON_IsObject(schema))
         return bad(e, "response_format", "response_format: type \"json_schema\" needs "
                                          "\"json_schema\": {\"schema\": {...}}");
-    char why[320];
-    r->json_schema = ds_json_schema_compile(schema, why, sizeof why);
-    if (!r->json_schema)
-        return bad(e, "response_format", "response_format.json_schema.schema: %s", why);
-    r->json_object = true;
-    return true;
+    return use_schema(schema, "response_format", "response_format.json_schema.schema", r, e);
+}
+
+/* vLLM's spellings of the same: guided_json (a schema, or a schema as JSON text) and
+ * structured_outputs {"json": schema | text} / {"json_object": true}; its other structured
+ * output kinds (regex, choice, grammar, …) are refused by name. */
+static bool parse_vllm_structured(const cJSON *root, ds_oai_request *r, ds_oai_error *e) {
+    const cJSON *gj = field(root, "guided_json");
+    const cJSON *so = field(root, "structured_outputs");
+    const char *param = gj ? "guided_json" : "structured_outputs";
+    const cJSON *schema = gj;
+    if (so) {
+        if (gj) return bad(e, "structured_outputs", "guided_json and structured_outputs: one of them");
+        if (!cJSON_IsObject(so)) return bad(e, param, "structured_outputs must be an object");
+        for (const cJSON *k = so->child; k; k = k->next) {
+            if (cJSON_IsNull(k) || !strcmp(k->string, "json") ||
+                (!strcmp(k->string, "json_object") && cJSON_IsBool(k)))
+                continue;
+            return bad(e, param, "structured_outputs.%.40s is not supported by this server (json "
+                                 "and json_object are)", k->string);
+        }
+        schema = field(so, "json");
+        const cJSON *jo = field(so, "json_object");
+        if (!schema && cJSON_IsTrue(jo)) {
+            if (r->json_object)
+                return bad(e, param, "structured_outputs: the request already asks for JSON output "
+                                     "another way (response_format)");
+            r->json_object = true;
+            return true;
+        }
+        if (!schema) return true;
+    }
+    if (!schema) return true;
+    cJSON *parsed = NULL;
+    if (cJSON_IsString(schema)) { /* a schema as JSON text */
+        parsed = cJSON_Parse(schema->valuestring);
+        if (!parsed) return bad(e, param, "%s: the schema text is not JSON", param);
+        schema = parsed;
+    }
+    bool ok = cJSON_IsObject(schema) ? use_schema(schema, param, param, r, e)
+                                     : bad(e, param, "%s must be a JSON Schema object", param);
+    cJSON_Delete(parsed);
+    return ok;
 }
 
 static bool parse_sampling(const cJSON *root, ds_oai_request *r, ds_oai_error *e) {
@@ -502,6 +552,7 @@ static bool parse_sampling(const cJSON *root, ds_oai_request *r, ds_oai_error *e
                        "(\"text\", \"json_object\" or \"json_schema\")", t->valuestring);
         }
     }
+    if (!parse_vllm_structured(root, r, e)) return false;
 
     /* max_tokens / max_completion_tokens (chat's newer name wins when both are given) */
     bool have = false;
