@@ -124,6 +124,26 @@ test('serve through the OpenAI client', async (t) => {
     assert.equal(finish, whole.choices[0].finish_reason);
   });
 
+  await t.test('structured outputs: response_format json_schema', async () => {
+    const schema = { type: 'object', properties: { ok: { type: 'boolean' }, n: { enum: [1, 2, 3] } },
+      required: ['ok', 'n'], additionalProperties: false };
+    for (const temperature of [0, 1]) {
+      const r = await client.chat.completions.create({ model: 'tiny', max_completion_tokens: 120,
+        messages: [{ role: 'user', content: 'Is it so?' }], temperature, seed: 11,
+        chat_template_kwargs: { enable_thinking: false },
+        response_format: { type: 'json_schema', json_schema: { name: 'answer', strict: true, schema } } });
+      assert.equal(r.choices[0].finish_reason, 'stop');
+      const o = JSON.parse(r.choices[0].message.content);
+      assert.deepEqual(Object.keys(o), ['ok', 'n']);
+      assert.equal(typeof o.ok, 'boolean');
+      assert.ok([1, 2, 3].includes(o.n));
+    }
+    await assert.rejects(client.chat.completions.create({ model: 'tiny', messages: [{ role: 'user', content: 'x' }],
+      response_format: { type: 'json_schema', json_schema: { name: 'a', schema: { type: 'object',
+        properties: { s: { type: 'string', format: 'email' } } } } } }),
+      (e) => e.status === 400 && e.param === 'response_format' && /format/.test(e.message));
+  });
+
   await t.test('chat n = 3: stream = non-stream per choice; usage summed', async () => {
     const req = { model: 'tiny', messages: [{ role: 'user', content: 'Name a colour.' }],
       max_completion_tokens: 12, temperature: 0.9, seed: 3, n: 3,
