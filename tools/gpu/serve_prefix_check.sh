@@ -13,7 +13,8 @@
 #     k = 2: some do (a finish before the device's count while a chained verification is queued
 #     is not kept: engine.c caches_ahead), and /metrics' hits equal the sum reported;
 #   - JSON mode: finish_reason "stop" content parses as a JSON object (json.loads), "length"
-#     content is a prefix of one.
+#     content is a prefix of one; structured outputs (response_format json_schema): a finished
+#     answer has the schema's keys in order and their types, a cut one is a prefix.
 # Needs BIN (the directory holding deltaserve and lib/) and OUT; writes $OUT/serve_prefix_check.log.
 #   BIN=/tmp/ds-gpu OUT=/tmp/out bash tools/gpu/serve_prefix_check.sh
 set -uo pipefail
@@ -144,6 +145,29 @@ for i, q in enumerate(["Give me a JSON object describing Moses.", "List the sons
     print(f"  k={k} json mode {i}: finish {fin}, {r['usage']['completion_tokens']} tokens, "
           f"{'ok' if good else 'FAILED'}: {text[:80]!r}")
     ok = ok and good and (i < 2 or fin == "stop")
+# structured outputs (sampling/json_schema.h): '"', ']' and '}' biased so the strings and the
+# list close; a finished answer has the schema's keys in order and its types
+schema = {"type": "object", "properties": {"name": {"type": "string"}, "sons": {"type": "array",
+          "items": {"type": "string"}}, "count": {"type": "integer"}}, "required": ["name", "sons", "count"],
+          "additionalProperties": False}
+bias = {str(vocab[t]): 30 for t in ('"', "]", "}") if t in vocab}
+for t in (0.0, 0.9):
+    r = post("/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": "The sons of Noah?"}],
+                                      "max_tokens": 200, "temperature": t, "seed": 3, "logit_bias": bias,
+                                      "chat_template_kwargs": {"enable_thinking": False},
+                                      "response_format": {"type": "json_schema",
+                                                          "json_schema": {"name": "sons", "schema": schema}}})
+    ch = r["choices"][0]
+    text, fin = ch["message"]["content"], ch["finish_reason"]
+    try:
+        o = json.loads(text) if fin == "stop" else None
+        good = (list(o) == ["name", "sons", "count"] and isinstance(o["name"], str) and
+                all(isinstance(x, str) for x in o["sons"]) and isinstance(o["count"], int)) if o is not None \
+            else json_prefix_ok(text)
+    except (json.JSONDecodeError, TypeError):
+        good = False
+    print(f"  k={k} json schema t={t}: finish {fin}, {'ok' if good else 'FAILED'}: {text[:80]!r}")
+    ok = ok and good
 json.dump(convs, open(path, "w"))
 sys.exit(0 if ok else 1)
 EOF
