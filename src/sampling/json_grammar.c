@@ -1,9 +1,9 @@
 #include "sampling/json_grammar.h"
 
-#include <math.h>
 #include <stdlib.h>
 
 #include "core/status.h"
+#include "sampling/json_automaton.h"
 
 enum {
     L_START,     /* before the top-level object: whitespace or '{' */
@@ -40,24 +40,13 @@ bool ds_json_done(const ds_json_state *s) { return s->lex == L_DONE; }
 
 bool ds_json_in_string(const ds_json_state *s) { return s->lex == L_STR; }
 
-static bool is_ws(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-
-/* One whitespace byte between tokens: a run is " ", or "\n" then ≤ DS_JSON_MAX_INDENT of
- * [ \t] (json_grammar.h). */
+/* One whitespace byte between tokens (json_automaton.h's rule; the run's '\n' start is a bit
+ * of flags here). */
 static bool whitespace(ds_json_state *s, uint8_t c) {
-    if (s->ws == 0) {
-        if (c != ' ' && c != '\n') return false;
-        s->flags = (uint8_t)(c == '\n' ? s->flags | F_NL : s->flags & ~F_NL);
-        s->ws = 1;
-        return true;
-    }
-    if (!(s->flags & F_NL) || (c != ' ' && c != '\t') || s->ws > DS_JSON_MAX_INDENT) return false;
-    s->ws++;
+    bool nl = s->flags & F_NL;
+    if (!json_ws_run(&s->ws, &nl, c)) return false;
+    s->flags = (uint8_t)(nl ? s->flags | F_NL : s->flags & ~F_NL);
     return true;
-}
-static bool is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
-static bool is_hex(uint8_t c) {
-    return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
 }
 static bool top_is_array(const ds_json_state *s) {
     return s->depth > 0 && ((s->arrays >> (s->depth - 1)) & 1u);
@@ -124,7 +113,7 @@ static bool end_number(ds_json_state *s, uint8_t c) {
 static bool step(ds_json_state *s, uint8_t c) {
     const uint8_t lex = s->lex;
     const bool between = lex <= L_AFTER; /* states where whitespace may come */
-    if (between && is_ws(c)) return whitespace(s, c);
+    if (between && json_is_ws(c)) return whitespace(s, c);
     if (between) s->ws = 0;
     switch (lex) {
     case L_START: return c == '{' && push(s, false);
@@ -167,7 +156,7 @@ static bool step(ds_json_state *s, uint8_t c) {
         }
         return false;
     case L_HEX:
-        if (!is_hex(c)) return false;
+        if (!json_is_hex(c)) return false;
         if (--s->aux == 0) s->lex = L_STR;
         return true;
     case L_MINUS:
@@ -177,17 +166,17 @@ static bool step(ds_json_state *s, uint8_t c) {
         return true;
     case L_ZERO:
     case L_INT:
-        if (lex == L_INT && is_digit(c)) return true;
+        if (lex == L_INT && json_is_digit(c)) return true;
         if (c == '.') s->lex = L_DOT;
         else if (c == 'e' || c == 'E') s->lex = L_E;
         else return end_number(s, c);
         return true;
     case L_DOT:
-        if (!is_digit(c)) return false;
+        if (!json_is_digit(c)) return false;
         s->lex = L_FRAC;
         return true;
     case L_FRAC:
-        if (is_digit(c)) return true;
+        if (json_is_digit(c)) return true;
         if (c == 'e' || c == 'E') {
             s->lex = L_E;
             return true;
@@ -195,14 +184,14 @@ static bool step(ds_json_state *s, uint8_t c) {
         return end_number(s, c);
     case L_E:
         if (c == '+' || c == '-') s->lex = L_ESIGN;
-        else if (is_digit(c)) s->lex = L_EXP;
+        else if (json_is_digit(c)) s->lex = L_EXP;
         else return false;
         return true;
     case L_ESIGN:
-        if (!is_digit(c)) return false;
+        if (!json_is_digit(c)) return false;
         s->lex = L_EXP;
         return true;
-    case L_EXP: return is_digit(c) ? true : end_number(s, c);
+    case L_EXP: return json_is_digit(c) ? true : end_number(s, c);
     case L_LIT: {
         const int lit = s->aux / 8, pos = s->aux % 8;
         if (c != (uint8_t)LITERALS[lit][pos]) return false;
@@ -256,59 +245,15 @@ void ds_json_vocab_free(ds_json_vocab *v) {
     *v = (ds_json_vocab){0};
 }
 
+static bool step_fn(void *state, const void *ctx, uint8_t c) {
+    (void)ctx;
+    return step((ds_json_state *)state, c);
+}
+
 void ds_json_mask(const ds_json_state *s, const ds_json_vocab *v, const int *end_ids, int n_end,
                   float *logits, int n_logits) {
-    const bool done = ds_json_done(s);
-    /* the end ids keep their logits exactly when the object is closed */
-    float saved[256];
-    int n_saved = n_end < 256 ? n_end : 256;
-    for (int i = 0; i < n_saved; i++)
-        saved[i] = end_ids[i] >= 0 && end_ids[i] < n_logits ? logits[end_ids[i]] : -INFINITY;
-    bool first_ok[256];
-    for (int c = 0; c < 256; c++) {
-        ds_json_state t = *s;
-        first_ok[c] = !done && step(&t, (uint8_t)c);
-    }
-    const bool in_string = s->lex == L_STR;
-    /* between tokens most of a BPE vocabulary starts with a space that may come, and fails
-     * on its second byte: a table of the allowed first two bytes rules those out unread (not
-     * inside strings, where nearly every pair is allowed and plain tokens skip reading) */
-    static _Thread_local bool second_ok[256][256];
-    const bool pairs = !in_string && !done;
-    for (int c1 = 0; pairs && c1 < 256; c1++) {
-        if (!first_ok[c1]) continue;
-        ds_json_state t1 = *s;
-        step(&t1, (uint8_t)c1);
-        for (int c2 = 0; c2 < 256; c2++) {
-            ds_json_state t2 = t1;
-            second_ok[c1][c2] = step(&t2, (uint8_t)c2);
-        }
-    }
-    DS_ASSERT(v->head && v->plain); /* ds_json_vocab_index */
-    for (int id = 0; id < n_logits; id++) {
-        const uint32_t len = id < v->n ? v->len[id] : 0; /* 0: no bytes */
-        const uint16_t h = len ? v->head[id] : 0;
-        if (!len || !first_ok[h & 0xff]) {
-            logits[id] = -INFINITY;
-            continue;
-        }
-        if (in_string && v->plain[id]) continue; /* stays inside the string */
-        if (pairs && len >= 2 && !second_ok[h & 0xff][h >> 8]) {
-            logits[id] = -INFINITY;
-            continue;
-        }
-        const uint8_t *b = v->bytes[id];
-        ds_json_state t = *s;
-        for (uint32_t i = 0; i < v->len[id]; i++) {
-            if (!step(&t, b[i])) {
-                logits[id] = -INFINITY;
-                break;
-            }
-        }
-    }
-    for (int i = 0; i < n_saved; i++)
-        if (end_ids[i] >= 0 && end_ids[i] < n_logits)
-            logits[end_ids[i]] = done ? saved[i] : -INFINITY;
+    json_mask_run(s, sizeof *s, step_fn, NULL, ds_json_done(s), s->lex == L_STR, v, end_ids, n_end,
+                  logits, n_logits);
 }
 
 bool ds_json_feed_token(ds_json_state *s, const ds_json_vocab *v, int id) {

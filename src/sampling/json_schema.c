@@ -5,10 +5,9 @@
  * below (R_REFEED). */
 #include "sampling/json_schema.h"
 
-#include <math.h>
 #include <string.h>
 
-#include "core/status.h"
+#include "sampling/json_automaton.h"
 #include "sampling/json_schema_internal.h"
 
 enum { F_VALUE, F_OBJ, F_ARR, F_STR, F_NUM, F_LIT, F_FREE };
@@ -20,23 +19,11 @@ enum { N_MINUS, N_ZERO, N_INT, N_DOT, N_FRAC, N_E, N_ESIGN, N_EXP };
 
 typedef enum { R_FAIL, R_OK, R_REFEED } step_result;
 
-static bool is_ws(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-static bool is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
-static bool is_hex(uint8_t c) {
-    return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
-}
-
-/* One whitespace byte between tokens: a run is " ", or "\n" then ≤ DS_JSON_MAX_INDENT of
- * [ \t] (JSON mode's rule). */
+/* One whitespace byte between tokens (JSON mode's rule, json_automaton.h). */
 static step_result whitespace(ds_js_state *st, uint8_t c) {
-    if (st->ws == 0) {
-        if (c != ' ' && c != '\n') return R_FAIL;
-        st->nl = c == '\n';
-        st->ws = 1;
-        return R_OK;
-    }
-    if (!st->nl || (c != ' ' && c != '\t') || st->ws > DS_JSON_MAX_INDENT) return R_FAIL;
-    st->ws++;
+    bool nl = st->nl;
+    if (!json_ws_run(&st->ws, &nl, c)) return R_FAIL;
+    st->nl = nl;
     return R_OK;
 }
 
@@ -130,7 +117,7 @@ static step_result step_object(ds_js_state *st, const ds_json_schema *s, uint8_t
     case O_NEXT:
     case O_AFTER:
     case O_COLON:
-        if (is_ws(c)) return whitespace(st, c);
+        if (json_is_ws(c)) return whitespace(st, c);
         break;
     default: break;
     }
@@ -192,7 +179,7 @@ static step_result step_object(ds_js_state *st, const ds_json_schema *s, uint8_t
 
 static step_result step_array(ds_js_state *st, const ds_json_schema *s, uint8_t c) {
     ds_js_frame *f = &st->f[st->depth - 1];
-    if (is_ws(c)) return whitespace(st, c);
+    if (json_is_ws(c)) return whitespace(st, c);
     switch (f->phase) {
     case A_FIRST:
         if (c == ']') {
@@ -240,7 +227,7 @@ static step_result step_string(ds_js_state *st, uint8_t c) {
         f->phase = S_IN;
         return R_OK;
     case S_HEX:
-        if (!is_hex(c)) return R_FAIL;
+        if (!json_is_hex(c)) return R_FAIL;
         if (--f->pos == 0) f->phase = S_IN;
         return R_OK;
     default: return R_FAIL;
@@ -255,13 +242,13 @@ static step_result step_number(ds_js_state *st, const ds_json_schema *s, uint8_t
     switch (f->phase) {
     case N_MINUS:
         if (c == '0') f->phase = N_ZERO;
-        else if (is_digit(c)) f->phase = N_INT;
+        else if (json_is_digit(c)) f->phase = N_INT;
         else return R_FAIL;
         return R_OK;
     case N_ZERO:
     case N_INT:
     case N_FRAC:
-        if (is_digit(c) && f->phase != N_ZERO) return R_OK;
+        if (json_is_digit(c) && f->phase != N_ZERO) return R_OK;
         if (c == '.' && f->phase != N_FRAC && !integer) {
             f->phase = N_DOT;
             return R_OK;
@@ -273,20 +260,20 @@ static step_result step_number(ds_js_state *st, const ds_json_schema *s, uint8_t
         pop(st);
         return R_REFEED;
     case N_DOT:
-        if (!is_digit(c)) return R_FAIL;
+        if (!json_is_digit(c)) return R_FAIL;
         f->phase = N_FRAC;
         return R_OK;
     case N_E:
         if (c == '+' || c == '-') f->phase = N_ESIGN;
-        else if (is_digit(c)) f->phase = N_EXP;
+        else if (json_is_digit(c)) f->phase = N_EXP;
         else return R_FAIL;
         return R_OK;
     case N_ESIGN:
-        if (!is_digit(c)) return R_FAIL;
+        if (!json_is_digit(c)) return R_FAIL;
         f->phase = N_EXP;
         return R_OK;
     case N_EXP:
-        if (is_digit(c)) return R_OK;
+        if (json_is_digit(c)) return R_OK;
         pop(st);
         return R_REFEED;
     default: return R_FAIL;
@@ -324,7 +311,7 @@ static bool step(ds_js_state *st, const ds_json_schema *s, uint8_t c) {
         ds_js_frame *f = &st->f[st->depth - 1];
         step_result r;
         switch (f->kind) {
-        case F_VALUE: r = is_ws(c) ? whitespace(st, c) : value_start(st, s, c); break;
+        case F_VALUE: r = json_is_ws(c) ? whitespace(st, c) : value_start(st, s, c); break;
         case F_OBJ: r = step_object(st, s, c); break;
         case F_ARR: r = step_array(st, s, c); break;
         case F_STR: r = step_string(st, c); break;
@@ -340,7 +327,7 @@ static bool step(ds_js_state *st, const ds_json_schema *s, uint8_t c) {
         if (r == R_REFEED) continue;
         /* structural whitespace counted its run in whitespace(); anything else ends a run
          * (bytes inside strings and free objects included: they are not between tokens) */
-        if (!is_ws(c) || (f->kind != F_VALUE && f->kind != F_OBJ && f->kind != F_ARR)) st->ws = 0, st->nl = 0;
+        if (!json_is_ws(c) || (f->kind != F_VALUE && f->kind != F_OBJ && f->kind != F_ARR)) st->ws = 0, st->nl = 0;
         return true;
     }
 }
@@ -373,59 +360,19 @@ bool ds_js_feed_token(ds_js_state *st, const ds_json_schema *s, const ds_json_vo
     return ds_js_feed_bytes(st, s, v->bytes[id], v->len[id]);
 }
 
+static bool step_fn(void *state, const void *ctx, uint8_t c) {
+    return step((ds_js_state *)state, (const ds_json_schema *)ctx, c);
+}
+
 void ds_js_mask(const ds_js_state *st, const ds_json_schema *s, const ds_json_vocab *v,
                 const int *end_ids, int n_end, float *logits, int n_logits) {
-    const bool done = ds_js_done(st);
-    float saved[256];
-    const int n_saved = n_end < 256 ? n_end : 256;
-    for (int i = 0; i < n_saved; i++)
-        saved[i] = end_ids[i] >= 0 && end_ids[i] < n_logits ? logits[end_ids[i]] : -INFINITY;
-    bool first_ok[256];
-    for (int c = 0; c < 256; c++) {
-        ds_js_state t = *st;
-        first_ok[c] = !done && step(&t, s, (uint8_t)c);
-    }
+    _Static_assert(sizeof *st <= JSON_MASK_MAX_STATE, "json_mask_run copies the state");
     /* inside a free string (of a string schema, or anywhere in a free object) every plain
-     * token stays inside it (json_grammar.c's fast path) */
+     * token stays inside it */
     const ds_js_frame *top = st->depth ? &st->f[st->depth - 1] : NULL;
-    const bool in_string = !done && top &&
+    const bool in_string = !st->done && top &&
                            ((top->kind == F_STR && top->phase == S_IN) ||
                             (top->kind == F_FREE && ds_json_in_string(&st->free)));
-    /* the allowed first two bytes, so the many tokens that start with an allowed space and
-     * fail on their second byte are ruled out unread */
-    static _Thread_local bool second_ok[256][256];
-    const bool pairs = !in_string && !done;
-    for (int c1 = 0; pairs && c1 < 256; c1++) {
-        if (!first_ok[c1]) continue;
-        ds_js_state t1 = *st;
-        step(&t1, s, (uint8_t)c1);
-        for (int c2 = 0; c2 < 256; c2++) {
-            ds_js_state t2 = t1;
-            second_ok[c1][c2] = step(&t2, s, (uint8_t)c2);
-        }
-    }
-    DS_ASSERT(v->head && v->plain); /* ds_json_vocab_index */
-    for (int id = 0; id < n_logits; id++) {
-        const uint32_t len = id < v->n ? v->len[id] : 0;
-        const uint16_t h = len ? v->head[id] : 0;
-        if (!len || !first_ok[h & 0xff]) {
-            logits[id] = -INFINITY;
-            continue;
-        }
-        if (in_string && v->plain[id]) continue;
-        if (pairs && len >= 2 && !second_ok[h & 0xff][h >> 8]) {
-            logits[id] = -INFINITY;
-            continue;
-        }
-        ds_js_state t = *st;
-        for (uint32_t i = 0; i < len; i++) {
-            if (!step(&t, s, v->bytes[id][i])) {
-                logits[id] = -INFINITY;
-                break;
-            }
-        }
-    }
-    for (int i = 0; i < n_saved; i++)
-        if (end_ids[i] >= 0 && end_ids[i] < n_logits)
-            logits[end_ids[i]] = done ? saved[i] : -INFINITY;
+    json_mask_run(st, sizeof *st, step_fn, s, ds_js_done(st), in_string, v, end_ids, n_end, logits,
+                  n_logits);
 }
