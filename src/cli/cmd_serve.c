@@ -112,6 +112,16 @@ static bool has_file(const char *dir, const char *name) {
     return f != NULL;
 }
 
+/* -m / --model / vLLM's positional model: the same directory may be named twice, not two. */
+static bool set_model(serve_args *a, const char *dir) {
+    if (a->model_dir && strcmp(a->model_dir, dir)) {
+        fprintf(stderr, "deltaserve serve: two models given ('%s' and '%s')\n", a->model_dir, dir);
+        return false;
+    }
+    a->model_dir = dir;
+    return true;
+}
+
 static int parse_args(int argc, char **argv, serve_args *a) {
     const char *cmd = "serve";
     bool bad = false;
@@ -133,12 +143,7 @@ static int parse_args(int argc, char **argv, serve_args *a) {
             return -1;
         } else if ((v = ds_arg_value(argc, argv, &i, "-m", cmd, &bad)) ||
                    (v = ds_arg_value(argc, argv, &i, "--model", cmd, &bad))) {
-            if (a->model_dir && strcmp(a->model_dir, v)) {
-                fprintf(stderr, "deltaserve serve: two models given ('%s' and '%s')\n",
-                        a->model_dir, v);
-                return 2;
-            }
-            a->model_dir = v;
+            if (!set_model(a, v)) return 2;
         } else if (!strcmp(argv[i], "--dummy-weights")) {
             a->dummy = true;
         } else if (!strcmp(argv[i], "--enable-prefix-caching")) {
@@ -251,12 +256,7 @@ static int parse_args(int argc, char **argv, serve_args *a) {
         } else if (ds_vllm_noop_flag(argv[i])) {
             /* vLLM flags for what deltaserve does anyway (cli/vllm_compat.h) */
         } else if (argv[i][0] != '-' && !bad) { /* vLLM's `serve MODEL` */
-            if (a->model_dir && strcmp(a->model_dir, argv[i])) {
-                fprintf(stderr, "deltaserve serve: two models given ('%s' and '%s')\n",
-                        a->model_dir, argv[i]);
-                return 2;
-            }
-            a->model_dir = argv[i];
+            if (!set_model(a, argv[i])) return 2;
         } else if (!bad) {
             fprintf(stderr, "deltaserve serve: unknown option '%s'\n", argv[i]);
             usage(stderr);

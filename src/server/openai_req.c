@@ -454,13 +454,17 @@ static bool refuse_vllm_extensions(const cJSON *root, ds_oai_error *e) {
     return true;
 }
 
-/* The schema compiled here, so an unsupported one is a 400 naming what (json_schema.h); the
- * output is then JSON mode's object, constrained by the schema. `where` names the field. */
+/* JSON output asked for by `where` (NULL schema: JSON mode; else the schema compiled here, so an
+ * unsupported one is a 400 naming what, json_schema.h): one way of asking per request. */
 static bool use_schema(const cJSON *schema, const char *param, const char *where, ds_oai_request *r,
                        ds_oai_error *e) {
     if (r->json_object)
         return bad(e, param, "%s: the request already asks for JSON output another way "
                              "(response_format, guided_json or structured_outputs: one of them)", where);
+    if (!schema) {
+        r->json_object = true;
+        return true;
+    }
     char why[320];
     r->json_schema = ds_json_schema_compile(schema, why, sizeof why);
     if (!r->json_schema) return bad(e, param, "%s: %s", where, why);
@@ -498,13 +502,7 @@ static bool parse_vllm_structured(const cJSON *root, ds_oai_request *r, ds_oai_e
         }
         schema = field(so, "json");
         const cJSON *jo = field(so, "json_object");
-        if (!schema && cJSON_IsTrue(jo)) {
-            if (r->json_object)
-                return bad(e, param, "structured_outputs: the request already asks for JSON output "
-                                     "another way (response_format)");
-            r->json_object = true;
-            return true;
-        }
+        if (!schema && cJSON_IsTrue(jo)) return use_schema(NULL, param, "structured_outputs.json_object", r, e);
         if (!schema) return true;
     }
     if (!schema) return true;

@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(GG_THREADS(WN))
         constexpr bool A_REGS = CA <= 2;
         const bf16 *asrc[A_REGS ? CA : 1];
         if constexpr (A_REGS) {
-    #pragma unroll
+#pragma unroll
             for (int j = 0; j < CA; j++) asrc[j] = arow[ar + RS * j];
         }
         /* B row of chunk j: rows ar + RS·j of the tile; gate_up's first CB / 2 are gate rows
@@ -161,13 +161,15 @@ __global__ void __launch_bounds__(GG_THREADS(WN))
             return bbase + r * K;
         };
         auto load_stage = [&](int s, int k0) { /* one commit group */
-    #pragma unroll
+#pragma unroll
             for (int j = 0; j < CA; j++) {
                 const bf16 *src = A_REGS ? asrc[A_REGS ? j : 0] : arow[ar + RS * j];
                 cp_async16(&sm.pipe.a[s][ar + RS * j][ch], src ? src + k0 + ch : We, src ? 16 : 0);
             }
-    #pragma unroll
+#pragma unroll
             for (int j = 0; j < CB; j++) {
+                /* (the test stays at the call: passing b_src(j) + k0 alone, which is We + k0 for
+                 * a missing row, took the default down pass from 128 to 166 registers) */
                 const bool ok = b_row_ok(j);
                 cp_async16(&sm.pipe.b[s][ar + RS * j][ch], ok ? b_src(j) + k0 : We, ok ? 16 : 0);
             }
@@ -177,15 +179,15 @@ __global__ void __launch_bounds__(GG_THREADS(WN))
         constexpr int WTN = BN / WN, FN = WTN / 16; /* warp tile columns, fragments */
         const int warp = tid >> 5, wm = warp / WN, wn = warp % WN;
         wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][FN];
-    #pragma unroll
+#pragma unroll
         for (int i = 0; i < 2; i++)
-    #pragma unroll
+#pragma unroll
             for (int j = 0; j < FN; j++) wmma::fill_fragment(acc[i][j], 0.f);
 
         const int KT = K / BK; /* the launch picks BK dividing K */
         /* stages 0 .. ST − 2 in flight; every iteration commits one group (possibly empty) so that
          * wait_group<ST − 2> always means "stage kt has landed" */
-    #pragma unroll
+#pragma unroll
         for (int st = 0; st < ST - 1; st++) {
             if (st < KT) load_stage(st, st * BK);
             else cp_async_commit();
@@ -198,26 +200,26 @@ __global__ void __launch_bounds__(GG_THREADS(WN))
             if (kn < KT) load_stage(kn % ST, kn * BK);
             else cp_async_commit();
             /* the same k = 0, 16, 32, … sequence of MMAs whatever BK: results bit for bit equal */
-    #pragma unroll
+#pragma unroll
             for (int kk = 0; kk < BK; kk += 16) {
                 wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[2];
                 wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb[FN];
-    #pragma unroll
+#pragma unroll
                 for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], &sm.pipe.a[s][wm * 32 + i * 16][kk], LDS);
                 /* B(k, n) = W[n, k]: the weight tile rows are B's columns */
-    #pragma unroll
+#pragma unroll
                 for (int j = 0; j < FN; j++) wmma::load_matrix_sync(fb[j], &sm.pipe.b[s][wn * WTN + j * 16][kk], LDS);
-    #pragma unroll
+#pragma unroll
                 for (int i = 0; i < 2; i++)
-    #pragma unroll
+#pragma unroll
                     for (int j = 0; j < FN; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
             }
         }
         cp_async_wait<0>();
         __syncthreads(); /* the accumulator tile reuses the pipeline's memory */
-    #pragma unroll
+#pragma unroll
         for (int i = 0; i < 2; i++)
-    #pragma unroll
+#pragma unroll
             for (int j = 0; j < FN; j++)
                 wmma::store_matrix_sync(&sm.c[wm * 32 + i * 16][wn * WTN + j * 16], acc[i][j], LDC,
                                         wmma::mem_row_major);
