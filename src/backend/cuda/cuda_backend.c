@@ -633,8 +633,10 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         const char *one = getenv("DS_CUDA_TC_ONE_SEQ");
         c->tc_one_seq = one && atoi(one) == 1;
         c->gdn_early = knob_on("DS_CUDA_GDN_EARLY");
-        const char *gpre = getenv("DS_CUDA_GEMV_PRELOAD"); /* 0, 1 (default) or 2 batches */
-        c->gemv_preload = gpre && atoi(gpre) >= 0 && atoi(gpre) <= 2 ? atoi(gpre) : 1;
+        /* 0, 1 or 2 (default) batches before the PDL wait. 2 vs 1: batch 1 2.962 / 2.980 vs
+         * 2.991 / 3.016 ms, batch 4 / 8 unchanged (H100, s19-run1, two rounds) */
+        const char *gpre = getenv("DS_CUDA_GEMV_PRELOAD");
+        c->gemv_preload = gpre && atoi(gpre) >= 0 && atoi(gpre) <= 2 ? atoi(gpre) : 2;
         c->moe_down_staged = knob_on("DS_CUDA_MOE_DOWN_STAGED");
         /* 4 vs 1: 4.529 / 6.722 vs 4.598 / 6.895 ms at batch 4 / 8 (2: 4.531 / 6.786, 8: 4.547 /
          * 6.764; s17-run2, one run) */
@@ -642,8 +644,10 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->moe_down_tiles = tiles && (atoi(tiles) == 1 || atoi(tiles) == 2 || atoi(tiles) == 8) ? atoi(tiles) : 4;
         c->diag_skip = getenv("DS_CUDA_DIAG_SKIP");
         if (c->diag_skip && !*c->diag_skip) c->diag_skip = NULL;
+        /* 8 vs 4 rows a warp: batch 1 2.985 / 2.984 vs 2.991 / 3.016 ms; with PRELOAD 2 2.945
+         * (H100, s19-run1) */
         const char *dcr = getenv("DS_CUDA_MOE_DC_ROWS");
-        c->moe_dc_rows = dcr && (atoi(dcr) == 2 || atoi(dcr) == 8) ? atoi(dcr) : 4;
+        c->moe_dc_rows = dcr && (atoi(dcr) == 2 || atoi(dcr) == 4) ? atoi(dcr) : 8;
         const char *fmt = getenv("DS_CUDA_ROUTE_FUSED_MAX_T");
         c->route_fused_max_t = fmt && atoi(fmt) >= 1 && atoi(fmt) <= 8 ? atoi(fmt) : 1;
         const char *cols = getenv("DS_CUDA_GDN_SCAN_COLS");
@@ -651,7 +655,9 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         const char *stages = getenv("DS_CUDA_MOE_GEMM_STAGES");
         c->moe_gemm_stages = stages && (atoi(stages) == 3 || atoi(stages) == 4) ? atoi(stages) : 2;
         const char *gbk = getenv("DS_CUDA_MOE_GEMM_BK"), *gbn = getenv("DS_CUDA_MOE_GEMM_BN");
-        c->moe_gemm_bk = gbk && (atoi(gbk) == 64 || atoi(gbk) == 128) ? atoi(gbk) : 32;
+        /* BK 64 vs 32: prefill of 1024 tokens 48.37 / 48.48 vs 58.99 / 58.62 ms (BK 128 48.94,
+         * BK 64 + 3 stages 49.32, BN 256 + BK 64 48.12; H100, s19-run1) */
+        c->moe_gemm_bk = gbk && (atoi(gbk) == 32 || atoi(gbk) == 128) ? atoi(gbk) : 64;
         c->moe_gemm_bn = gbn && atoi(gbn) == 256 ? 256 : 128;
         const char *gdt = getenv("DS_CUDA_MOE_GEMM_DOWN_TILES");
         c->moe_gemm_down_tiles = gdt && (atoi(gdt) == 2 || atoi(gdt) == 4) ? atoi(gdt) : 1;

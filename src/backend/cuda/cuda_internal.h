@@ -188,9 +188,9 @@ typedef struct ds_cuda_ctx {
     /* pipeline stages of the grouped expert GEMM (DS_CUDA_MOE_GEMM_STAGES, 2, 3 or 4; default
      * 2; 3 and 4 only at WN = 2, BK = 32; 3 also at BK = 64) */
     int moe_gemm_stages;
-    /* the grouped expert GEMM's K per stage (DS_CUDA_MOE_GEMM_BK, 32, 64 or 128; default 32)
-     * and weight rows per tile (DS_CUDA_MOE_GEMM_BN, 128 or 256 with 8 warps; default 128):
-     * cuda_moe_gemm.cu, session 18, not yet measured */
+    /* the grouped expert GEMM's K per stage (DS_CUDA_MOE_GEMM_BK, 32, 64 or 128; default 64
+     * since session 19) and weight rows per tile (DS_CUDA_MOE_GEMM_BN, 128 or 256 with 8 warps;
+     * default 128): cuda_moe_gemm.cu */
     int moe_gemm_bk, moe_gemm_bn;
     /* column tiles per block of the grouped GEMM's down pass (DS_CUDA_MOE_GEMM_DOWN_TILES, 1,
      * 2 or 4; default 1): its tile lookup and row setup paid once per that many tiles */
@@ -244,8 +244,8 @@ typedef struct ds_cuda_ctx {
      * after, for before/after runs; cuda_gdn.cu) */
     int gdn_early;
     /* CUDA-core GEMV: each warp's first batch of weights loaded into registers before the PDL
-     * wait (1, default; DS_CUDA_GEMV_PRELOAD=0: after, for before/after runs; 2: the second
-     * batch too where a warp has two, one input row; cuda_gemv.cu) */
+     * wait (1; DS_CUDA_GEMV_PRELOAD=0: after, for before/after runs; 2, default since session
+     * 19: the second batch too where a warp has two, one input row; cuda_gemv.cu) */
     int gemv_preload;
     /* the expert down launch of decode steps of 2+ tokens stages SiLU(g)·u in shared memory
      * (1, default; DS_CUDA_MOE_DOWN_STAGED=0: the per-warp loader, for before/after runs;
@@ -259,8 +259,8 @@ typedef struct ds_cuda_ctx {
      * (DS_CUDA_ROUTE_FUSED_MAX_T, 1-8; default 1: larger steps route in their own launch).
      * Same ids, weights and outputs. */
     int route_fused_max_t;
-    /* output rows a warp of the one-token down + combine launch (DS_CUDA_MOE_DC_ROWS: 2, 4
-     * (default) or 8; cuda_moe.cu). Same sums for every value. */
+    /* output rows a warp of the one-token down + combine launch (DS_CUDA_MOE_DC_ROWS: 2, 4 or
+     * 8 (default since session 19); cuda_moe.cu). Same sums for every value. */
     int moe_dc_rows;
     /* the lm_head of multi-sequence steps (logits and fused argmax) on tensor cores (1, default;
      * DS_CUDA_LM_HEAD_TC=0: the CUDA cores, for before/after runs; ds_cuda_lm_head_tc) */

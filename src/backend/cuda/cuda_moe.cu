@@ -259,7 +259,7 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
             /* rows a warp (ctx->moe_dc_rows): 4 × 2 batches, 89 registers, 2 blocks of 9 warps
              * an SM, so the 35B-A3B's 512 blocks take two waves; 8 × 1 (105 registers: 256
              * blocks, one wave, two round trips a warp) or 2 × 2 (62: 3 blocks an SM). Same sums. */
-            const int dr = ctx->moe_dc_rows == 8 || ctx->moe_dc_rows == 2 ? ctx->moe_dc_rows : 4;
+            const int dr = ctx->moe_dc_rows == 4 || ctx->moe_dc_rows == 2 ? ctx->moe_dc_rows : 8;
             auto kern = dr == 8 ? moe_down_combine_kernel<8, 1>
                         : dr == 2 ? moe_down_combine_kernel<2, 2> : moe_down_combine_kernel<4, 2>;
             ds_launch(ctx, kern, DS_DIV_UP(H, dr), warps * 32, 0,

@@ -29,12 +29,14 @@ using namespace nvcuda;
 
 #define GG_BM 64 /* assignments per tile */
 /* Weight rows per tile BN (128, or 256 with DS_CUDA_MOE_GEMM_BN) and K per pipeline stage BK
- * (32, or 64 / 128 with DS_CUDA_MOE_GEMM_BK) are template parameters. Why BK: a stage reads
- * 2·BK bytes of each of its BN weight rows, rows K·2 bytes apart; at BK = 32 that is 64-byte
- * pieces of 128 (gate_up) or 256 rows, the next piece of each row a stage later. The expert
- * GEMV streams each row in long runs and reaches ~4 TB/s where this kernel stays at 2.1-2.25
- * (session 9); longer runs per row per stage are the untried difference. Why BN: each block
- * reads its tile's activations once per weight tile, so 256 rows halve those L2 reads. */
+ * (64 by default, or 32 / 128 with DS_CUDA_MOE_GEMM_BK) are template parameters. Why BK: a
+ * stage reads 2·BK bytes of each of its BN weight rows, rows K·2 bytes apart; at BK = 32 that
+ * is 64-byte pieces of 128 (gate_up) or 256 rows, the next piece of each row a stage later, and
+ * the kernel stayed at 2.1-2.25 TB/s (session 9) where the expert GEMV, streaming each row in
+ * long runs, reaches ~4. 128-byte pieces (BK 64) took a 1024-token prefill from 58.99 / 58.62
+ * to 48.37 / 48.48 ms (H100, s19-run1; BK 128: 48.94). Why BN: each block reads its tile's
+ * activations once per weight tile, so 256 rows halve those L2 reads (with BK 64: 48.12 ms,
+ * within noise of 128). */
 template <int BK> struct gg_pitch {
     /* smem row pitch (bf16): 80, 144 or 272 bytes, so 8 consecutive rows start in 8 distinct
      * 16-byte bank groups (fragment loads without conflicts) */
