@@ -1315,6 +1315,10 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
         {"down 4 column tiles a block", 2, 2, 32, 128, 4},
         {"down 4 column tiles a block, BK 64", 2, 2, 64, 128, 4},
         {"down 2 column tiles a block, BN 256", 2, 2, 32, 256, 2},
+        {"BN 64, BK 64", 2, 2, 64, 64, 1},
+        {"BN 64, BK 64, 3 stages", 2, 3, 64, 64, 1},
+        {"BN 64, BK 128", 2, 2, 128, 64, 1},
+        {"BN 64, BK 128, down 2 column tiles a block", 2, 2, 128, 64, 2},
     };
     const size_t n = (size_t)T * H;
     c->moe_gemm_wn = 2;
