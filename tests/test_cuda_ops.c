@@ -701,9 +701,47 @@ static void lm_head_mode_restore(lm_head_mode m) {
 
 static const char *const LM_HEAD_MODE[2] = {"CUDA cores", "tensor cores"};
 
+/* The fused argmax's hand-over variants (cuda_argmax.cuh): partials merged by the last block or
+ * atomic keys (DS_CUDA_AMAX_ATOMIC), one CUDA-core row tile a block or several
+ * (DS_CUDA_AMAX_TILES); every test below runs under each, and each must give the same ids. */
+static const struct {
+    int atomic, tiles;
+} AMAX_VARIANTS[] = {{0, 1}, {1, 1}, {0, 3}, {1, 64}};
+#define N_AMAX_VARIANTS (int)(sizeof AMAX_VARIANTS / sizeof AMAX_VARIANTS[0])
+
+/* variant v, or (v < 0) the context's own values again */
+static void amax_variant_set(int v) {
+#ifdef DS_HAVE_CUDA
+    ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
+    static int saved_atomic = -1, saved_tiles;
+    if (saved_atomic < 0) saved_atomic = c->amax_atomic, saved_tiles = c->amax_tiles;
+    if (v < 0) {
+        c->amax_atomic = saved_atomic;
+        c->amax_tiles = saved_tiles;
+        return;
+    }
+    c->amax_atomic = AMAX_VARIANTS[v].atomic;
+    c->amax_tiles = AMAX_VARIANTS[v].tiles;
+    printf("  (argmax hand-over: %s, %d row tile(s) a block)\n",
+           AMAX_VARIANTS[v].atomic ? "atomic keys" : "partials", AMAX_VARIANTS[v].tiles);
+#else
+    (void)v;
+#endif
+}
+
+static void argmax_logits_check(void);
+
 static void test_argmax_logits(void **state) {
     (void)state;
     assert_non_null(g_cuda->ops->argmax_logits);
+    for (int v = 0; v < N_AMAX_VARIANTS; v++) {
+        amax_variant_set(v);
+        argmax_logits_check();
+    }
+    amax_variant_set(-1);
+}
+
+static void argmax_logits_check(void) {
     test_rng r = {34};
     tmodel *w = calloc(1, sizeof *w);
     const int64_t N = 50000, K = 2048;
@@ -932,7 +970,11 @@ static void argmax_logits_bans(int tc) {
 static void test_argmax_logits_bans(void **state) {
     (void)state;
     assert_non_null(g_cuda->ops->set_argmax_bans);
-    for (int tc = 0; tc < 2; tc++) argmax_logits_bans(tc);
+    for (int v = 0; v < N_AMAX_VARIANTS; v++) {
+        amax_variant_set(v);
+        for (int tc = 0; tc < 2; tc++) argmax_logits_bans(tc);
+    }
+    amax_variant_set(-1);
 }
 
 /* concat: exact copies, 16-byte path (widths % 8 == 0) and element path */

@@ -214,6 +214,7 @@ static void cu_destroy(ds_backend *be) {
         cudaFree(c->d_amax_v);
         cudaFree(c->d_amax_i);
         cudaFree(c->d_amax_cnt);
+        cudaFree(c->d_amax_key);
         cudaFree(c->d_bans);
         if (c->h_bans) cudaFreeHost(c->h_bans);
         if (c->bans_done) cudaEventDestroy(c->bans_done);
@@ -648,6 +649,9 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
          * (H100, s19-run1) */
         const char *dcr = getenv("DS_CUDA_MOE_DC_ROWS");
         c->moe_dc_rows = dcr && (atoi(dcr) == 2 || atoi(dcr) == 4) ? atoi(dcr) : 8;
+        const char *amt = getenv("DS_CUDA_AMAX_TILES");
+        c->amax_atomic = getenv("DS_CUDA_AMAX_ATOMIC") && atoi(getenv("DS_CUDA_AMAX_ATOMIC")) == 1;
+        c->amax_tiles = amt && atoi(amt) >= 1 && atoi(amt) <= 64 ? atoi(amt) : 1;
         const char *fmt = getenv("DS_CUDA_ROUTE_FUSED_MAX_T");
         c->route_fused_max_t = fmt && atoi(fmt) >= 1 && atoi(fmt) <= 8 ? atoi(fmt) : 1;
         const char *cols = getenv("DS_CUDA_GDN_SCAN_COLS");
@@ -722,6 +726,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
     CREATE_CHECK(cudaMalloc((void **)&c->d_amax_i, sizeof(int32_t) * DS_CUDA_AMAX_BLOCKS * 8 * 2));
     CREATE_CHECK(cudaMalloc((void **)&c->d_amax_cnt, sizeof(int)));
     CREATE_CHECK(cudaMemset(c->d_amax_cnt, 0, sizeof(int)));
+    CREATE_CHECK(cudaMalloc((void **)&c->d_amax_key, sizeof(unsigned long long) * 16));
+    CREATE_CHECK(cudaMemset(c->d_amax_key, 0, sizeof(unsigned long long) * 16));
     CREATE_CHECK(cudaMalloc((void **)&c->d_bans, sizeof(int32_t) * (2 + DS_CUDA_BAN_INTS)));
     CREATE_CHECK(cudaMemset(c->d_bans, 0, sizeof(int32_t) * 2)); /* no bans */
     CREATE_CHECK(cudaHostAlloc((void **)&c->h_bans, sizeof(int32_t) * (2 + DS_CUDA_BAN_INTS),

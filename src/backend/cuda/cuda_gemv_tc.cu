@@ -140,7 +140,8 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
     gemv_tc_argmax_kernel(const bf16 *__restrict__ W, int64_t N, int64_t K, const bf16 *__restrict__ x,
                           int64_t ldx, int R, float *__restrict__ pv, int32_t *__restrict__ pi,
                           int64_t masked_off, int *__restrict__ counter, int32_t *__restrict__ ids,
-                          const int32_t *__restrict__ bans, int row0, int tail_batched) {
+                          const int32_t *__restrict__ bans, int row0, int tail_batched,
+                          unsigned long long *__restrict__ keys) {
     __shared__ float red[TC_WARPS][16][8];
     __shared__ float sv[2][4][8]; /* [plain | masked][warp 0..3][input row] */
     __shared__ int si[2][4][8];
@@ -176,8 +177,13 @@ __global__ void __launch_bounds__(TC_WARPS * 32)
         }
     }
     __syncthreads();
-    argmax_block_partials(&sv[0][0][0], &si[0][0][0], 4, 8, R, b.masked, pv, pi, masked_off);
-    if (argmax_last_block(counter, &is_last)) argmax_merge_partials(pv, pi, masked_off, R, b, ids);
+    if (keys) { /* ctx->amax_atomic: cuda_argmax.cuh */
+        argmax_block_keys(&sv[0][0][0], &si[0][0][0], 4, 8, R, b.masked, keys);
+        if (argmax_last_block(counter, &is_last)) argmax_finish_keys(keys, R, b, ids);
+    } else {
+        argmax_block_partials(&sv[0][0][0], &si[0][0][0], 4, 8, R, b.masked, pv, pi, masked_off);
+        if (argmax_last_block(counter, &is_last)) argmax_merge_partials(pv, pi, masked_off, R, b, ids);
+    }
 }
 
 /* Returns false (nothing launched) when the shape is not one this kernel serves: K a multiple of
@@ -217,6 +223,7 @@ extern "C" void ds_cuda_argmax_gemv_tc(ds_cuda_ctx *ctx, const void *W, int64_t 
     const int64_t moff = (int64_t)DS_CUDA_AMAX_BLOCKS * 8; /* the masked partials follow */
     ds_launch(ctx, gemv_tc_argmax_kernel, (unsigned)DS_DIV_UP(N, (int64_t)16), TC_WARPS * 32, 0,
               (const bf16 *)W, N, K, (const bf16 *)x, ldx, R, ctx->d_amax_v, ctx->d_amax_i, moff,
-              ctx->d_amax_cnt, ids, (const int32_t *)ctx->d_bans, row0, ctx->tc_tail);
+              ctx->d_amax_cnt, ids, (const int32_t *)ctx->d_bans, row0, ctx->tc_tail,
+              ctx->amax_atomic ? ctx->d_amax_key : (unsigned long long *)NULL);
     DS_CU_LAUNCHED2(ctx, "gemv_tc_argmax_kernel", N, K);
 }

@@ -259,6 +259,11 @@ typedef struct ds_cuda_ctx {
      * (DS_CUDA_ROUTE_FUSED_MAX_T, 1-8; default 1: larger steps route in their own launch).
      * Same ids, weights and outputs. */
     int route_fused_max_t;
+    /* the fused lm_head + argmax (cuda_argmax.cuh): blocks fold their bests into atomic keys
+     * instead of writing partials for the last block to merge (DS_CUDA_AMAX_ATOMIC=1; default 0
+     * until measured), and the CUDA-core kernel's row tiles per block (DS_CUDA_AMAX_TILES, 1-64;
+     * default 1). Same ids for every value. */
+    int amax_atomic, amax_tiles;
     /* output rows a warp of the one-token down + combine launch (DS_CUDA_MOE_DC_ROWS: 2, 4 or
      * 8 (default since session 19); cuda_moe.cu). Same sums for every value. */
     int moe_dc_rows;
@@ -338,6 +343,7 @@ typedef struct ds_cuda_ctx {
                                      plain, then without the banned ids */
     int32_t *d_amax_i;            /* [2][DS_CUDA_AMAX_BLOCKS · 8] */
     int *d_amax_cnt;              /* [1], zero between launches */
+    unsigned long long *d_amax_key; /* [2][8] the atomic keys of amax_atomic, zero between launches */
     /* banned ids of the fused argmax (set_argmax_bans): [0] = rows B, [1] = ids per row n_ban,
      * then the table [B, n_ban] (-1 padded); a fixed address read by every launch, so graph
      * replays see the current table */
