@@ -634,6 +634,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         const char *one = getenv("DS_CUDA_TC_ONE_SEQ");
         c->tc_one_seq = one && atoi(one) == 1;
         c->gdn_early = knob_on("DS_CUDA_GDN_EARLY");
+        const char *gsp = getenv("DS_CUDA_GDN_SPLIT");
+        c->gdn_split = gsp && (atoi(gsp) == 2 || atoi(gsp) == 4) ? atoi(gsp) : 1;
         /* 0, 1 or 2 (default) batches before the PDL wait. 2 vs 1: batch 1 2.962 / 2.980 vs
          * 2.991 / 3.016 ms, batch 4 / 8 unchanged (H100, s19-run1, two rounds) */
         const char *gpre = getenv("DS_CUDA_GEMV_PRELOAD");
@@ -649,8 +651,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
          * (H100, s19-run1) */
         const char *dcr = getenv("DS_CUDA_MOE_DC_ROWS");
         c->moe_dc_rows = dcr && (atoi(dcr) == 2 || atoi(dcr) == 4) ? atoi(dcr) : 8;
-        const char *amt = getenv("DS_CUDA_AMAX_TILES");
-        c->amax_atomic = getenv("DS_CUDA_AMAX_ATOMIC") && atoi(getenv("DS_CUDA_AMAX_ATOMIC")) == 1;
+        const char *amt = getenv("DS_CUDA_AMAX_TILES"), *ama = getenv("DS_CUDA_AMAX_ATOMIC");
+        c->amax_atomic = ama && atoi(ama) == 1;
         c->amax_tiles = amt && atoi(amt) >= 1 && atoi(amt) <= 64 ? atoi(amt) : 1;
         const char *fmt = getenv("DS_CUDA_ROUTE_FUSED_MAX_T");
         c->route_fused_max_t = fmt && atoi(fmt) >= 1 && atoi(fmt) <= 8 ? atoi(fmt) : 1;

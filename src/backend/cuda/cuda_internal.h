@@ -243,6 +243,9 @@ typedef struct ds_cuda_ctx {
     /* the GDN decode kernel reads its state before its PDL wait (1, default; DS_CUDA_GDN_EARLY=0:
      * after, for before/after runs; cuda_gdn.cu) */
     int gdn_early;
+    /* the GDN decode kernel's blocks a value head, a thread-block cluster sharing the head's dv
+     * columns (1, default until measured; DS_CUDA_GDN_SPLIT=2 or 4, dv 128; cuda_gdn.cu) */
+    int gdn_split;
     /* CUDA-core GEMV: each warp's first batch of weights loaded into registers before the PDL
      * wait (1; DS_CUDA_GEMV_PRELOAD=0: after, for before/after runs; 2, default since session
      * 19: the second batch too where a warp has two, one input row; cuda_gemv.cu) */
