@@ -1357,10 +1357,6 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
         {"down 4 column tiles a block", 2, 2, 32, 128, 4},
         {"down 4 column tiles a block, BK 64", 2, 2, 64, 128, 4},
         {"down 2 column tiles a block, BN 256", 2, 2, 32, 256, 2},
-        {"BN 64, BK 64", 2, 2, 64, 64, 1},
-        {"BN 64, BK 64, 3 stages", 2, 3, 64, 64, 1},
-        {"BN 64, BK 128", 2, 2, 128, 64, 1},
-        {"BN 64, BK 128, down 2 column tiles a block", 2, 2, 128, 64, 2},
     };
     const size_t n = (size_t)T * H;
     c->moe_gemm_wn = 2;
@@ -1580,36 +1576,9 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
     }
 }
 
-/* The GDN decode kernel's split variants (DS_CUDA_GDN_SPLIT: blocks a value head, a cluster);
- * the GDN tests below run under each; shapes too narrow for a split run unsplit again. */
-static const int GDN_SPLITS[] = {1, 2, 4};
-#define N_GDN_SPLITS (int)(sizeof GDN_SPLITS / sizeof GDN_SPLITS[0])
-
-/* variant v, or (v < 0) the context's own value again */
-static void gdn_split_set(int v) {
-#ifdef DS_HAVE_CUDA
-    ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
-    static int saved = -1;
-    if (saved < 0) saved = c->gdn_split;
-    c->gdn_split = v < 0 ? saved : GDN_SPLITS[v];
-    if (v >= 0) printf("  (GDN decode: %d block(s) a value head)\n", GDN_SPLITS[v]);
-#else
-    (void)v;
-#endif
-}
-
-static void mixers_check(int split_variant);
-
 static void test_mixers(void **state) {
     (void)state;
-    for (int v = 0; v < N_GDN_SPLITS; v++) mixers_check(v);
-    gdn_split_set(-1);
-}
-
-static void mixers_check(int split_variant) {
     for (size_t si = 0; si < sizeof SHAPES / sizeof SHAPES[0]; si++) {
-        if (split_variant > 0 && SHAPES[si].dk < 64) continue; /* no split variant built */
-        gdn_split_set(split_variant);
         test_rng r = {55 + si};
         tmodel *m = calloc(1, sizeof *m);
         model_build(m, &SHAPES[si], 5 + si);
@@ -1704,18 +1673,9 @@ static void gdn_only(tmodel *m, caches *c, const tbatch *tb, test_rng *r, const 
     free(pv);
 }
 
-static void gdn_snapshots_check(int split_variant);
-
 static void test_gdn_snapshots(void **state) {
     (void)state;
-    for (int v = 0; v < N_GDN_SPLITS; v++) gdn_snapshots_check(v);
-    gdn_split_set(-1);
-}
-
-static void gdn_snapshots_check(int split_variant) {
     for (size_t si = 0; si < sizeof SHAPES / sizeof SHAPES[0]; si++) {
-        if (split_variant > 0 && SHAPES[si].dk < 64) continue; /* no split variant built */
-        gdn_split_set(split_variant);
         test_rng r = {66 + si};
         tmodel *m = calloc(1, sizeof *m);
         model_build(m, &SHAPES[si], 15 + si);
@@ -2149,13 +2109,7 @@ static void test_bench(void **state) {
             printf("  attention decode S=1 at context %d: %.2f us\n", ctx + 1, time_ms(op_call, &a, it) * 1e3);
             in.cols = Wg;
             a.which = 0;
-            const int saved_split = cuda_ctx()->gdn_split;
-            for (int v = 0; v < N_GDN_SPLITS; v++) {
-                cuda_ctx()->gdn_split = GDN_SPLITS[v];
-                printf("  gdn decode S=1 (32 heads, fp32 state 2 MiB r+w, split %d): %.2f us\n", GDN_SPLITS[v],
-                       time_ms(op_call, &a, it) * 1e3);
-            }
-            cuda_ctx()->gdn_split = saved_split;
+            printf("  gdn decode S=1 (32 heads, fp32 state 2 MiB r+w): %.2f us\n", time_ms(op_call, &a, it) * 1e3);
         }
         for (int T = 1; T <= 8; T *= 8) {
             in.rows = out.rows = T;

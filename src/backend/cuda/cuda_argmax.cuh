@@ -8,13 +8,16 @@
  * ids, at masked_off). The last block to finish merges them; the merge is a max with a
  * lowest-index tie rule, so its result does not depend on the order blocks finished in.
  *
- * With atomic keys (ctx->amax_atomic, DS_CUDA_AMAX_ATOMIC) there are no partials: each block
+ * With atomic keys (ctx->amax_atomic, the default since session 20; DS_CUDA_AMAX_ATOMIC=0 for
+ * the partials) there are no partials: each block
  * folds its best into one 64-bit key per input row (and one more skipping banned ids) by
  * atomicMax, and the last block only reads and clears those keys. The partials' merge was a tail
  * after everything else of the launch had finished: at the 248320-row lm_head, 7760 partials a
  * row (CUDA cores, one warp a row: 243 dependent L2 round trips a lane) or 15520 (tensor cores);
  * the fused lm_head + argmax took 303 / 331 µs against 233 / 244 µs for the logits GEMV alone at
- * batch 1 / 8 (s17-run2). */
+ * batch 1 / 8 (s17-run2). Keys vs partials, whole decode step: 2.933 / 5.548 / 8.383 vs
+ * 2.940 / 5.571 / 8.419 ms at batch 1 / 4 / 8 (H100, s20-run1): the tail was smaller than
+ * that gap suggested. */
 #ifndef DS_CUDA_ARGMAX_CUH
 #define DS_CUDA_ARGMAX_CUH
 

@@ -634,8 +634,6 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         const char *one = getenv("DS_CUDA_TC_ONE_SEQ");
         c->tc_one_seq = one && atoi(one) == 1;
         c->gdn_early = knob_on("DS_CUDA_GDN_EARLY");
-        const char *gsp = getenv("DS_CUDA_GDN_SPLIT");
-        c->gdn_split = gsp && (atoi(gsp) == 2 || atoi(gsp) == 4) ? atoi(gsp) : 1;
         /* 0, 1 or 2 (default) batches before the PDL wait. 2 vs 1: batch 1 2.962 / 2.980 vs
          * 2.991 / 3.016 ms, batch 4 / 8 unchanged (H100, s19-run1, two rounds) */
         const char *gpre = getenv("DS_CUDA_GEMV_PRELOAD");
@@ -652,7 +650,9 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         const char *dcr = getenv("DS_CUDA_MOE_DC_ROWS");
         c->moe_dc_rows = dcr && (atoi(dcr) == 2 || atoi(dcr) == 4) ? atoi(dcr) : 8;
         const char *amt = getenv("DS_CUDA_AMAX_TILES"), *ama = getenv("DS_CUDA_AMAX_ATOMIC");
-        c->amax_atomic = ama && atoi(ama) == 1;
+        /* keys vs partials: 2.933 / 5.548 / 8.383 vs 2.940 / 5.571 / 8.419 ms at batch 1 / 4 / 8
+         * (H100, s20-run1) */
+        c->amax_atomic = !(ama && atoi(ama) == 0);
         c->amax_tiles = amt && atoi(amt) >= 1 && atoi(amt) <= 64 ? atoi(amt) : 1;
         const char *fmt = getenv("DS_CUDA_ROUTE_FUSED_MAX_T");
         c->route_fused_max_t = fmt && atoi(fmt) >= 1 && atoi(fmt) <= 8 ? atoi(fmt) : 1;
@@ -664,7 +664,7 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         /* BK 64 vs 32: prefill of 1024 tokens 48.37 / 48.48 vs 58.99 / 58.62 ms (BK 128 48.94,
          * BK 64 + 3 stages 49.32, BN 256 + BK 64 48.12; H100, s19-run1) */
         c->moe_gemm_bk = gbk && (atoi(gbk) == 32 || atoi(gbk) == 128) ? atoi(gbk) : 64;
-        c->moe_gemm_bn = gbn && (atoi(gbn) == 64 || atoi(gbn) == 256) ? atoi(gbn) : 128;
+        c->moe_gemm_bn = gbn && atoi(gbn) == 256 ? atoi(gbn) : 128;
         const char *gdt = getenv("DS_CUDA_MOE_GEMM_DOWN_TILES");
         c->moe_gemm_down_tiles = gdt && (atoi(gdt) == 2 || atoi(gdt) == 4) ? atoi(gdt) : 1;
         c->lt_split = knob_on("DS_CUDA_LT_SPLIT");

@@ -147,79 +147,23 @@ extern "C" void ds_cuda_gemv_cores(ds_cuda_ctx *ctx, const void *W, int64_t N, i
 
 /* ---- fused lm_head + argmax (greedy decode) ------------------------------------------------ */
 
-/* Each block computes the dot products of its GEMV_WARPS·ROWS weight rows exactly as
+/* Each block computes the dot products of GEMV_WARPS·ROWS weight rows a tile exactly as
  * gemv_kernel does (same chunking and reduction order, so the values equal the CUDA-core logits
  * path), keeps the best (value, row) per input row — and, for rows with banned ids, the best
- * that skips them (cuda_argmax.cuh) — and writes them as the block's partials; the last block
- * to finish merges them. */
+ * that skips them (cuda_argmax.cuh) — over its tiles blockIdx.x, + gridDim.x, … (one each
+ * unless ctx->amax_tiles shrinks the grid: each block's epilogue — its barriers, fence and
+ * ticket — is then paid once for several tiles), and hands them on by atomicMax on one 64-bit
+ * key per input row (ctx->amax_atomic, the default since session 20) or as partials that the
+ * last block to finish merges. Keys vs partials: batch 1 / 4 / 8 2.933 / 5.548 / 8.383 vs
+ * 2.940 / 5.571 / 8.419 ms (H100, s20-run1; 4 tiles a block 2.929 / 5.536 / 8.373, within
+ * noise of 1). */
 template <int R, int ROWS, int UNROLL>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_argmax_kernel(const bf16 *__restrict__ W, int64_t N, int64_t K, const bf16 *__restrict__ x,
                        int64_t ldx, float *__restrict__ pv, int32_t *__restrict__ pi,
                        int64_t masked_off, int *__restrict__ counter, int32_t *__restrict__ ids,
-                       const int32_t *__restrict__ bans, int row0, int pf_bytes) {
-    constexpr int SPAN = GEMV_WARPS * ROWS; /* candidate rows of one block */
-    static_assert(SPAN <= 32, "one 32-bit ban mask per input row and block");
-    __shared__ float sv[2][GEMV_WARPS][R];
-    __shared__ int si[2][GEMV_WARPS][R];
-    __shared__ unsigned ban_bits[R];
-    __shared__ int is_last;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t n0 = ((int64_t)blockIdx.x * GEMV_WARPS + warp) * ROWS;
-    if (pf_bytes > 0 && lane < ROWS && n0 + lane < N) prefetch_l2(W + (n0 + lane) * K, (uint32_t)pf_bytes);
-    pdl_enter(); /* cuda_launch.cuh */
-    XRows<R> xs;
-#pragma unroll
-    for (int r = 0; r < R; r++) xs.base[r] = x + r * ldx;
-    float acc[ROWS][R];
-#pragma unroll
-    for (int rr = 0; rr < ROWS; rr++)
-#pragma unroll
-        for (int r = 0; r < R; r++) acc[rr][r] = 0.f;
-    if (n0 < N) gemv_warp_partial<R, ROWS, UNROLL, true>(W, K, n0, N, xs, 0, K, acc);
-    gemv_warp_reduce<R, ROWS>(acc);
-
-    const ArgmaxBans b = argmax_bans(bans, row0, R); /* the same in every thread */
-    if (b.masked) argmax_ban_bits(bans, row0, b, (int64_t)blockIdx.x * SPAN, SPAN, ban_bits);
-    if (lane == 0) {
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            float bv = -INFINITY, mv = -INFINITY;
-            int bi = 0x7fffffff, mi = 0x7fffffff;
-            const unsigned bits = b.masked && r < b.n_banned_rows ? ban_bits[r] : 0u;
-#pragma unroll
-            for (int rr = 0; rr < ROWS; rr++) {
-                if (n0 + rr >= N) continue;
-                amax_merge(bv, bi, acc[rr][r], (int)(n0 + rr));
-                if (!((bits >> (warp * ROWS + rr)) & 1u)) amax_merge(mv, mi, acc[rr][r], (int)(n0 + rr));
-            }
-            sv[0][warp][r] = bv;
-            si[0][warp][r] = bi;
-            sv[1][warp][r] = mv;
-            si[1][warp][r] = mi;
-        }
-    }
-    __syncthreads();
-    argmax_block_partials(&sv[0][0][0], &si[0][0][0], GEMV_WARPS, R, R, b.masked, pv, pi, masked_off);
-    if (argmax_last_block(counter, &is_last)) argmax_merge_partials(pv, pi, masked_off, R, b, ids);
-}
-
-/* The hand-over variants of gemv_argmax_kernel (DS_CUDA_AMAX_ATOMIC / DS_CUDA_AMAX_TILES,
- * session 19; not yet run on a GPU, so the default launch keeps the kernel above until a run
- * has compared them): each block computes the dot products of GEMV_WARPS·ROWS weight rows a
- * tile exactly as gemv_kernel does (the same values as the CUDA-core logits path), keeps the
- * best (value, row) per input row — and the best that skips banned ids — over its tiles
- * blockIdx.x, + gridDim.x, … (one each unless ctx->amax_tiles shrinks the grid: each block's
- * epilogue — its barriers, fence and ticket — is then paid once for several tiles), and hands
- * them on as partials for the last block to merge or, with keys (ctx->amax_atomic), by
- * atomicMax. At amax_tiles 1 without keys it computes what gemv_argmax_kernel does. */
-template <int R, int ROWS, int UNROLL>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-    gemv_argmax_tiled_kernel(const bf16 *__restrict__ W, int64_t N, int64_t K, const bf16 *__restrict__ x,
-                             int64_t ldx, float *__restrict__ pv, int32_t *__restrict__ pi,
-                             int64_t masked_off, int *__restrict__ counter, int32_t *__restrict__ ids,
-                             const int32_t *__restrict__ bans, int row0, int pf_bytes,
-                             unsigned long long *__restrict__ keys) {
+                       const int32_t *__restrict__ bans, int row0, int pf_bytes,
+                       unsigned long long *__restrict__ keys) {
     constexpr int SPAN = GEMV_WARPS * ROWS; /* candidate rows of one tile */
     static_assert(SPAN <= 32, "one 32-bit ban mask per input row and tile");
     __shared__ float sv[2][GEMV_WARPS][R];
@@ -295,16 +239,11 @@ static void launch_argmax(ds_cuda_ctx *ctx, unsigned bx, const bf16 *W, int64_t 
     const int32_t *bans = ctx->d_bans;
     const int pf = gemv_prefetch_bytes(ctx, N, K, K, bx);
     unsigned long long *keys = ctx->amax_atomic ? ctx->d_amax_key : NULL;
-    const bool variant = keys || ctx->amax_tiles > 1;
     switch (R) {
 #define AMAX_CASE(RR)                                                                             \
     case RR:                                                                                      \
-        if (variant)                                                                              \
-            ds_launch(ctx, gemv_argmax_tiled_kernel<RR, ROWS, UNROLL>, bx, GEMV_WARPS * 32, 0, W, \
-                      N, K, x, ldx, pv, pi, moff, cnt, ids, bans, row0, pf, keys);                \
-        else                                                                                      \
-            ds_launch(ctx, gemv_argmax_kernel<RR, ROWS, UNROLL>, bx, GEMV_WARPS * 32, 0, W, N, K, \
-                      x, ldx, pv, pi, moff, cnt, ids, bans, row0, pf);                            \
+        ds_launch(ctx, gemv_argmax_kernel<RR, ROWS, UNROLL>, bx, GEMV_WARPS * 32, 0, W, N, K, x,  \
+                  ldx, pv, pi, moff, cnt, ids, bans, row0, pf, keys);                             \
         break;
         AMAX_CASE(1) AMAX_CASE(2) AMAX_CASE(3) AMAX_CASE(4)
         AMAX_CASE(5) AMAX_CASE(6) AMAX_CASE(7) AMAX_CASE(8)

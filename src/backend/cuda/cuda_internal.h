@@ -189,8 +189,8 @@ typedef struct ds_cuda_ctx {
      * 2; 3 and 4 only at WN = 2, BK = 32; 3 also at BK = 64) */
     int moe_gemm_stages;
     /* the grouped expert GEMM's K per stage (DS_CUDA_MOE_GEMM_BK, 32, 64 or 128; default 64
-     * since session 19) and weight rows per tile (DS_CUDA_MOE_GEMM_BN, 64, 128, or 256 with 8
-     * warps; default 128): cuda_moe_gemm.cu */
+     * since session 19) and weight rows per tile (DS_CUDA_MOE_GEMM_BN, 128, or 256 with 8
+     * warps; default 128; 64 lost, s20-run1): cuda_moe_gemm.cu */
     int moe_gemm_bk, moe_gemm_bn;
     /* column tiles per block of the grouped GEMM's down pass (DS_CUDA_MOE_GEMM_DOWN_TILES, 1,
      * 2 or 4; default 1): its tile lookup and row setup paid once per that many tiles */
@@ -243,9 +243,6 @@ typedef struct ds_cuda_ctx {
     /* the GDN decode kernel reads its state before its PDL wait (1, default; DS_CUDA_GDN_EARLY=0:
      * after, for before/after runs; cuda_gdn.cu) */
     int gdn_early;
-    /* the GDN decode kernel's blocks a value head, a thread-block cluster sharing the head's dv
-     * columns (1, default until measured; DS_CUDA_GDN_SPLIT=2 or 4, dv 128; cuda_gdn.cu) */
-    int gdn_split;
     /* CUDA-core GEMV: each warp's first batch of weights loaded into registers before the PDL
      * wait (1; DS_CUDA_GEMV_PRELOAD=0: after, for before/after runs; 2, default since session
      * 19: the second batch too where a warp has two, one input row; cuda_gemv.cu) */
@@ -263,9 +260,9 @@ typedef struct ds_cuda_ctx {
      * Same ids, weights and outputs. */
     int route_fused_max_t;
     /* the fused lm_head + argmax (cuda_argmax.cuh): blocks fold their bests into atomic keys
-     * instead of writing partials for the last block to merge (DS_CUDA_AMAX_ATOMIC=1; default 0
-     * until measured), and the CUDA-core kernel's row tiles per block (DS_CUDA_AMAX_TILES, 1-64;
-     * default 1). Same ids for every value. */
+     * (1, default since session 20) or write partials for the last block to merge
+     * (DS_CUDA_AMAX_ATOMIC=0), and the CUDA-core kernel's row tiles per block
+     * (DS_CUDA_AMAX_TILES, 1-64; default 1). Same ids for every value. */
     int amax_atomic, amax_tiles;
     /* output rows a warp of the one-token down + combine launch (DS_CUDA_MOE_DC_ROWS: 2, 4 or
      * 8 (default since session 19); cuda_moe.cu). Same sums for every value. */

@@ -28,7 +28,7 @@
 using namespace nvcuda;
 
 #define GG_BM 64 /* assignments per tile */
-/* Weight rows per tile BN (128, or 64 / 256 with DS_CUDA_MOE_GEMM_BN) and K per pipeline stage BK
+/* Weight rows per tile BN (128, or 256 with DS_CUDA_MOE_GEMM_BN) and K per pipeline stage BK
  * (64 by default, or 32 / 128 with DS_CUDA_MOE_GEMM_BK) are template parameters. Why BK: a
  * stage reads 2·BK bytes of each of its BN weight rows, rows K·2 bytes apart; at BK = 32 that
  * is 64-byte pieces of 128 (gate_up) or 256 rows, the next piece of each row a stage later, and
@@ -36,9 +36,9 @@ using namespace nvcuda;
  * long runs, reaches ~4. 128-byte pieces (BK 64) took a 1024-token prefill from 58.99 / 58.62
  * to 48.37 / 48.48 ms (H100, s19-run1; BK 128: 48.94). Why BN: each block reads its tile's
  * activations once per weight tile, so 256 rows halve those L2 reads (with BK 64: 48.12 ms,
- * within noise of 128). BN 64 (session 19, to be measured): 256-byte pieces (BK 128) in 70 KB
- * of shared memory a block, 3 blocks an SM where BN 128 at BK 128 fits 2; at BK 64, 37 KB and
- * 72-96 registers, 5 blocks an SM (or a third stage at 4). */
+ * within noise of 128). BN 64 (256-byte pieces at BK 128 in 70 KB of shared memory, 3 blocks
+ * an SM) lost: 49.27 ms at BK 64, 49.53 at BK 128 against 48.65 / 48.63 for BN 128 (H100,
+ * s20-run1); removed. */
 template <int BK> struct gg_pitch {
     /* smem row pitch (bf16): 80, 144 or 272 bytes, so 8 consecutive rows start in 8 distinct
      * 16-byte bank groups (fragment loads without conflicts) */
@@ -274,9 +274,6 @@ extern "C" void ds_cuda_moe_gemm_init(ds_cuda_ctx *ctx) {
     gemm_init<2, 2, 128, 128>(ctx);
     gemm_init<4, 2, 32, 256>(ctx);
     gemm_init<4, 2, 64, 256>(ctx);
-    gemm_init<2, 2, 64, 64>(ctx);
-    gemm_init<2, 3, 64, 64>(ctx);
-    gemm_init<2, 2, 128, 64>(ctx);
 }
 
 /* One pass: gate_up (act [A, I] from x [T, H] and W_gu [E, 2I, H]) or down (y [A, H] fp32 from
@@ -298,16 +295,11 @@ static void launch_pass(ds_cuda_ctx *ctx, const ds_moe_gemm_args *a) {
  * a BK that does not divide K falls back to 32 (ds_cuda_moe_gemm_fits holds K % 32 == 0).
  * Instantiated combinations (the knob table in the README says the same): BN 128 with BK 32
  * (WN 2 at 2-4 stages, or WN 4 at 2), BK 64 (WN 2, 2 or 3 stages), BK 128 (WN 2, 2 stages);
- * BN 256 with BK 32 or 64 (WN 4, 2 stages; BK 128 takes 64); BN 64 with BK 64 (WN 2, 2 or 3
- * stages) or 128 (2 stages), BK 32 taking BN 128. Knobs outside them are not used. */
+ * BN 256 with BK 32 or 64 (WN 4, 2 stages; BK 128 takes 64). Knobs outside them are not used. */
 template <bool GATE_UP> static void pass(ds_cuda_ctx *ctx, const ds_moe_gemm_args *a) {
     const int K = GATE_UP ? a->H : a->I;
     const int bk = K % ctx->moe_gemm_bk == 0 ? ctx->moe_gemm_bk : 32;
-    if (ctx->moe_gemm_bn == 64 && bk >= 64) {
-        if (bk == 128) launch_pass<GATE_UP, 2, 2, 128, 64>(ctx, a);
-        else if (ctx->moe_gemm_stages == 3) launch_pass<GATE_UP, 2, 3, 64, 64>(ctx, a);
-        else launch_pass<GATE_UP, 2, 2, 64, 64>(ctx, a);
-    } else if (ctx->moe_gemm_bn == 256) {
+    if (ctx->moe_gemm_bn == 256) {
         if (bk >= 64) launch_pass<GATE_UP, 4, 2, 64, 256>(ctx, a); /* K % 128 == 0 → K % 64 == 0 */
         else launch_pass<GATE_UP, 4, 2, 32, 256>(ctx, a);
     } else if (bk == 128) {
