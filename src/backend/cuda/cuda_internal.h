@@ -155,6 +155,7 @@ typedef struct ds_cuda_ctx {
     ds_cuda_prof_entry *prof_tab; /* [DS_CUDA_PROF_ENTRIES] */
     int prof_tab_n;
     uint64_t prof_steps[2];       /* windows profiled: [0] other steps, [1] decode steps */
+    uint64_t prof_skipped[2];     /* the first window of each kind, not charged (prof_close) */
     int profiler_step, profiler_seen, profiler_running; /* DS_CUDA_PROFILER_STEP (ncu) */
     int profiler_prefill, profiler_pf_seen;              /* DS_CUDA_PROFILER_PREFILL (ncu) */
 
