@@ -5,7 +5,7 @@
 #                          microhttpd, curl and its chain, cudart) under lib/.
 # The binaries each embed the same CUDA fatbin (~11 MB each, ~17 MB with line tables): xz with a
 # 64 MiB window stores it about once (four binaries and the libraries: 7.2 MB), which keeps the
-# travelling tree (the repository is ~54 MiB with the demo model) under the tool's 64 MiB. cuBLASLt (500 MB) is not carried: the
+# travelling tree (the repository is ~50 MiB with the demo model; old GPU logs packed, tools/gpu/logs/README.md) under the tool's 64 MiB. cuBLASLt (500 MB) is not carried: the
 # GPU image has it in /usr/local/cuda/lib64. Carry `.carry/gpu` only (other helpers' folders
 # under .carry would push the tree over the limit).
 #
