@@ -210,15 +210,56 @@ for k in (0, 2):
                 margin = lp[0] - lp[1]
             tie = margin is not None and margin < 0.05
             ties += tie
+            # diagnostic: is the cached run's token the reference's runner-up (by its text)?
+            runner = ""
+            if i < len(turn["out"]) and i < len(tops) and len(tops[i]) >= 2:
+                second = sorted(tops[i].items(), key=lambda kv: -kv[1])[1][0]
+                dreq = urllib.request.Request(base + "/detokenize", json.dumps({"tokens": [turn["out"][i]]}).encode(),
+                                              {"Content-Type": "application/json"})
+                try:
+                    mine = json.loads(urllib.request.urlopen(dreq, timeout=10).read())["prompt"]
+                    runner = f"; the cached run's token {mine!r} is {'' if mine == second else 'not '}its runner-up"
+                except Exception as ex:  # a diagnostic only
+                    runner = f"; runner-up unknown ({ex})"
             print(f"  k={k} conversation {c} turn {t}: differs from the uncached server at output "
-                  f"{i} (reference top-2 margin {margin}): {'near tie' if tie else 'FAILED'}")
+                  f"{i} (reference top-2 margin {margin}{runner}): {'near tie' if tie else 'FAILED'}")
             ok = ok and tie
     print(f"  k={k}: {same} of 12 turns identical to the uncached server, {ties} differ at a near tie")
 sys.exit(0 if ok else 1)
 EOF
     stop_server
 fi
-for n in on0 on2 off; do
+# diagnostic, not a verdict: the k = 2 conversations against an uncached k = 2 server (its
+# verification batches, one prompt at a time), to tell the speculative path's own bf16 sums from
+# the cache's part where the k = 2 run differs from the k = 0 reference (session 20, item 5)
+start_server off2 --no-enable-prefix-caching --num-speculative-tokens 2 || true
+if [ -n "$pid" ]; then
+    python3 - "$(cat "$work/off2.port")" "$work" <<'EOF' >>"$log" 2>&1
+import json, os, sys, urllib.request
+port, work = sys.argv[1], sys.argv[2]
+base = f"http://127.0.0.1:{port}"
+model = json.loads(urllib.request.urlopen(base + "/v1/models", timeout=5).read())["data"][0]["id"]
+p = os.path.join(work, "on2.json")
+if os.path.exists(p):
+    same, diffs = 0, []
+    for c, turns in enumerate(json.load(open(p))):
+        for t, turn in enumerate(turns):
+            req = urllib.request.Request(base + "/v1/completions", json.dumps(
+                {"model": model, "prompt": turn["prompt"], "max_tokens": len(turn["out"]), "temperature": 0,
+                 "return_token_ids": True}).encode(), {"Content-Type": "application/json"})
+            ref = json.loads(urllib.request.urlopen(req, timeout=60).read())["choices"][0]["token_ids"]
+            if ref == turn["out"]:
+                same += 1
+            else:
+                i = next((j for j in range(min(len(ref), len(turn["out"]))) if ref[j] != turn["out"][j]),
+                         min(len(ref), len(turn["out"])))
+                diffs.append(f"conversation {c} turn {t} at output {i}")
+    print(f"  (diagnostic) k=2 vs an uncached k=2 server: {same} of 12 turns identical"
+          + (f"; differ: {', '.join(diffs)}" if diffs else ""))
+EOF
+    stop_server
+fi
+for n in on0 on2 off off2; do
     grep -E "prefix|step graphs" "$work/$n.log" 2>/dev/null | sed "s/^/  $n server: /" >>"$log"
 done
 if [ $rc = 0 ]; then echo "serve prefix check: passed" >>"$log"; else echo "serve prefix check: FAILED" >>"$log"; fi
