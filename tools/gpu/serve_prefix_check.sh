@@ -15,6 +15,8 @@
 #   - JSON mode: finish_reason "stop" content parses as a JSON object (json.loads), "length"
 #     content is a prefix of one; structured outputs (response_format json_schema): a finished
 #     answer has the schema's keys in order and their types, a cut one is a prefix.
+# Diagnostics (no verdict): for a turn that differs, whether the cached run's token is the
+# reference's runner-up; the k = 2 turns against an uncached k = 2 server as well.
 # Needs BIN (the directory holding deltaserve and lib/) and OUT; writes $OUT/serve_prefix_check.log.
 #   BIN=/tmp/ds-gpu OUT=/tmp/out bash tools/gpu/serve_prefix_check.sh
 set -uo pipefail
