@@ -6,9 +6,13 @@
 # four new ids, max_tokens 40, four turns) and two JSON-mode chats. Then a server with
 # --no-enable-prefix-caching answers every recorded prompt from scratch with top-2 logprobs.
 # Checks:
-#   - every later turn's output equals the uncached server's, or first differs at a position
-#     where that server's top-2 logprob margin is under 0.05 (a near tie, which bf16 batches of
-#     another shape may break either way: the test_cuda_model rule);
+#   - every later turn's output equals the uncached server's, or first differs at a near tie of
+#     that server: the cached run took its runner-up at a top-2 logprob margin under 0.1, or
+#     any token at a margin under 0.05 (the test_cuda_model rule). Why 0.1 for the runner-up:
+#     the conversations run concurrently, so the batches a step shares — and their bf16 sums —
+#     change from run to run; 8 runs of session 20 flipped turns at margins up to 0.070, every
+#     time to the runner-up (docs/cuda_notes.md, session 20 item 5). A cache serving the wrong
+#     state would show as a confident or an unrelated token;
 #   - k = 0: every later turn reports cached_tokens = the previous prompt + output − 1;
 #     k = 2: some do (a finish before the device's count while a chained verification is queued
 #     is not kept: engine.c caches_ahead), and /metrics' hits equal the sum reported;
@@ -210,19 +214,20 @@ for k in (0, 2):
             if i < len(tops) and len(tops[i]) >= 2:
                 lp = sorted(tops[i].values(), reverse=True)
                 margin = lp[0] - lp[1]
-            tie = margin is not None and margin < 0.05
-            ties += tie
-            # diagnostic: is the cached run's token the reference's runner-up (by its text)?
-            runner = ""
+            # is the cached run's token the reference's runner-up (by its text)?
+            runner, is_second = "", False
             if i < len(turn["out"]) and i < len(tops) and len(tops[i]) >= 2:
                 second = sorted(tops[i].items(), key=lambda kv: -kv[1])[1][0]
                 dreq = urllib.request.Request(base + "/detokenize", json.dumps({"tokens": [turn["out"][i]]}).encode(),
                                               {"Content-Type": "application/json"})
                 try:
                     mine = json.loads(urllib.request.urlopen(dreq, timeout=10).read())["prompt"]
-                    runner = f"; the cached run's token {mine!r} is {'' if mine == second else 'not '}its runner-up"
-                except Exception as ex:  # a diagnostic only
+                    is_second = mine == second
+                    runner = f"; the cached run's token {mine!r} is {'' if is_second else 'not '}its runner-up"
+                except Exception as ex:  # then only the 0.05 bound applies
                     runner = f"; runner-up unknown ({ex})"
+            tie = margin is not None and (margin < 0.05 or (is_second and margin < 0.1))
+            ties += tie
             print(f"  k={k} conversation {c} turn {t}: differs from the uncached server at output "
                   f"{i} (reference top-2 margin {margin}{runner}): {'near tie' if tie else 'FAILED'}")
             ok = ok and tie
