@@ -1576,9 +1576,36 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
     }
 }
 
+/* The chunked GDN prefill scan's warps a block (DS_CUDA_GDN_SCAN_WARPS: 8, 16); test_mixers runs
+ * under each (the chunked form serves dk = dv = 128 only: the other shapes once). */
+static const int GDN_SCAN_WARPS[] = {8, 16};
+#define N_GDN_SCAN_WARPS (int)(sizeof GDN_SCAN_WARPS / sizeof GDN_SCAN_WARPS[0])
+
+/* variant v, or (v < 0) the context's own value again */
+static void gdn_scan_warps_set(int v) {
+#ifdef DS_HAVE_CUDA
+    ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
+    static int saved = -1;
+    if (saved < 0) saved = c->gdn_scan_warps;
+    c->gdn_scan_warps = v < 0 ? saved : GDN_SCAN_WARPS[v];
+    if (v >= 0) printf("  (GDN prefill scan: %d warps a block)\n", GDN_SCAN_WARPS[v]);
+#else
+    (void)v;
+#endif
+}
+
+static void mixers_check(int scan_variant);
+
 static void test_mixers(void **state) {
     (void)state;
+    for (int v = 0; v < N_GDN_SCAN_WARPS; v++) mixers_check(v);
+    gdn_scan_warps_set(-1);
+}
+
+static void mixers_check(int scan_variant) {
+    gdn_scan_warps_set(scan_variant);
     for (size_t si = 0; si < sizeof SHAPES / sizeof SHAPES[0]; si++) {
+        if (scan_variant > 0 && SHAPES[si].dk != 128) continue; /* no chunked scan there */
         test_rng r = {55 + si};
         tmodel *m = calloc(1, sizeof *m);
         model_build(m, &SHAPES[si], 5 + si);
@@ -2096,8 +2123,14 @@ static void test_bench(void **state) {
         out.cols = 4096;
         a.which = 0;
         const char *chunked = getenv("DS_CUDA_GDN_CHUNKED");
-        printf("  gdn prefill 2048 tokens (%s): %.3f ms\n",
-               chunked && atoi(chunked) == 0 ? "token-serial scan" : "chunked", time_ms(op_call, &a, quick ? 1 : 3));
+        const int saved_scan_warps = cuda_ctx()->gdn_scan_warps;
+        for (int v = 0; v < N_GDN_SCAN_WARPS; v++) {
+            cuda_ctx()->gdn_scan_warps = GDN_SCAN_WARPS[v];
+            printf("  gdn prefill 2048 tokens (%s, scan %d warps): %.3f ms\n",
+                   chunked && atoi(chunked) == 0 ? "token-serial scan" : "chunked", GDN_SCAN_WARPS[v],
+                   time_ms(op_call, &a, quick ? 1 : 3));
+        }
+        cuda_ctx()->gdn_scan_warps = saved_scan_warps;
         for (int ctx = 2048; ctx <= 2048; ctx *= 2) {
             past[0] = ctx;
             news[0] = 1;

@@ -180,12 +180,22 @@ __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 re
  * The chunk's inputs are raw copies (cp.async) in two groups, each loaded while the other is in
  * use: {W, q̂, U} for the first half of a chunk, {k̂, P} for the second. The decays are applied
  * to per-row results instead of the inputs: e^{c_i} to q̂_iS, and e^{c_{n−1}−c_i} to a second
- * copy δ' of δ_i for the state update. Pitches put every fragment's 32 reads in 32 banks. */
-__global__ void __launch_bounds__(GC_THREADS)
+ * copy δ' of δ_i for the state update. Pitches put every fragment's 32 reads in 32 banks.
+ *
+ * WARPS (ctx->gdn_scan_warps, DS_CUDA_GDN_SCAN_WARPS): 8, or 16 — two warps in each role
+ * above, each with two of the four n-tiles (warp w: role w % 8, n-tiles 2·(w / 8) …). Why 16:
+ * the scan is one wave of 128 blocks, one an SM at 12.5 % occupancy, and a warp issues every 4
+ * cycles (ncu, s20-run5): latency of the chunk chain, with the tensor cores mostly idle; twice
+ * the warps halve each warp's chain at the cost of loading its A fragments twice. Every
+ * element's products run in the same order either way: the same bits. */
+template <int WARPS>
+__global__ void __launch_bounds__(WARPS * 32)
     gdn_chunk_scan_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
     constexpr int DK = GP_DK, DV = GP_DK, L = GC_L, LD = GC_LD, PLD = GC_PLD, NC = GC_NC;
     constexpr int KLD = GC_KLD, SLD = GC_SLD;
-    static_assert(GC_THREADS == 256 && DK == 8 * 16 && L == 4 * 16 && NC == 4 * 8, "warp ↔ tile map");
+    constexpr int NTH = WARPS * 32;          /* threads */
+    constexpr int NTW = 4 / (WARPS / 8);     /* n-tiles a warp: 4 or 2 */
+    static_assert((WARPS == 8 || WARPS == 16) && DK == 8 * 16 && L == 4 * 16 && NC == 4 * 8, "warp ↔ tile map");
     extern __shared__ float4 gc_smem4[];
     float *Ws = (float *)gc_smem4; /* [L][LD] W                   group A */
     float *Qs = Ws + L * LD;       /* [L][LD] q̂                   group A */
@@ -200,18 +210,21 @@ __global__ void __launch_bounds__(GC_THREADS)
     const int hk = a.hk, hv = a.hv, kh = h / (hv / hk);
     const int ts = b.seq_start[s], te = b.seq_start[s + 1];
     if (ts >= te) return;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    /* the warp's role (rows) and its first n-tile (WARPS 8: the kernel as it was, every tile) */
+    const int warp = WARPS == 8 ? tid >> 5 : (tid >> 5) & 7;
+    const int nt0 = WARPS == 8 ? 0 : (tid >> 8) * NTW;
 
     /* rows past the sequence's end are zeros (no bytes read) */
     auto load_a = [&](int c0) {
         const int n = min(L, te - c0);
-        for (int e = tid; e < L * DK / 4; e += GC_THREADS) {
+        for (int e = tid; e < L * DK / 4; e += NTH) {
             const int i = e / (DK / 4), d = (e % (DK / 4)) * 4, ok = i < n ? 16 : 0;
             const int64_t t = i < n ? c0 + i : c0;
             cp_async16(Ws + i * LD + d, sc.w + (t * hv + h) * DK + d, ok);
             cp_async16(Qs + i * LD + d, sc.q + (t * hk + kh) * DK + d, ok);
         }
-        for (int e = tid; e < L * NC / 4; e += GC_THREADS) {
+        for (int e = tid; e < L * NC / 4; e += NTH) {
             const int i = e / (NC / 4), j = (e % (NC / 4)) * 4;
             const int64_t t = i < n ? c0 + i : c0;
             cp_async16(Us + i * NC + j, sc.v + (t * hv + h) * DV + j0 + j, i < n ? 16 : 0);
@@ -220,12 +233,12 @@ __global__ void __launch_bounds__(GC_THREADS)
     };
     auto load_b = [&](int c0) {
         const int n = min(L, te - c0);
-        for (int e = tid; e < L * DK / 4; e += GC_THREADS) {
+        for (int e = tid; e < L * DK / 4; e += NTH) {
             const int i = e / (DK / 4), d = (e % (DK / 4)) * 4;
             const int64_t t = i < n ? c0 + i : c0;
             cp_async16(Ks + i * KLD + d, sc.k + (t * hk + kh) * DK + d, i < n ? 16 : 0);
         }
-        for (int e = tid; e < L * L / 4; e += GC_THREADS) {
+        for (int e = tid; e < L * L / 4; e += NTH) {
             const int i = e / (L / 4), j = (e % (L / 4)) * 4;
             const int64_t t = i < n ? c0 + i : c0;
             cp_async16(Ps + i * PLD + j, sc.p + (t * hv + h) * L + j, i < n ? 16 : 0);
@@ -238,10 +251,10 @@ __global__ void __launch_bounds__(GC_THREADS)
     /* the state rows of warp w: sr = 16w + g and sr + 8, columns 8n + 2·t4 (+1) of n-tile n */
     const int sr = 16 * warp + g;
     float *S = a.state + (int64_t)b.seq_slot[s] * a.state_slot_stride + (int64_t)h * DK * DV + j0;
-    float sacc[4][4];
+    float sacc[NTW][4];
 #pragma unroll
-    for (int nt = 0; nt < 4; nt++) {
-        const int col = 8 * nt + 2 * t4;
+    for (int nt = 0; nt < NTW; nt++) {
+        const int col = 8 * (nt0 + nt) + 2 * t4;
         const float2 lo = *(const float2 *)(S + (int64_t)sr * DV + col);
         const float2 hi = *(const float2 *)(S + (int64_t)(sr + 8) * DV + col);
         sacc[nt][0] = lo.x, sacc[nt][1] = lo.y, sacc[nt][2] = hi.x, sacc[nt][3] = hi.y;
@@ -261,9 +274,9 @@ __global__ void __launch_bounds__(GC_THREADS)
         __syncthreads();    /* A visible to all; the previous chunk's S is in Ss */
 
         /* phase 1: rows m0 … m0 + 15 of W·S or q̂·S */
-        float acc[4][4];
+        float acc[NTW][4];
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++)
+        for (int nt = 0; nt < NTW; nt++)
 #pragma unroll
             for (int r = 0; r < 4; r++) acc[nt][r] = 0.f;
 #pragma unroll 4
@@ -271,17 +284,17 @@ __global__ void __launch_bounds__(GC_THREADS)
             tf32_split fa[4];
             load_a_tf32(fa, Xs, LD, m0, k0, g, t4);
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
+            for (int nt = 0; nt < NTW; nt++) {
                 tf32_split fb[2];
-                load_b_tf32(fb, Ss, SLD, k0, 8 * nt, g, t4);
+                load_b_tf32(fb, Ss, SLD, k0, 8 * (nt0 + nt), g, t4);
                 mma3(acc[nt], fa, fb);
             }
         }
         if (w_warp) {
             const float ek_lo = expf(cl - c_lo), ek_hi = expf(cl - c_hi); /* ≤ 1: c decreases */
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                const int col = 8 * nt + 2 * t4;
+            for (int nt = 0; nt < NTW; nt++) {
+                const int col = 8 * (nt0 + nt) + 2 * t4;
                 const float2 u_lo = *(const float2 *)(Us + (m0 + g) * NC + col);
                 const float2 u_hi = *(const float2 *)(Us + (m0 + g + 8) * NC + col);
                 const float2 d_lo = make_float2(u_lo.x - acc[nt][0], u_lo.y - acc[nt][1]);
@@ -294,7 +307,7 @@ __global__ void __launch_bounds__(GC_THREADS)
         } else {
             const float eq_lo = expf(c_lo), eq_hi = expf(c_hi);
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
+            for (int nt = 0; nt < NTW; nt++) {
                 acc[nt][0] *= eq_lo, acc[nt][1] *= eq_lo;
                 acc[nt][2] *= eq_hi, acc[nt][3] *= eq_hi;
             }
@@ -312,15 +325,15 @@ __global__ void __launch_bounds__(GC_THREADS)
                 tf32_split fa[4];
                 load_a_tf32(fa, Ps, PLD, m0, k0, g, t4);
 #pragma unroll
-                for (int nt = 0; nt < 4; nt++) {
+                for (int nt = 0; nt < NTW; nt++) {
                     tf32_split fb[2];
-                    load_b_tf32(fb, Ds, SLD, k0, 8 * nt, g, t4);
+                    load_b_tf32(fb, Ds, SLD, k0, 8 * (nt0 + nt), g, t4);
                     mma3(acc[nt], fa, fb);
                 }
             }
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                const int col = j0 + 8 * nt + 2 * t4;
+            for (int nt = 0; nt < NTW; nt++) {
+                const int col = j0 + 8 * (nt0 + nt) + 2 * t4;
                 if (m0 + g < n)
                     *(float2 *)(sc.o + ((int64_t)(c0 + m0 + g) * hv + h) * DV + col) = make_float2(acc[nt][0], acc[nt][1]);
                 if (m0 + g + 8 < n)
@@ -332,7 +345,7 @@ __global__ void __launch_bounds__(GC_THREADS)
         /* phase 2b: S ← e^{c_{n−1}} S + k̂ᵀ·δ' for state rows sr, sr + 8 (A[d][i] = k̂_i[d]) */
         const float el = expf(cl);
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++)
+        for (int nt = 0; nt < NTW; nt++)
 #pragma unroll
             for (int r = 0; r < 4; r++) sacc[nt][r] *= el;
 #pragma unroll 2
@@ -340,15 +353,15 @@ __global__ void __launch_bounds__(GC_THREADS)
             tf32_split fa[4];
             load_at_tf32(fa, Ks, KLD, 16 * warp, k0, g, t4);
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
+            for (int nt = 0; nt < NTW; nt++) {
                 tf32_split fb[2];
-                load_b_tf32(fb, Dk, SLD, k0, 8 * nt, g, t4);
+                load_b_tf32(fb, Dk, SLD, k0, 8 * (nt0 + nt), g, t4);
                 mma3(sacc[nt], fa, fb);
             }
         }
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++) {
-            const int col = 8 * nt + 2 * t4;
+        for (int nt = 0; nt < NTW; nt++) {
+            const int col = 8 * (nt0 + nt) + 2 * t4;
             *(float2 *)(Ss + sr * SLD + col) = make_float2(sacc[nt][0], sacc[nt][1]);
             *(float2 *)(Ss + (sr + 8) * SLD + col) = make_float2(sacc[nt][2], sacc[nt][3]);
         }
@@ -358,8 +371,8 @@ __global__ void __launch_bounds__(GC_THREADS)
     }
     cp_async_wait<0>();
 #pragma unroll
-    for (int nt = 0; nt < 4; nt++) {
-        const int col = 8 * nt + 2 * t4;
+    for (int nt = 0; nt < NTW; nt++) {
+        const int col = 8 * (nt0 + nt) + 2 * t4;
         *(float2 *)(S + (int64_t)sr * DV + col) = make_float2(sacc[nt][0], sacc[nt][1]);
         *(float2 *)(S + (int64_t)(sr + 8) * DV + col) = make_float2(sacc[nt][2], sacc[nt][3]);
     }
@@ -371,8 +384,11 @@ void ds_cuda_gdn_chunked(ds_cuda_ctx *ctx, const ds_cuda_batch &b, const ds_cuda
     const int chunks = DS_DIV_UP(b.n_tokens, GC_L) + b.n_seqs;
     ds_launch(ctx, gdn_chunk_prep_kernel, dim3(chunks, a.hv), GC_THREADS, sizeof(float) * GC_PREP_FLOATS, b, a, sc);
     DS_CU_LAUNCHED2(ctx, "gdn_chunk_prep_kernel", chunks, a.hv);
-    ds_launch(ctx, gdn_chunk_scan_kernel, dim3(GP_DK / GC_NC, a.hv, b.n_seqs), GC_THREADS,
-              sizeof(float) * GC_SCAN_FLOATS, b, a, sc);
+    const dim3 scan_grid(GP_DK / GC_NC, a.hv, b.n_seqs);
+    if (ctx->gdn_scan_warps == 16)
+        ds_launch(ctx, gdn_chunk_scan_kernel<16>, scan_grid, 16 * 32, sizeof(float) * GC_SCAN_FLOATS, b, a, sc);
+    else
+        ds_launch(ctx, gdn_chunk_scan_kernel<8>, scan_grid, 8 * 32, sizeof(float) * GC_SCAN_FLOATS, b, a, sc);
     DS_CU_LAUNCHED2(ctx, "gdn_chunk_scan_kernel", b.n_seqs, a.hv);
 }
 
@@ -380,6 +396,8 @@ void ds_cuda_gdn_chunked(ds_cuda_ctx *ctx, const ds_cuda_batch &b, const ds_cuda
 extern "C" void ds_cuda_gdn_chunked_init(ds_cuda_ctx *ctx) {
     DS_CU(ctx, cudaFuncSetAttribute(gdn_chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)(sizeof(float) * GC_PREP_FLOATS)));
-    DS_CU(ctx, cudaFuncSetAttribute(gdn_chunk_scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    DS_CU(ctx, cudaFuncSetAttribute(gdn_chunk_scan_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)(sizeof(float) * GC_SCAN_FLOATS)));
+    DS_CU(ctx, cudaFuncSetAttribute(gdn_chunk_scan_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)(sizeof(float) * GC_SCAN_FLOATS)));
 }

@@ -203,6 +203,10 @@ typedef struct ds_cuda_ctx {
     /* the GDN prefill recurrence in chunks of 64 tokens (1, default; cuda_gdn_chunked.cu) or
      * token by token (DS_CUDA_GDN_CHUNKED=0: the session-4 scan, for before/after runs) */
     int gdn_chunked;
+    /* warps of the chunked GDN prefill's scan block (DS_CUDA_GDN_SCAN_WARPS, 8 or 16; default
+     * 8 until measured): 16 split each warp's four n-tiles in two (cuda_gdn_chunked.cu). Same
+     * bits. */
+    int gdn_scan_warps;
     /* measurement knobs of the decode expert GEMVs (env at create): output rows per warp of the
      * gate_up launch (DS_CUDA_MOE_GU_ROWS, 2 or 4, default 2) and of the down launch
      * (DS_CUDA_MOE_DOWN_ROWS, 4, 8 or 16; default 0: 4 at T = 1, else 16) */
