@@ -10,9 +10,10 @@
 #     that server: the cached run took its runner-up at a top-2 logprob margin under 0.1, or
 #     any token at a margin under 0.05 (the test_cuda_model rule). Why 0.1 for the runner-up:
 #     the conversations run concurrently, so the batches a step shares — and their bf16 sums —
-#     change from run to run; 8 runs of session 20 flipped turns at margins up to 0.070, every
-#     time to the runner-up (docs/cuda_notes.md, session 20 item 5). A cache serving the wrong
-#     state would show as a confident or an unrelated token;
+#     change from run to run; one of session 20's 8 runs flipped a turn at a margin of 0.070
+#     (before this script named runner-ups), and in the 6 runs that did, every flip was to the
+#     runner-up, at margins up to 0.019 (docs/cuda_notes.md, session 20 item 5). A cache
+#     serving the wrong state would show as a confident or an unrelated token;
 #   - k = 0: every later turn reports cached_tokens = the previous prompt + output − 1;
 #     k = 2: some do (a finish before the device's count while a chained verification is queued
 #     is not kept: engine.c caches_ahead), and /metrics' hits equal the sum reported;
