@@ -212,13 +212,13 @@ for k in (0, 2):
                      min(len(ref), len(turn["out"])))
             tops = r["choices"][0]["logprobs"]["top_logprobs"]
             margin = None
-            if i < len(tops) and len(tops[i]) >= 2:
-                lp = sorted(tops[i].values(), reverse=True)
-                margin = lp[0] - lp[1]
-            # is the cached run's token the reference's runner-up (by its text)?
             runner, is_second = "", False
-            if i < len(turn["out"]) and i < len(tops) and len(tops[i]) >= 2:
-                second = sorted(tops[i].items(), key=lambda kv: -kv[1])[1][0]
+            if i < len(tops) and len(tops[i]) >= 2:
+                ranked = sorted(tops[i].items(), key=lambda kv: -kv[1])  # (text, logprob), best first
+                margin = ranked[0][1] - ranked[1][1]
+            # is the cached run's token the reference's runner-up (by its text)?
+            if margin is not None and i < len(turn["out"]):
+                second = ranked[1][0]
                 dreq = urllib.request.Request(base + "/detokenize", json.dumps({"tokens": [turn["out"][i]]}).encode(),
                                               {"Content-Type": "application/json"})
                 try:

@@ -674,7 +674,7 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         /* BK 64 vs 32: prefill of 1024 tokens 48.37 / 48.48 vs 58.99 / 58.62 ms (BK 128 48.94,
          * BK 64 + 3 stages 49.32, BN 256 + BK 64 48.12; H100, s19-run1) */
         c->moe_gemm_bk = gbk && (atoi(gbk) == 32 || atoi(gbk) == 128) ? atoi(gbk) : 64;
-        c->moe_gemm_bn = gbn && atoi(gbn) == 256 ? atoi(gbn) : 128;
+        c->moe_gemm_bn = gbn && atoi(gbn) == 256 ? 256 : 128;
         const char *gdt = getenv("DS_CUDA_MOE_GEMM_DOWN_TILES");
         c->moe_gemm_down_tiles = gdt && (atoi(gdt) == 2 || atoi(gdt) == 4) ? atoi(gdt) : 1;
         c->lt_split = knob_on("DS_CUDA_LT_SPLIT");
