@@ -1576,36 +1576,43 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
     }
 }
 
-/* The chunked GDN prefill scan's warps a block (DS_CUDA_GDN_SCAN_WARPS: 8, 16); test_mixers runs
- * under each (the chunked form serves dk = dv = 128 only: the other shapes once). */
-static const int GDN_SCAN_WARPS[] = {8, 16};
-#define N_GDN_SCAN_WARPS (int)(sizeof GDN_SCAN_WARPS / sizeof GDN_SCAN_WARPS[0])
+/* Variants of the chunked GDN prefill (the chunked form serves dk = dv = 128 only: the other
+ * shapes run once): the scan's warps a block (DS_CUDA_GDN_SCAN_WARPS: 8, 16) and the forward
+ * substitution's partial sums (DS_CUDA_GDN_PREP_ACCS: 1, 4). test_mixers runs under each, and
+ * the bench times each. The first is the defaults'. */
+typedef struct {
+    int scan_warps, prep_accs;
+} gdn_prefill_variant;
+static const gdn_prefill_variant GDN_PREFILL_VARIANTS[] = {{8, 1}, {16, 1}, {8, 4}};
+#define N_GDN_PREFILL_VARIANTS (int)(sizeof GDN_PREFILL_VARIANTS / sizeof GDN_PREFILL_VARIANTS[0])
 
-/* variant v, or (v < 0) the context's own value again */
-static void gdn_scan_warps_set(int v) {
+/* variant v, or (v < 0) the context's own values again */
+static void gdn_prefill_variant_set(int v) {
 #ifdef DS_HAVE_CUDA
     ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
-    static int saved = -1;
-    if (saved < 0) saved = c->gdn_scan_warps;
-    c->gdn_scan_warps = v < 0 ? saved : GDN_SCAN_WARPS[v];
-    if (v >= 0) printf("  (GDN prefill scan: %d warps a block)\n", GDN_SCAN_WARPS[v]);
+    static gdn_prefill_variant saved = {0, 0};
+    if (saved.scan_warps == 0) saved = (gdn_prefill_variant){c->gdn_scan_warps, c->gdn_prep_accs};
+    const gdn_prefill_variant pv = v < 0 ? saved : GDN_PREFILL_VARIANTS[v];
+    c->gdn_scan_warps = pv.scan_warps;
+    c->gdn_prep_accs = pv.prep_accs;
+    if (v >= 0) printf("  (GDN prefill: scan %d warps a block, prep %d partial sums)\n", pv.scan_warps, pv.prep_accs);
 #else
     (void)v;
 #endif
 }
 
-static void mixers_check(int scan_variant);
+static void mixers_check(int variant);
 
 static void test_mixers(void **state) {
     (void)state;
-    for (int v = 0; v < N_GDN_SCAN_WARPS; v++) mixers_check(v);
-    gdn_scan_warps_set(-1);
+    for (int v = 0; v < N_GDN_PREFILL_VARIANTS; v++) mixers_check(v);
+    gdn_prefill_variant_set(-1);
 }
 
-static void mixers_check(int scan_variant) {
-    gdn_scan_warps_set(scan_variant);
+static void mixers_check(int variant) {
+    gdn_prefill_variant_set(variant);
     for (size_t si = 0; si < sizeof SHAPES / sizeof SHAPES[0]; si++) {
-        if (scan_variant > 0 && SHAPES[si].dk != 128) continue; /* no chunked scan there */
+        if (variant > 0 && SHAPES[si].dk != 128) continue; /* no chunked scan there */
         test_rng r = {55 + si};
         tmodel *m = calloc(1, sizeof *m);
         model_build(m, &SHAPES[si], 5 + si);
@@ -2123,14 +2130,14 @@ static void test_bench(void **state) {
         out.cols = 4096;
         a.which = 0;
         const char *chunked = getenv("DS_CUDA_GDN_CHUNKED");
-        const int saved_scan_warps = cuda_ctx()->gdn_scan_warps;
-        for (int v = 0; v < N_GDN_SCAN_WARPS; v++) {
-            cuda_ctx()->gdn_scan_warps = GDN_SCAN_WARPS[v];
-            printf("  gdn prefill 2048 tokens (%s, scan %d warps): %.3f ms\n",
-                   chunked && atoi(chunked) == 0 ? "token-serial scan" : "chunked", GDN_SCAN_WARPS[v],
+        for (int v = 0; v < N_GDN_PREFILL_VARIANTS; v++) {
+            gdn_prefill_variant_set(v);
+            printf("  gdn prefill 2048 tokens (%s, scan %d warps, prep %d sums): %.3f ms\n",
+                   chunked && atoi(chunked) == 0 ? "token-serial scan" : "chunked",
+                   GDN_PREFILL_VARIANTS[v].scan_warps, GDN_PREFILL_VARIANTS[v].prep_accs,
                    time_ms(op_call, &a, quick ? 1 : 3));
         }
-        cuda_ctx()->gdn_scan_warps = saved_scan_warps;
+        gdn_prefill_variant_set(-1);
         for (int ctx = 2048; ctx <= 2048; ctx *= 2) {
             past[0] = ctx;
             news[0] = 1;

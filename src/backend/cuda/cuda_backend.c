@@ -694,6 +694,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->gdn_chunked = knob_on("DS_CUDA_GDN_CHUNKED");
         const char *gsw = getenv("DS_CUDA_GDN_SCAN_WARPS");
         c->gdn_scan_warps = gsw && atoi(gsw) == 16 ? 16 : 8;
+        const char *gpa = getenv("DS_CUDA_GDN_PREP_ACCS");
+        c->gdn_prep_accs = gpa && atoi(gpa) == 4 ? 4 : 1;
         c->opt.moe_fast_route = ds_env_switch("DS_OPT_MOE_FAST_ROUTE", true);
         c->opt.moe_route_fused = ds_env_switch("DS_OPT_MOE_ROUTE_FUSED", true);
         c->opt.tc_gemv = ds_env_switch("DS_OPT_TC_GEMV", true);

@@ -59,9 +59,17 @@ static __device__ bool chunk_of(const ds_cuda_batch &b, int idx, int &t0, int &n
     return false;
 }
 
-/* 1. block (chunk blockIdx.x of the step, value head blockIdx.y) */
+/* 1. block (chunk blockIdx.x of the step, value head blockIdx.y).
+ * ACCS (ctx->gdn_prep_accs, DS_CUDA_GDN_PREP_ACCS): 1, or 4 partial sums in the forward
+ * substitution. Why 4: a thread's substitution is one chain of 2016 dependent FMAs (row i adds
+ * i products into one sum), and the kernel runs at 3 active warps a scheduler with 0.72
+ * eligible (ncu, s20-run5: 93 µs a layer at 1024 tokens); four sums, one per lane of the A
+ * row's float4, make the chain a quarter as long. The sums are added in a different order: not
+ * the same bits as ACCS = 1. */
+template <int ACCS>
 __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 registers */
     gdn_chunk_prep_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
+    static_assert(ACCS == 1 || ACCS == 4, "one sum, or one per float4 lane");
     constexpr int DK = GP_DK, L = GC_L, LD = GC_LD;
     extern __shared__ float4 gc_smem4[];
     float *Ks = (float *)gc_smem4; /* [L][LD] k̂ of the chunk's tokens, zeros past n */
@@ -152,16 +160,29 @@ __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 re
         }
 #pragma unroll
         for (int i = 1; i < L; i++) {
-            float acc = x[i];
+            if constexpr (ACCS == 1) {
+                float acc = x[i];
 #pragma unroll
-            for (int j = 0; j < i; j += 4) {
-                const float4 a4 = *(const float4 *)(As + i * L + j); /* zero at j ≥ i */
-                acc = fmaf(-a4.x, x[j], acc);
-                if (j + 1 < i) acc = fmaf(-a4.y, x[j + 1], acc);
-                if (j + 2 < i) acc = fmaf(-a4.z, x[j + 2], acc);
-                if (j + 3 < i) acc = fmaf(-a4.w, x[j + 3], acc);
+                for (int j = 0; j < i; j += 4) {
+                    const float4 a4 = *(const float4 *)(As + i * L + j); /* zero at j ≥ i */
+                    acc = fmaf(-a4.x, x[j], acc);
+                    if (j + 1 < i) acc = fmaf(-a4.y, x[j + 1], acc);
+                    if (j + 2 < i) acc = fmaf(-a4.z, x[j + 2], acc);
+                    if (j + 3 < i) acc = fmaf(-a4.w, x[j + 3], acc);
+                }
+                x[i] = acc;
+            } else { /* sums over j ≡ 0, 1, 2, 3 (mod 4), then x_i − ((s0 + s1) + (s2 + s3)) */
+                float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+#pragma unroll
+                for (int j = 0; j < i; j += 4) {
+                    const float4 a4 = *(const float4 *)(As + i * L + j);
+                    s0 = fmaf(a4.x, x[j], s0);
+                    if (j + 1 < i) s1 = fmaf(a4.y, x[j + 1], s1);
+                    if (j + 2 < i) s2 = fmaf(a4.z, x[j + 2], s2);
+                    if (j + 3 < i) s3 = fmaf(a4.w, x[j + 3], s3);
+                }
+                x[i] -= (s0 + s1) + (s2 + s3);
             }
-            x[i] = acc;
         }
         float *dst = col < DK ? sc.v + (int64_t)h * DK + col : sc.w + (int64_t)h * DK + col - DK;
 #pragma unroll
@@ -382,7 +403,10 @@ void ds_cuda_gdn_chunked(ds_cuda_ctx *ctx, const ds_cuda_batch &b, const ds_cuda
                          const gdn_scratch &sc) {
     /* Σ_s ⌈n_s / L⌉ ≤ T / L + S chunks; blocks past the last one return at once */
     const int chunks = DS_DIV_UP(b.n_tokens, GC_L) + b.n_seqs;
-    ds_launch(ctx, gdn_chunk_prep_kernel, dim3(chunks, a.hv), GC_THREADS, sizeof(float) * GC_PREP_FLOATS, b, a, sc);
+    if (ctx->gdn_prep_accs == 4)
+        ds_launch(ctx, gdn_chunk_prep_kernel<4>, dim3(chunks, a.hv), GC_THREADS, sizeof(float) * GC_PREP_FLOATS, b, a, sc);
+    else
+        ds_launch(ctx, gdn_chunk_prep_kernel<1>, dim3(chunks, a.hv), GC_THREADS, sizeof(float) * GC_PREP_FLOATS, b, a, sc);
     DS_CU_LAUNCHED2(ctx, "gdn_chunk_prep_kernel", chunks, a.hv);
     const dim3 scan_grid(GP_DK / GC_NC, a.hv, b.n_seqs);
     if (ctx->gdn_scan_warps == 16)
@@ -394,7 +418,9 @@ void ds_cuda_gdn_chunked(ds_cuda_ctx *ctx, const ds_cuda_batch &b, const ds_cuda
 
 /* Shared-memory limits of the two kernels, set once at creation (never inside a capture). */
 extern "C" void ds_cuda_gdn_chunked_init(ds_cuda_ctx *ctx) {
-    DS_CU(ctx, cudaFuncSetAttribute(gdn_chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    DS_CU(ctx, cudaFuncSetAttribute(gdn_chunk_prep_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)(sizeof(float) * GC_PREP_FLOATS)));
+    DS_CU(ctx, cudaFuncSetAttribute(gdn_chunk_prep_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)(sizeof(float) * GC_PREP_FLOATS)));
     DS_CU(ctx, cudaFuncSetAttribute(gdn_chunk_scan_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)(sizeof(float) * GC_SCAN_FLOATS)));

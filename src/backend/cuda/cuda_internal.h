@@ -207,6 +207,10 @@ typedef struct ds_cuda_ctx {
      * 8 until measured): 16 split each warp's four n-tiles in two (cuda_gdn_chunked.cu). Same
      * bits. */
     int gdn_scan_warps;
+    /* partial sums of the chunked GDN prefill's forward substitution (DS_CUDA_GDN_PREP_ACCS, 1
+     * or 4; default 1 until measured): 4 cut each thread's FMA chain to a quarter
+     * (cuda_gdn_chunked.cu). Not the same bits. */
+    int gdn_prep_accs;
     /* measurement knobs of the decode expert GEMVs (env at create): output rows per warp of the
      * gate_up launch (DS_CUDA_MOE_GU_ROWS, 2 or 4, default 2) and of the down launch
      * (DS_CUDA_MOE_DOWN_ROWS, 4, 8 or 16; default 0: 4 at T = 1, else 16) */
