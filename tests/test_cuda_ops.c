@@ -1576,26 +1576,30 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
     }
 }
 
-/* Variants of the chunked GDN prefill (the chunked form serves dk = dv = 128 only: the other
- * shapes run once): the scan's warps a block (DS_CUDA_GDN_SCAN_WARPS: 8, 16) and the forward
- * substitution's partial sums (DS_CUDA_GDN_PREP_ACCS: 1, 4). test_mixers runs under each, and
- * the bench times each. The first is the defaults'. */
+/* Variants of the prefill kernels (the chunked GDN form serves dk = dv = 128 only, so the
+ * variants past the first run the 35B-like shape only): the GDN scan's warps a block
+ * (DS_CUDA_GDN_SCAN_WARPS: 8, 16), the GDN forward substitution's partial sums
+ * (DS_CUDA_GDN_PREP_ACCS: 1, 4) and the attention's pipelined copies (DS_CUDA_ATTN_PF_PIPE:
+ * 0, 1). test_mixers runs under each, and the bench times each. The first is the defaults'. */
 typedef struct {
-    int scan_warps, prep_accs;
+    int scan_warps, prep_accs, attn_pipe;
 } gdn_prefill_variant;
-static const gdn_prefill_variant GDN_PREFILL_VARIANTS[] = {{8, 1}, {16, 1}, {8, 4}};
+static const gdn_prefill_variant GDN_PREFILL_VARIANTS[] = {{8, 1, 0}, {16, 1, 0}, {8, 4, 0}, {8, 1, 1}};
 #define N_GDN_PREFILL_VARIANTS (int)(sizeof GDN_PREFILL_VARIANTS / sizeof GDN_PREFILL_VARIANTS[0])
 
 /* variant v, or (v < 0) the context's own values again */
 static void gdn_prefill_variant_set(int v) {
 #ifdef DS_HAVE_CUDA
     ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
-    static gdn_prefill_variant saved = {0, 0};
-    if (saved.scan_warps == 0) saved = (gdn_prefill_variant){c->gdn_scan_warps, c->gdn_prep_accs};
+    static gdn_prefill_variant saved = {0, 0, 0};
+    if (saved.scan_warps == 0) saved = (gdn_prefill_variant){c->gdn_scan_warps, c->gdn_prep_accs, c->attn_pf_pipe};
     const gdn_prefill_variant pv = v < 0 ? saved : GDN_PREFILL_VARIANTS[v];
     c->gdn_scan_warps = pv.scan_warps;
     c->gdn_prep_accs = pv.prep_accs;
-    if (v >= 0) printf("  (GDN prefill: scan %d warps a block, prep %d partial sums)\n", pv.scan_warps, pv.prep_accs);
+    c->attn_pf_pipe = pv.attn_pipe;
+    if (v >= 0)
+        printf("  (prefill variant: GDN scan %d warps a block, GDN prep %d partial sums, attention pipe %d)\n",
+               pv.scan_warps, pv.prep_accs, pv.attn_pipe);
 #else
     (void)v;
 #endif
@@ -2124,8 +2128,13 @@ static void test_bench(void **state) {
         op_arg a = {m, &c, &in, &out, 1};
         printf("  (timing attention prefill)\n");
         fflush(stdout);
-        printf("  attention prefill 2048 tokens: %.3f ms\n", time_ms(op_call, &a, quick ? 1 : 3));
-        fflush(stdout);
+        const int saved_pipe = cuda_ctx()->attn_pf_pipe;
+        for (int pipe = 0; pipe <= 1; pipe++) {
+            cuda_ctx()->attn_pf_pipe = pipe;
+            printf("  attention prefill 2048 tokens (pipe %d): %.3f ms\n", pipe, time_ms(op_call, &a, quick ? 1 : 3));
+            fflush(stdout);
+        }
+        cuda_ctx()->attn_pf_pipe = saved_pipe;
         in.cols = Wg;
         out.cols = 4096;
         a.which = 0;

@@ -412,8 +412,16 @@ struct PfSmem {
  *   softmax    online, 4 threads a row (fp32, as before);
  *   O += P·V   warp w: rows 16(w mod 4) …, head dims HD/2·(w / 4) …: m16n8k8 in tf32 with P
  *              split hi + lo and V exact as tf32 (a bf16 fits 11 bits), i.e. fp32-level P·V;
- *              O in registers (C fragments) across tiles. */
-template <int HD>
+ *              O in registers (C fragments) across tiles.
+ * PIPE (ctx->attn_pf_pipe, DS_CUDA_ATTN_PF_PIPE): false, each K/V tile is copied in after the
+ * previous tile is done and waited for in full; true, K and V are two copy groups, the next
+ * K copied in once S is done (under the softmax and P·V), the next V once P·V is done (under
+ * the next S and softmax), and the blocks run their query tiles last first (a causal tile's
+ * work grows with its position: the longest start in the first wave). Why: at 120 KB of
+ * shared memory a block, an SM holds one block of eight warps, which had nothing to run while
+ * each tile's copies were in flight (245 µs a layer at 1024 tokens on the H100, s20-run4). The
+ * same products in the same order: the same bits. */
+template <int HD, bool PIPE>
 __global__ void __launch_bounds__(PF_THREADS)
     attn_prefill_kernel(ds_cuda_batch b, ds_cuda_attn_args a, int G, int BT) {
     pdl_enter(); /* cuda_launch.cuh: first, before any access */
@@ -436,7 +444,7 @@ __global__ void __launch_bounds__(PF_THREADS)
     const int m0 = 16 * (warp & 3), half = warp >> 2;
     const int nh = a.nh, nkv = a.nkv, bs = a.block_size;
     const int ts = b.seq_start[s], te = b.seq_start[s + 1];
-    const int t0 = ts + blockIdx.x * BT;
+    const int t0 = ts + (PIPE ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BT;
     if (t0 >= te) return;
     const int ntok = min(BT, te - t0);
     const int nrows = ntok * G;
@@ -463,17 +471,30 @@ __global__ void __launch_bounds__(PF_THREADS)
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
 
-    for (int kt0 = 0; kt0 <= maxpos; kt0 += PF_KEYS) {
-        /* K/V tile from the paged cache (keys past maxpos are zero and masked) */
+    /* the K (or V) tile of keys kt0 … from the paged cache (keys past maxpos are zero and
+     * masked) into dst, pitch ld */
+    auto copy_tile = [&](bf16 *dst, int ld, const bf16 *cache, int kt0) {
         for (int i = tid; i < PF_KEYS * (HD / 8); i += PF_THREADS) {
             const int kk = i / (HD / 8), c8 = i % (HD / 8);
             const int p = kt0 + kk;
             const int64_t row = p <= maxpos ? ((int64_t)bt[p / bs] * bs + p % bs) * nkv + j : 0;
-            cp_async16(Ks + kk * QS + c8 * 8, kc + row * HD + c8 * 8, p <= maxpos ? 16 : 0);
-            cp_async16(Vs + kk * VS + c8 * 8, vc + row * HD + c8 * 8, p <= maxpos ? 16 : 0);
+            cp_async16(dst + kk * ld + c8 * 8, cache + row * HD + c8 * 8, p <= maxpos ? 16 : 0);
         }
         cp_async_commit();
-        cp_async_wait<0>();
+    };
+    if (PIPE) { /* groups in flight: K(0), V(0) */
+        copy_tile(Ks, QS, kc, 0);
+        copy_tile(Vs, VS, vc, 0);
+    }
+    for (int kt0 = 0; kt0 <= maxpos; kt0 += PF_KEYS) {
+        const bool more = kt0 + PF_KEYS <= maxpos;
+        if (PIPE) {
+            cp_async_wait<1>(); /* K(kt0) (and Q) here; V(kt0) may still be in flight */
+        } else {
+            copy_tile(Ks, QS, kc, kt0);
+            copy_tile(Vs, VS, vc, kt0);
+            cp_async_wait<0>();
+        }
         __syncthreads();
         /* S = Q·Kᵀ for rows m0 …, keys 32·half … (four n-tiles) */
         {
@@ -501,6 +522,7 @@ __global__ void __launch_bounds__(PF_THREADS)
                 }
         }
         __syncthreads();
+        if (PIPE && more) copy_tile(Ks, QS, kc, kt0 + PF_KEYS); /* in flight: V(kt0), K(next) */
         /* online softmax: 4 threads per row, 16 keys each */
         {
             const int r = tid / 4, part = tid % 4;
@@ -529,6 +551,10 @@ __global__ void __launch_bounds__(PF_THREADS)
                 m_s[r] = mnew;
             }
         }
+        if (PIPE) { /* V(kt0) here */
+            if (more) cp_async_wait<1>();
+            else cp_async_wait<0>();
+        }
         __syncthreads();
         /* O = O·alpha + P·V for rows m0 …, head dims HD/2·half … */
         {
@@ -554,6 +580,7 @@ __global__ void __launch_bounds__(PF_THREADS)
             }
         }
         __syncthreads();
+        if (PIPE && more) copy_tile(Vs, VS, vc, kt0 + PF_KEYS); /* in flight: K(next), V(next) */
     }
     /* epilogue: normalise, gate, store (rows m0 + g and m0 + g + 8, dim pairs of each n-tile) */
     const int64_t ld = (int64_t)nh * 2 * HD + 2 * (int64_t)nkv * HD;
@@ -616,14 +643,16 @@ static void run_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a) {
     const int BT = PF_ROWS / G;
     const size_t smem = PfSmem<HD>::bytes;
     dim3 grid(DS_DIV_UP(ctx->info.max_seq_tokens, BT), a->nkv, S);
-    ds_launch(ctx, attn_prefill_kernel<HD>, grid, PF_THREADS, smem, b, *a, G, BT);
+    if (ctx->attn_pf_pipe) ds_launch(ctx, attn_prefill_kernel<HD, true>, grid, PF_THREADS, smem, b, *a, G, BT);
+    else ds_launch(ctx, attn_prefill_kernel<HD, false>, grid, PF_THREADS, smem, b, *a, G, BT);
     DS_CU_LAUNCHED2(ctx, "attn_prefill_kernel", T, S);
 }
 
 template <int HD>
 static void attention_init(ds_cuda_ctx *ctx) {
-    DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+    DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)PfSmem<HD>::bytes));
+    DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)PfSmem<HD>::bytes));
     const int dec = (int)DecSmem<HD>::bytes;
     DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD, 8, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, dec));

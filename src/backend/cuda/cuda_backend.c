@@ -640,6 +640,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->route_ranks = knob_on("DS_CUDA_ROUTE_RANKS");
         c->attn_lanes8 = knob_on("DS_CUDA_ATTN_LANES8");
         c->attn_fuse_prep = knob_on("DS_CUDA_ATTN_FUSE_PREP");
+        const char *pfp = getenv("DS_CUDA_ATTN_PF_PIPE");
+        c->attn_pf_pipe = pfp && atoi(pfp) == 1;
         c->route_batched = knob_on("DS_CUDA_ROUTE_BATCHED");
         const char *one = getenv("DS_CUDA_TC_ONE_SEQ");
         c->tc_one_seq = one && atoi(one) == 1;

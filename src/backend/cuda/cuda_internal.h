@@ -249,6 +249,10 @@ typedef struct ds_cuda_ctx {
      * DS_CUDA_ATTN_FUSE_PREP=0: the prep launch, for before/after runs; cuda_attention.cu).
      * Same bits. */
     int attn_fuse_prep;
+    /* prefill attention: the next K / V tile copied in under the current tile's work, query
+     * tiles last first (DS_CUDA_ATTN_PF_PIPE=1; default 0 until measured; cuda_attention.cu).
+     * Same bits. */
+    int attn_pf_pipe;
     /* the GDN decode kernel reads its state before its PDL wait (1, default; DS_CUDA_GDN_EARLY=0:
      * after, for before/after runs; cuda_gdn.cu) */
     int gdn_early;
