@@ -1576,30 +1576,24 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
     }
 }
 
-/* Variants of the prefill kernels (the chunked GDN form serves dk = dv = 128 only, so the
- * variants past the first run the 35B-like shape only): the GDN scan's warps a block
- * (DS_CUDA_GDN_SCAN_WARPS: 8, 16), the GDN forward substitution's partial sums
- * (DS_CUDA_GDN_PREP_ACCS: 1, 4) and the attention's pipelined copies (DS_CUDA_ATTN_PF_PIPE:
- * 0, 1). test_mixers runs under each, and the bench times each. The first is the defaults'. */
+/* Variants of the prefill attention kernel: the pipelined copies (DS_CUDA_ATTN_PF_PIPE: 0, 1)
+ * and P·V in bf16 pairs (DS_CUDA_ATTN_PF_PV16: 0, 1; only with the pipe). test_mixers runs
+ * under each, and the bench times each. The first is the defaults' of session 20. */
 typedef struct {
-    int scan_warps, prep_accs, attn_pipe;
-} gdn_prefill_variant;
-static const gdn_prefill_variant GDN_PREFILL_VARIANTS[] = {{8, 1, 0}, {16, 1, 0}, {8, 4, 0}, {8, 1, 1}};
-#define N_GDN_PREFILL_VARIANTS (int)(sizeof GDN_PREFILL_VARIANTS / sizeof GDN_PREFILL_VARIANTS[0])
+    int pipe, pv16;
+} attn_prefill_variant;
+static const attn_prefill_variant ATTN_PREFILL_VARIANTS[] = {{0, 0}, {1, 0}, {1, 1}};
+#define N_ATTN_PREFILL_VARIANTS (int)(sizeof ATTN_PREFILL_VARIANTS / sizeof ATTN_PREFILL_VARIANTS[0])
 
 /* variant v, or (v < 0) the context's own values again */
-static void gdn_prefill_variant_set(int v) {
+static void attn_prefill_variant_set(int v) {
 #ifdef DS_HAVE_CUDA
     ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
-    static gdn_prefill_variant saved = {0, 0, 0};
-    if (saved.scan_warps == 0) saved = (gdn_prefill_variant){c->gdn_scan_warps, c->gdn_prep_accs, c->attn_pf_pipe};
-    const gdn_prefill_variant pv = v < 0 ? saved : GDN_PREFILL_VARIANTS[v];
-    c->gdn_scan_warps = pv.scan_warps;
-    c->gdn_prep_accs = pv.prep_accs;
-    c->attn_pf_pipe = pv.attn_pipe;
-    if (v >= 0)
-        printf("  (prefill variant: GDN scan %d warps a block, GDN prep %d partial sums, attention pipe %d)\n",
-               pv.scan_warps, pv.prep_accs, pv.attn_pipe);
+    static attn_prefill_variant saved = {-1, -1};
+    if (saved.pipe < 0) saved = (attn_prefill_variant){c->attn_pf_pipe, c->attn_pf_pv16};
+    const attn_prefill_variant pv = v < 0 ? saved : ATTN_PREFILL_VARIANTS[v];
+    c->attn_pf_pipe = pv.pipe;
+    c->attn_pf_pv16 = pv.pv16;
 #else
     (void)v;
 #endif
@@ -1609,14 +1603,16 @@ static void mixers_check(int variant);
 
 static void test_mixers(void **state) {
     (void)state;
-    for (int v = 0; v < N_GDN_PREFILL_VARIANTS; v++) mixers_check(v);
-    gdn_prefill_variant_set(-1);
+    attn_prefill_variant_set(-1); /* saves the context's values */
+    for (int v = 0; v < N_ATTN_PREFILL_VARIANTS; v++) mixers_check(v);
+    attn_prefill_variant_set(-1);
 }
 
 static void mixers_check(int variant) {
-    gdn_prefill_variant_set(variant);
+    attn_prefill_variant_set(variant);
+    printf("  (prefill attention: pipe %d, P·V in bf16 pairs %d)\n", ATTN_PREFILL_VARIANTS[variant].pipe,
+           ATTN_PREFILL_VARIANTS[variant].pv16);
     for (size_t si = 0; si < sizeof SHAPES / sizeof SHAPES[0]; si++) {
-        if (variant > 0 && SHAPES[si].dk != 128) continue; /* no chunked scan there */
         test_rng r = {55 + si};
         tmodel *m = calloc(1, sizeof *m);
         model_build(m, &SHAPES[si], 5 + si);
@@ -2128,25 +2124,20 @@ static void test_bench(void **state) {
         op_arg a = {m, &c, &in, &out, 1};
         printf("  (timing attention prefill)\n");
         fflush(stdout);
-        const int saved_pipe = cuda_ctx()->attn_pf_pipe;
-        for (int pipe = 0; pipe <= 1; pipe++) {
-            cuda_ctx()->attn_pf_pipe = pipe;
-            printf("  attention prefill 2048 tokens (pipe %d): %.3f ms\n", pipe, time_ms(op_call, &a, quick ? 1 : 3));
+        attn_prefill_variant_set(-1); /* saves the context's values */
+        for (int v = 0; v < N_ATTN_PREFILL_VARIANTS; v++) {
+            attn_prefill_variant_set(v);
+            printf("  attention prefill 2048 tokens (pipe %d, P·V bf16 %d): %.3f ms\n", ATTN_PREFILL_VARIANTS[v].pipe,
+                   ATTN_PREFILL_VARIANTS[v].pv16, time_ms(op_call, &a, quick ? 1 : 3));
             fflush(stdout);
         }
-        cuda_ctx()->attn_pf_pipe = saved_pipe;
+        attn_prefill_variant_set(-1);
         in.cols = Wg;
         out.cols = 4096;
         a.which = 0;
         const char *chunked = getenv("DS_CUDA_GDN_CHUNKED");
-        for (int v = 0; v < N_GDN_PREFILL_VARIANTS; v++) {
-            gdn_prefill_variant_set(v);
-            printf("  gdn prefill 2048 tokens (%s, scan %d warps, prep %d sums): %.3f ms\n",
-                   chunked && atoi(chunked) == 0 ? "token-serial scan" : "chunked",
-                   GDN_PREFILL_VARIANTS[v].scan_warps, GDN_PREFILL_VARIANTS[v].prep_accs,
-                   time_ms(op_call, &a, quick ? 1 : 3));
-        }
-        gdn_prefill_variant_set(-1);
+        printf("  gdn prefill 2048 tokens (%s): %.3f ms\n", chunked && atoi(chunked) == 0 ? "token-serial scan" : "chunked",
+               time_ms(op_call, &a, quick ? 1 : 3));
         for (int ctx = 2048; ctx <= 2048; ctx *= 2) {
             past[0] = ctx;
             news[0] = 1;

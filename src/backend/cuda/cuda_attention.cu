@@ -394,16 +394,19 @@ __global__ void __launch_bounds__(HD)
 #define PF_THREADS 256
 
 /* Pitches chosen so that every mma fragment's 32 shared reads fall in distinct banks: Q / K rows
- * (HD + 8) bf16 (a word stride ≡ 4 mod 32), V rows (HD + 16) bf16 (≡ 8), P rows 68 floats. */
+ * (HD + 8) bf16 (a word stride ≡ 4 mod 32), V rows (HD + 16) bf16 (≡ 8; HD + 8 for ldmatrix's
+ * eight 16-byte rows under PV16), P rows 68 floats, P's bf16 halves (PV16) rows 72 bf16. */
 template <int HD>
 struct PfSmem {
-    static constexpr int QS = HD + 8, VS = HD + 16, PS = PF_KEYS + 4;
+    static constexpr int QS = HD + 8, VS = HD + 16, PS = PF_KEYS + 4, PH = PF_KEYS + 8;
     static constexpr size_t q_off = 0;
     static constexpr size_t k_off = q_off + (size_t)PF_ROWS * QS * 2;
     static constexpr size_t v_off = k_off + (size_t)PF_KEYS * QS * 2;
     static constexpr size_t p_off = v_off + (size_t)PF_KEYS * VS * 2;
     static constexpr size_t st_off = p_off + (size_t)PF_ROWS * PS * 4;
     static constexpr size_t bytes = st_off + 4 * PF_ROWS * 4;
+    static constexpr size_t ph_off = bytes; /* PV16 only: P's hi and lo halves [PF_ROWS][PH] bf16 */
+    static constexpr size_t bytes_pv16 = ph_off + 2 * (size_t)PF_ROWS * PH * 2;
 };
 
 /* Eight warps; per key tile of 64:
@@ -420,13 +423,19 @@ struct PfSmem {
  * work grows with its position: the longest start in the first wave). Why: at 120 KB of
  * shared memory a block, an SM holds one block of eight warps, which had nothing to run while
  * each tile's copies were in flight (245 µs a layer at 1024 tokens on the H100, s20-run4). The
- * same products in the same order: the same bits. */
-template <int HD, bool PIPE>
+ * same products in the same order: the same bits.
+ * PV16 (ctx->attn_pf_pv16, DS_CUDA_ATTN_PF_PV16; with PIPE only): O += P·V as m16n8k16 bf16 with
+ * P split into bf16 halves hi + lo (written by the softmax) and V's fragments by ldmatrix.trans:
+ * half the MMAs and no per-element V loads and conversions of the tf32 form. P = hi + lo to
+ * ~2⁻¹⁷ relative (the tf32 split: ~2⁻²¹), far below the bf16 output's rounding; not the same
+ * bits. */
+template <int HD, bool PIPE, bool PV16>
 __global__ void __launch_bounds__(PF_THREADS)
     attn_prefill_kernel(ds_cuda_batch b, ds_cuda_attn_args a, int G, int BT) {
     pdl_enter(); /* cuda_launch.cuh: first, before any access */
     typedef PfSmem<HD> SM;
-    constexpr int QS = SM::QS, VS = SM::VS, PS = SM::PS;
+    static_assert(PIPE || !PV16, "PV16 comes with the pipe");
+    constexpr int QS = SM::QS, VS = PV16 ? SM::QS : SM::VS, PS = SM::PS, PH = SM::PH;
     constexpr int NT = HD / 16; /* O n-tiles of 8 head dims per warp (HD / 2 dims) */
     static_assert(HD % 32 == 0 && PF_THREADS == 256 && PF_ROWS == 64 && PF_KEYS == 64, "warp map");
     extern __shared__ __align__(16) unsigned char smem[];
@@ -438,6 +447,8 @@ __global__ void __launch_bounds__(PF_THREADS)
     float *l_s = m_s + PF_ROWS;
     float *al_s = l_s + PF_ROWS;
     int *rpos = (int *)(al_s + PF_ROWS);
+    bf16 *Ph = (bf16 *)(smem + SM::ph_off); /* PV16: [PF_ROWS][PH] hi, then lo */
+    bf16 *Pl = Ph + PF_ROWS * PH;
 
     const int s = blockIdx.z, j = blockIdx.y;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
@@ -490,9 +501,15 @@ __global__ void __launch_bounds__(PF_THREADS)
         const bool more = kt0 + PF_KEYS <= maxpos;
         if (PIPE) {
             cp_async_wait<1>(); /* K(kt0) (and Q) here; V(kt0) may still be in flight */
-        } else {
-            copy_tile(Ks, QS, kc, kt0);
-            copy_tile(Vs, VS, vc, kt0);
+        } else { /* one loop for both tiles, as before PIPE (its time is the baseline's) */
+            for (int i = tid; i < PF_KEYS * (HD / 8); i += PF_THREADS) {
+                const int kk = i / (HD / 8), c8 = i % (HD / 8);
+                const int p = kt0 + kk;
+                const int64_t row = p <= maxpos ? ((int64_t)bt[p / bs] * bs + p % bs) * nkv + j : 0;
+                cp_async16(Ks + kk * QS + c8 * 8, kc + row * HD + c8 * 8, p <= maxpos ? 16 : 0);
+                cp_async16(Vs + kk * VS + c8 * 8, vc + row * HD + c8 * 8, p <= maxpos ? 16 : 0);
+            }
+            cp_async_commit();
             cp_async_wait<0>();
         }
         __syncthreads();
@@ -536,10 +553,20 @@ __global__ void __launch_bounds__(PF_THREADS)
             const float mnew = fmaxf(mold, mx);
             float sum = 0.f;
 #pragma unroll
-            for (int i = 0; i < 16; i++) {
-                const float p = pr[i] == -INFINITY ? 0.f : expf(pr[i] - mnew);
-                pr[i] = p;
-                sum += p;
+            for (int i = 0; i < 16; i += 2) {
+                const float p0 = pr[i] == -INFINITY ? 0.f : expf(pr[i] - mnew);
+                const float p1 = pr[i + 1] == -INFINITY ? 0.f : expf(pr[i + 1] - mnew);
+                if (PV16) { /* hi = bf16(p), lo = bf16(p − hi) */
+                    const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);
+                    const float2 hf = __bfloat1622float2(hi);
+                    *reinterpret_cast<__nv_bfloat162 *>(Ph + r * PH + part * 16 + i) = hi;
+                    *reinterpret_cast<uint32_t *>(Pl + r * PH + part * 16 + i) = pack_bf2(p0 - hf.x, p1 - hf.y);
+                } else {
+                    pr[i] = p0;
+                    pr[i + 1] = p1;
+                }
+                sum += p0;
+                sum += p1;
             }
             sum += __shfl_xor_sync(0xffffffffu, sum, 1);
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);
@@ -564,6 +591,28 @@ __global__ void __launch_bounds__(PF_THREADS)
                 o[nt][0] *= al_lo, o[nt][1] *= al_lo;
                 o[nt][2] *= al_hi, o[nt][3] *= al_hi;
             }
+            if (PV16) {
+                const int mi = lane >> 3, rr = lane & 7; /* ldmatrix: this lane's row address */
+#pragma unroll
+                for (int k0 = 0; k0 < PF_KEYS; k0 += 16) {
+                    uint32_t ah[4], al[4];
+                    const bf16 *ph = Ph + (m0 + g) * PH + k0 + 2 * t4, *pl = Pl + (m0 + g) * PH + k0 + 2 * t4;
+                    ah[0] = *(const uint32_t *)ph, ah[1] = *(const uint32_t *)(ph + 8 * PH);
+                    ah[2] = *(const uint32_t *)(ph + 8), ah[3] = *(const uint32_t *)(ph + 8 * PH + 8);
+                    al[0] = *(const uint32_t *)pl, al[1] = *(const uint32_t *)(pl + 8 * PH);
+                    al[2] = *(const uint32_t *)(pl + 8), al[3] = *(const uint32_t *)(pl + 8 * PH + 8);
+#pragma unroll
+                    for (int n2 = 0; n2 < NT / 2; n2++) { /* n-tiles 2·n2 and 2·n2 + 1 */
+                        const int d0 = (HD / 2) * half + 16 * n2;
+                        uint32_t vb[4]; /* b0, b1 of n-tile 2·n2; b0, b1 of 2·n2 + 1 */
+                        ldmatrix_x4_trans(vb, Vs + (k0 + rr + 8 * (mi & 1)) * VS + d0 + 8 * (mi >> 1));
+                        mma_bf16_16816(o[2 * n2], al[0], al[1], al[2], al[3], vb[0], vb[1]);
+                        mma_bf16_16816(o[2 * n2], ah[0], ah[1], ah[2], ah[3], vb[0], vb[1]);
+                        mma_bf16_16816(o[2 * n2 + 1], al[0], al[1], al[2], al[3], vb[2], vb[3]);
+                        mma_bf16_16816(o[2 * n2 + 1], ah[0], ah[1], ah[2], ah[3], vb[2], vb[3]);
+                    }
+                }
+            } else
 #pragma unroll 2
             for (int k0 = 0; k0 < PF_KEYS; k0 += 8) {
                 tf32_split pa[4];
@@ -643,17 +692,22 @@ static void run_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a) {
     const int BT = PF_ROWS / G;
     const size_t smem = PfSmem<HD>::bytes;
     dim3 grid(DS_DIV_UP(ctx->info.max_seq_tokens, BT), a->nkv, S);
-    if (ctx->attn_pf_pipe) ds_launch(ctx, attn_prefill_kernel<HD, true>, grid, PF_THREADS, smem, b, *a, G, BT);
-    else ds_launch(ctx, attn_prefill_kernel<HD, false>, grid, PF_THREADS, smem, b, *a, G, BT);
+    if (ctx->attn_pf_pipe && ctx->attn_pf_pv16)
+        ds_launch(ctx, attn_prefill_kernel<HD, true, true>, grid, PF_THREADS, PfSmem<HD>::bytes_pv16, b, *a, G, BT);
+    else if (ctx->attn_pf_pipe)
+        ds_launch(ctx, attn_prefill_kernel<HD, true, false>, grid, PF_THREADS, smem, b, *a, G, BT);
+    else ds_launch(ctx, attn_prefill_kernel<HD, false, false>, grid, PF_THREADS, smem, b, *a, G, BT);
     DS_CU_LAUNCHED2(ctx, "attn_prefill_kernel", T, S);
 }
 
 template <int HD>
 static void attention_init(ds_cuda_ctx *ctx) {
-    DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD, false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)PfSmem<HD>::bytes));
-    DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD, true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)PfSmem<HD>::bytes));
+    DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)PfSmem<HD>::bytes_pv16));
     const int dec = (int)DecSmem<HD>::bytes;
     DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD, 8, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, dec));
     DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD, 32, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, dec));

@@ -642,6 +642,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->attn_fuse_prep = knob_on("DS_CUDA_ATTN_FUSE_PREP");
         const char *pfp = getenv("DS_CUDA_ATTN_PF_PIPE");
         c->attn_pf_pipe = pfp && atoi(pfp) == 1;
+        const char *pv16 = getenv("DS_CUDA_ATTN_PF_PV16");
+        c->attn_pf_pv16 = pv16 && atoi(pv16) == 1;
         c->route_batched = knob_on("DS_CUDA_ROUTE_BATCHED");
         const char *one = getenv("DS_CUDA_TC_ONE_SEQ");
         c->tc_one_seq = one && atoi(one) == 1;
@@ -694,10 +696,6 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->tc_splitk_per_sm = tspm && atoi(tspm) >= 0 && atoi(tspm) <= 8 ? atoi(tspm) : 0;
         c->lm_head_tc = knob_on("DS_CUDA_LM_HEAD_TC");
         c->gdn_chunked = knob_on("DS_CUDA_GDN_CHUNKED");
-        const char *gsw = getenv("DS_CUDA_GDN_SCAN_WARPS");
-        c->gdn_scan_warps = gsw && atoi(gsw) == 16 ? 16 : 8;
-        const char *gpa = getenv("DS_CUDA_GDN_PREP_ACCS");
-        c->gdn_prep_accs = gpa && atoi(gpa) == 4 ? 4 : 1;
         c->opt.moe_fast_route = ds_env_switch("DS_OPT_MOE_FAST_ROUTE", true);
         c->opt.moe_route_fused = ds_env_switch("DS_OPT_MOE_ROUTE_FUSED", true);
         c->opt.tc_gemv = ds_env_switch("DS_OPT_TC_GEMV", true);

@@ -59,17 +59,9 @@ static __device__ bool chunk_of(const ds_cuda_batch &b, int idx, int &t0, int &n
     return false;
 }
 
-/* 1. block (chunk blockIdx.x of the step, value head blockIdx.y).
- * ACCS (ctx->gdn_prep_accs, DS_CUDA_GDN_PREP_ACCS): 1, or 4 partial sums in the forward
- * substitution. Why 4: a thread's substitution is one chain of 2016 dependent FMAs (row i adds
- * i products into one sum), and the kernel runs at 3 active warps a scheduler with 0.72
- * eligible (ncu, s20-run5: 93 µs a layer at 1024 tokens); four sums, one per lane of the A
- * row's float4, make the chain a quarter as long. The sums are added in a different order: not
- * the same bits as ACCS = 1. */
-template <int ACCS>
+/* 1. block (chunk blockIdx.x of the step, value head blockIdx.y) */
 __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 registers */
     gdn_chunk_prep_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
-    static_assert(ACCS == 1 || ACCS == 4, "one sum, or one per float4 lane");
     constexpr int DK = GP_DK, L = GC_L, LD = GC_LD;
     extern __shared__ float4 gc_smem4[];
     float *Ks = (float *)gc_smem4; /* [L][LD] k̂ of the chunk's tokens, zeros past n */
@@ -160,29 +152,16 @@ __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 re
         }
 #pragma unroll
         for (int i = 1; i < L; i++) {
-            if constexpr (ACCS == 1) {
-                float acc = x[i];
+            float acc = x[i];
 #pragma unroll
-                for (int j = 0; j < i; j += 4) {
-                    const float4 a4 = *(const float4 *)(As + i * L + j); /* zero at j ≥ i */
-                    acc = fmaf(-a4.x, x[j], acc);
-                    if (j + 1 < i) acc = fmaf(-a4.y, x[j + 1], acc);
-                    if (j + 2 < i) acc = fmaf(-a4.z, x[j + 2], acc);
-                    if (j + 3 < i) acc = fmaf(-a4.w, x[j + 3], acc);
-                }
-                x[i] = acc;
-            } else { /* sums over j ≡ 0, 1, 2, 3 (mod 4), then x_i − ((s0 + s1) + (s2 + s3)) */
-                float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
-#pragma unroll
-                for (int j = 0; j < i; j += 4) {
-                    const float4 a4 = *(const float4 *)(As + i * L + j);
-                    s0 = fmaf(a4.x, x[j], s0);
-                    if (j + 1 < i) s1 = fmaf(a4.y, x[j + 1], s1);
-                    if (j + 2 < i) s2 = fmaf(a4.z, x[j + 2], s2);
-                    if (j + 3 < i) s3 = fmaf(a4.w, x[j + 3], s3);
-                }
-                x[i] -= (s0 + s1) + (s2 + s3);
+            for (int j = 0; j < i; j += 4) {
+                const float4 a4 = *(const float4 *)(As + i * L + j); /* zero at j ≥ i */
+                acc = fmaf(-a4.x, x[j], acc);
+                if (j + 1 < i) acc = fmaf(-a4.y, x[j + 1], acc);
+                if (j + 2 < i) acc = fmaf(-a4.z, x[j + 2], acc);
+                if (j + 3 < i) acc = fmaf(-a4.w, x[j + 3], acc);
             }
+            x[i] = acc;
         }
         float *dst = col < DK ? sc.v + (int64_t)h * DK + col : sc.w + (int64_t)h * DK + col - DK;
 #pragma unroll
@@ -201,22 +180,12 @@ __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 re
  * The chunk's inputs are raw copies (cp.async) in two groups, each loaded while the other is in
  * use: {W, q̂, U} for the first half of a chunk, {k̂, P} for the second. The decays are applied
  * to per-row results instead of the inputs: e^{c_i} to q̂_iS, and e^{c_{n−1}−c_i} to a second
- * copy δ' of δ_i for the state update. Pitches put every fragment's 32 reads in 32 banks.
- *
- * WARPS (ctx->gdn_scan_warps, DS_CUDA_GDN_SCAN_WARPS): 8, or 16 — two warps in each role
- * above, each with two of the four n-tiles (warp w: role w % 8, n-tiles 2·(w / 8) …). Why 16:
- * the scan is one wave of 128 blocks, one an SM at 12.5 % occupancy, and a warp issues every 4
- * cycles (ncu, s20-run5): latency of the chunk chain, with the tensor cores mostly idle; twice
- * the warps halve each warp's chain at the cost of loading its A fragments twice. Every
- * element's products run in the same order either way: the same bits. */
-template <int WARPS>
-__global__ void __launch_bounds__(WARPS * 32)
+ * copy δ' of δ_i for the state update. Pitches put every fragment's 32 reads in 32 banks. */
+__global__ void __launch_bounds__(GC_THREADS)
     gdn_chunk_scan_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
     constexpr int DK = GP_DK, DV = GP_DK, L = GC_L, LD = GC_LD, PLD = GC_PLD, NC = GC_NC;
     constexpr int KLD = GC_KLD, SLD = GC_SLD;
-    constexpr int NTH = WARPS * 32;          /* threads */
-    constexpr int NTW = 4 / (WARPS / 8);     /* n-tiles a warp: 4 or 2 */
-    static_assert((WARPS == 8 || WARPS == 16) && DK == 8 * 16 && L == 4 * 16 && NC == 4 * 8, "warp ↔ tile map");
+    static_assert(GC_THREADS == 256 && DK == 8 * 16 && L == 4 * 16 && NC == 4 * 8, "warp ↔ tile map");
     extern __shared__ float4 gc_smem4[];
     float *Ws = (float *)gc_smem4; /* [L][LD] W                   group A */
     float *Qs = Ws + L * LD;       /* [L][LD] q̂                   group A */
@@ -231,21 +200,18 @@ __global__ void __launch_bounds__(WARPS * 32)
     const int hk = a.hk, hv = a.hv, kh = h / (hv / hk);
     const int ts = b.seq_start[s], te = b.seq_start[s + 1];
     if (ts >= te) return;
-    const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    /* the warp's role (rows) and its first n-tile (WARPS 8: the kernel as it was, every tile) */
-    const int warp = WARPS == 8 ? tid >> 5 : (tid >> 5) & 7;
-    const int nt0 = WARPS == 8 ? 0 : (tid >> 8) * NTW;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
 
     /* rows past the sequence's end are zeros (no bytes read) */
     auto load_a = [&](int c0) {
         const int n = min(L, te - c0);
-        for (int e = tid; e < L * DK / 4; e += NTH) {
+        for (int e = tid; e < L * DK / 4; e += GC_THREADS) {
             const int i = e / (DK / 4), d = (e % (DK / 4)) * 4, ok = i < n ? 16 : 0;
             const int64_t t = i < n ? c0 + i : c0;
             cp_async16(Ws + i * LD + d, sc.w + (t * hv + h) * DK + d, ok);
             cp_async16(Qs + i * LD + d, sc.q + (t * hk + kh) * DK + d, ok);
         }
-        for (int e = tid; e < L * NC / 4; e += NTH) {
+        for (int e = tid; e < L * NC / 4; e += GC_THREADS) {
             const int i = e / (NC / 4), j = (e % (NC / 4)) * 4;
             const int64_t t = i < n ? c0 + i : c0;
             cp_async16(Us + i * NC + j, sc.v + (t * hv + h) * DV + j0 + j, i < n ? 16 : 0);
@@ -254,12 +220,12 @@ __global__ void __launch_bounds__(WARPS * 32)
     };
     auto load_b = [&](int c0) {
         const int n = min(L, te - c0);
-        for (int e = tid; e < L * DK / 4; e += NTH) {
+        for (int e = tid; e < L * DK / 4; e += GC_THREADS) {
             const int i = e / (DK / 4), d = (e % (DK / 4)) * 4;
             const int64_t t = i < n ? c0 + i : c0;
             cp_async16(Ks + i * KLD + d, sc.k + (t * hk + kh) * DK + d, i < n ? 16 : 0);
         }
-        for (int e = tid; e < L * L / 4; e += NTH) {
+        for (int e = tid; e < L * L / 4; e += GC_THREADS) {
             const int i = e / (L / 4), j = (e % (L / 4)) * 4;
             const int64_t t = i < n ? c0 + i : c0;
             cp_async16(Ps + i * PLD + j, sc.p + (t * hv + h) * L + j, i < n ? 16 : 0);
@@ -272,10 +238,10 @@ __global__ void __launch_bounds__(WARPS * 32)
     /* the state rows of warp w: sr = 16w + g and sr + 8, columns 8n + 2·t4 (+1) of n-tile n */
     const int sr = 16 * warp + g;
     float *S = a.state + (int64_t)b.seq_slot[s] * a.state_slot_stride + (int64_t)h * DK * DV + j0;
-    float sacc[NTW][4];
+    float sacc[4][4];
 #pragma unroll
-    for (int nt = 0; nt < NTW; nt++) {
-        const int col = 8 * (nt0 + nt) + 2 * t4;
+    for (int nt = 0; nt < 4; nt++) {
+        const int col = 8 * nt + 2 * t4;
         const float2 lo = *(const float2 *)(S + (int64_t)sr * DV + col);
         const float2 hi = *(const float2 *)(S + (int64_t)(sr + 8) * DV + col);
         sacc[nt][0] = lo.x, sacc[nt][1] = lo.y, sacc[nt][2] = hi.x, sacc[nt][3] = hi.y;
@@ -295,9 +261,9 @@ __global__ void __launch_bounds__(WARPS * 32)
         __syncthreads();    /* A visible to all; the previous chunk's S is in Ss */
 
         /* phase 1: rows m0 … m0 + 15 of W·S or q̂·S */
-        float acc[NTW][4];
+        float acc[4][4];
 #pragma unroll
-        for (int nt = 0; nt < NTW; nt++)
+        for (int nt = 0; nt < 4; nt++)
 #pragma unroll
             for (int r = 0; r < 4; r++) acc[nt][r] = 0.f;
 #pragma unroll 4
@@ -305,17 +271,17 @@ __global__ void __launch_bounds__(WARPS * 32)
             tf32_split fa[4];
             load_a_tf32(fa, Xs, LD, m0, k0, g, t4);
 #pragma unroll
-            for (int nt = 0; nt < NTW; nt++) {
+            for (int nt = 0; nt < 4; nt++) {
                 tf32_split fb[2];
-                load_b_tf32(fb, Ss, SLD, k0, 8 * (nt0 + nt), g, t4);
+                load_b_tf32(fb, Ss, SLD, k0, 8 * nt, g, t4);
                 mma3(acc[nt], fa, fb);
             }
         }
         if (w_warp) {
             const float ek_lo = expf(cl - c_lo), ek_hi = expf(cl - c_hi); /* ≤ 1: c decreases */
 #pragma unroll
-            for (int nt = 0; nt < NTW; nt++) {
-                const int col = 8 * (nt0 + nt) + 2 * t4;
+            for (int nt = 0; nt < 4; nt++) {
+                const int col = 8 * nt + 2 * t4;
                 const float2 u_lo = *(const float2 *)(Us + (m0 + g) * NC + col);
                 const float2 u_hi = *(const float2 *)(Us + (m0 + g + 8) * NC + col);
                 const float2 d_lo = make_float2(u_lo.x - acc[nt][0], u_lo.y - acc[nt][1]);
@@ -328,7 +294,7 @@ __global__ void __launch_bounds__(WARPS * 32)
         } else {
             const float eq_lo = expf(c_lo), eq_hi = expf(c_hi);
 #pragma unroll
-            for (int nt = 0; nt < NTW; nt++) {
+            for (int nt = 0; nt < 4; nt++) {
                 acc[nt][0] *= eq_lo, acc[nt][1] *= eq_lo;
                 acc[nt][2] *= eq_hi, acc[nt][3] *= eq_hi;
             }
@@ -346,15 +312,15 @@ __global__ void __launch_bounds__(WARPS * 32)
                 tf32_split fa[4];
                 load_a_tf32(fa, Ps, PLD, m0, k0, g, t4);
 #pragma unroll
-                for (int nt = 0; nt < NTW; nt++) {
+                for (int nt = 0; nt < 4; nt++) {
                     tf32_split fb[2];
-                    load_b_tf32(fb, Ds, SLD, k0, 8 * (nt0 + nt), g, t4);
+                    load_b_tf32(fb, Ds, SLD, k0, 8 * nt, g, t4);
                     mma3(acc[nt], fa, fb);
                 }
             }
 #pragma unroll
-            for (int nt = 0; nt < NTW; nt++) {
-                const int col = j0 + 8 * (nt0 + nt) + 2 * t4;
+            for (int nt = 0; nt < 4; nt++) {
+                const int col = j0 + 8 * nt + 2 * t4;
                 if (m0 + g < n)
                     *(float2 *)(sc.o + ((int64_t)(c0 + m0 + g) * hv + h) * DV + col) = make_float2(acc[nt][0], acc[nt][1]);
                 if (m0 + g + 8 < n)
@@ -366,7 +332,7 @@ __global__ void __launch_bounds__(WARPS * 32)
         /* phase 2b: S ← e^{c_{n−1}} S + k̂ᵀ·δ' for state rows sr, sr + 8 (A[d][i] = k̂_i[d]) */
         const float el = expf(cl);
 #pragma unroll
-        for (int nt = 0; nt < NTW; nt++)
+        for (int nt = 0; nt < 4; nt++)
 #pragma unroll
             for (int r = 0; r < 4; r++) sacc[nt][r] *= el;
 #pragma unroll 2
@@ -374,15 +340,15 @@ __global__ void __launch_bounds__(WARPS * 32)
             tf32_split fa[4];
             load_at_tf32(fa, Ks, KLD, 16 * warp, k0, g, t4);
 #pragma unroll
-            for (int nt = 0; nt < NTW; nt++) {
+            for (int nt = 0; nt < 4; nt++) {
                 tf32_split fb[2];
-                load_b_tf32(fb, Dk, SLD, k0, 8 * (nt0 + nt), g, t4);
+                load_b_tf32(fb, Dk, SLD, k0, 8 * nt, g, t4);
                 mma3(sacc[nt], fa, fb);
             }
         }
 #pragma unroll
-        for (int nt = 0; nt < NTW; nt++) {
-            const int col = 8 * (nt0 + nt) + 2 * t4;
+        for (int nt = 0; nt < 4; nt++) {
+            const int col = 8 * nt + 2 * t4;
             *(float2 *)(Ss + sr * SLD + col) = make_float2(sacc[nt][0], sacc[nt][1]);
             *(float2 *)(Ss + (sr + 8) * SLD + col) = make_float2(sacc[nt][2], sacc[nt][3]);
         }
@@ -392,8 +358,8 @@ __global__ void __launch_bounds__(WARPS * 32)
     }
     cp_async_wait<0>();
 #pragma unroll
-    for (int nt = 0; nt < NTW; nt++) {
-        const int col = 8 * (nt0 + nt) + 2 * t4;
+    for (int nt = 0; nt < 4; nt++) {
+        const int col = 8 * nt + 2 * t4;
         *(float2 *)(S + (int64_t)sr * DV + col) = make_float2(sacc[nt][0], sacc[nt][1]);
         *(float2 *)(S + (int64_t)(sr + 8) * DV + col) = make_float2(sacc[nt][2], sacc[nt][3]);
     }
@@ -403,27 +369,17 @@ void ds_cuda_gdn_chunked(ds_cuda_ctx *ctx, const ds_cuda_batch &b, const ds_cuda
                          const gdn_scratch &sc) {
     /* Σ_s ⌈n_s / L⌉ ≤ T / L + S chunks; blocks past the last one return at once */
     const int chunks = DS_DIV_UP(b.n_tokens, GC_L) + b.n_seqs;
-    if (ctx->gdn_prep_accs == 4)
-        ds_launch(ctx, gdn_chunk_prep_kernel<4>, dim3(chunks, a.hv), GC_THREADS, sizeof(float) * GC_PREP_FLOATS, b, a, sc);
-    else
-        ds_launch(ctx, gdn_chunk_prep_kernel<1>, dim3(chunks, a.hv), GC_THREADS, sizeof(float) * GC_PREP_FLOATS, b, a, sc);
+    ds_launch(ctx, gdn_chunk_prep_kernel, dim3(chunks, a.hv), GC_THREADS, sizeof(float) * GC_PREP_FLOATS, b, a, sc);
     DS_CU_LAUNCHED2(ctx, "gdn_chunk_prep_kernel", chunks, a.hv);
-    const dim3 scan_grid(GP_DK / GC_NC, a.hv, b.n_seqs);
-    if (ctx->gdn_scan_warps == 16)
-        ds_launch(ctx, gdn_chunk_scan_kernel<16>, scan_grid, 16 * 32, sizeof(float) * GC_SCAN_FLOATS, b, a, sc);
-    else
-        ds_launch(ctx, gdn_chunk_scan_kernel<8>, scan_grid, 8 * 32, sizeof(float) * GC_SCAN_FLOATS, b, a, sc);
+    ds_launch(ctx, gdn_chunk_scan_kernel, dim3(GP_DK / GC_NC, a.hv, b.n_seqs), GC_THREADS,
+              sizeof(float) * GC_SCAN_FLOATS, b, a, sc);
     DS_CU_LAUNCHED2(ctx, "gdn_chunk_scan_kernel", b.n_seqs, a.hv);
 }
 
 /* Shared-memory limits of the two kernels, set once at creation (never inside a capture). */
 extern "C" void ds_cuda_gdn_chunked_init(ds_cuda_ctx *ctx) {
-    DS_CU(ctx, cudaFuncSetAttribute(gdn_chunk_prep_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    DS_CU(ctx, cudaFuncSetAttribute(gdn_chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)(sizeof(float) * GC_PREP_FLOATS)));
-    DS_CU(ctx, cudaFuncSetAttribute(gdn_chunk_prep_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)(sizeof(float) * GC_PREP_FLOATS)));
-    DS_CU(ctx, cudaFuncSetAttribute(gdn_chunk_scan_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)(sizeof(float) * GC_SCAN_FLOATS)));
-    DS_CU(ctx, cudaFuncSetAttribute(gdn_chunk_scan_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    DS_CU(ctx, cudaFuncSetAttribute(gdn_chunk_scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)(sizeof(float) * GC_SCAN_FLOATS)));
 }

@@ -203,14 +203,6 @@ typedef struct ds_cuda_ctx {
     /* the GDN prefill recurrence in chunks of 64 tokens (1, default; cuda_gdn_chunked.cu) or
      * token by token (DS_CUDA_GDN_CHUNKED=0: the session-4 scan, for before/after runs) */
     int gdn_chunked;
-    /* warps of the chunked GDN prefill's scan block (DS_CUDA_GDN_SCAN_WARPS, 8 or 16; default
-     * 8 until measured): 16 split each warp's four n-tiles in two (cuda_gdn_chunked.cu). Same
-     * bits. */
-    int gdn_scan_warps;
-    /* partial sums of the chunked GDN prefill's forward substitution (DS_CUDA_GDN_PREP_ACCS, 1
-     * or 4; default 1 until measured): 4 cut each thread's FMA chain to a quarter
-     * (cuda_gdn_chunked.cu). Not the same bits. */
-    int gdn_prep_accs;
     /* measurement knobs of the decode expert GEMVs (env at create): output rows per warp of the
      * gate_up launch (DS_CUDA_MOE_GU_ROWS, 2 or 4, default 2) and of the down launch
      * (DS_CUDA_MOE_DOWN_ROWS, 4, 8 or 16; default 0: 4 at T = 1, else 16) */
@@ -253,6 +245,9 @@ typedef struct ds_cuda_ctx {
      * tiles last first (DS_CUDA_ATTN_PF_PIPE=1; default 0 until measured; cuda_attention.cu).
      * Same bits. */
     int attn_pf_pipe;
+    /* with attn_pf_pipe: the prefill attention's P·V as bf16 MMAs on P's bf16 halves hi + lo
+     * (DS_CUDA_ATTN_PF_PV16=1; default 0 until measured; cuda_attention.cu). Not the same bits. */
+    int attn_pf_pv16;
     /* the GDN decode kernel reads its state before its PDL wait (1, default; DS_CUDA_GDN_EARLY=0:
      * after, for before/after runs; cuda_gdn.cu) */
     int gdn_early;

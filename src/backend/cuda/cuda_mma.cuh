@@ -21,6 +21,19 @@ static __device__ __forceinline__ void mma_bf16_16816(float c[4], uint32_t a0, u
 #endif
 }
 
+/* Four 8×8 bf16 matrices from shared memory, transposed: lanes 8i … 8i + 7 give the row
+ * addresses (16 bytes each, 16-byte aligned) of matrix i; register i gets matrix i with lane
+ * 4g + t holding (row 2t, column g) and (row 2t + 1, column g). With the rows as k and the
+ * columns as n, that is a B fragment half (b0 or b1) of m16n8k16. */
+static __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void *row_addr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(row_addr);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+#endif
+}
+
 /* fp32 products on tensor cores, "3xTF32": x = hi + lo with hi = tf32(x), lo = tf32(x − hi);
  * a·b ≈ hi_a·hi_b + hi_a·lo_b + lo_a·hi_b in fp32 accumulators keeps fp32-level accuracy
  * (one tf32 pass would round every input to 11 bits). A value with at most 11 significant
