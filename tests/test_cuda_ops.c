@@ -1578,7 +1578,7 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
 
 /* Variants of the prefill attention kernel: the pipelined copies (DS_CUDA_ATTN_PF_PIPE: 0, 1)
  * and P·V in bf16 pairs (DS_CUDA_ATTN_PF_PV16: 0, 1; only with the pipe). test_mixers runs
- * under each, and the bench times each. The first is the defaults' of session 20. */
+ * under each, and the bench times each. The last is the defaults (session 21). */
 typedef struct {
     int pipe, pv16;
 } attn_prefill_variant;

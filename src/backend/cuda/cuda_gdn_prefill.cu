@@ -40,6 +40,9 @@ extern "C" size_t ds_cuda_gdn_prefill_scratch_bytes(int hk, int hv, int dk, int 
     return sizeof(float) * (size_t)gdn_scratch_floats(DS_CUDA_MAX_TOKENS, hk, hv);
 }
 
+/* W4 (ctx->gdn_prep_w4, DS_CUDA_GDN_PREP_W4): a channel's four conv weights in one 16-byte
+ * load instead of four 4-byte loads 16 bytes apart (ncu s20-run5: 37 % of the kernel's L2
+ * sectors were excess, about the count those strided loads give). Same bits. */
 /* 1. prep: block (key head kh, tokens t0 … t0 + GP_BLOCK_TOKENS − 1), channels c of
  * [q (dk) | k (dk) | v of the G value heads (G·dv)], up to GP_PREP_CPT channels a thread. A
  * thread walks the block's tokens with its channel's last KC − 1 conv inputs in registers (one
@@ -47,6 +50,7 @@ extern "C" size_t ds_cuda_gdn_prefill_scratch_bytes(int hk, int hv, int dk, int 
  * barrier has the q / k norms of every token (s9-run4: one token a block, 125 µs a layer at
  * 1024 tokens, its time in per-token index math, four loads and a barrier). Same arithmetic
  * in the same order as one token a block. */
+template <bool W4>
 __global__ void __launch_bounds__(GP_PREP_THREADS)
     gdn_prep_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
     constexpr int DK = GP_DK, KC = GP_KC, NCH = 3 * GP_DK; /* history channels per value head */
@@ -78,8 +82,13 @@ __global__ void __launch_bounds__(GP_PREP_THREADS)
             gc = 2 * (int64_t)hk * DK + (int64_t)h * DK + cv, hh = h, ch = 2 * DK + cv;
         }
         float cw[KC];
+        if constexpr (W4 && KC == 4) { /* one 16-byte load: a warp's 32 loads coalesce */
+            const float4 w4 = __ldg(reinterpret_cast<const float4 *>(a.conv_w + gc * KC));
+            cw[0] = w4.x, cw[1] = w4.y, cw[2] = w4.z, cw[3] = w4.w;
+        } else {
 #pragma unroll
-        for (int i = 0; i < KC; i++) cw[i] = a.conv_w[gc * KC + i];
+            for (int i = 0; i < KC; i++) cw[i] = a.conv_w[gc * KC + i];
+        }
         float win[KC - 1]; /* x at run positions p − 3, p − 2, p − 1 */
         int prev_s = -1;
 #pragma unroll
@@ -327,7 +336,9 @@ extern "C" bool ds_cuda_gdn_prefill(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a)
     if (need == 0 || need > ctx->gdn_scratch_bytes) return false;
     const int T = b->n_tokens, S = b->n_seqs;
     const gdn_scratch sc = gdn_scratch_of((float *)ctx->d_gdn_scratch, T, a->hk, a->hv);
-    ds_launch(ctx, gdn_prep_kernel, dim3(a->hk, DS_DIV_UP(T, GP_BLOCK_TOKENS)), GP_PREP_THREADS, 0, *b, *a, sc);
+    const dim3 prep_grid(a->hk, DS_DIV_UP(T, GP_BLOCK_TOKENS));
+    if (ctx->gdn_prep_w4) ds_launch(ctx, gdn_prep_kernel<true>, prep_grid, GP_PREP_THREADS, 0, *b, *a, sc);
+    else ds_launch(ctx, gdn_prep_kernel<false>, prep_grid, GP_PREP_THREADS, 0, *b, *a, sc);
     DS_CU_LAUNCHED2(ctx, "gdn_prep_kernel", T, a->hk);
     if (ctx->gdn_chunked) {
         ds_cuda_gdn_chunked(ctx, *b, *a, sc);

@@ -203,6 +203,9 @@ typedef struct ds_cuda_ctx {
     /* the GDN prefill recurrence in chunks of 64 tokens (1, default; cuda_gdn_chunked.cu) or
      * token by token (DS_CUDA_GDN_CHUNKED=0: the session-4 scan, for before/after runs) */
     int gdn_chunked;
+    /* the GDN prefill prep's conv weights in one 16-byte load a channel (DS_CUDA_GDN_PREP_W4=1;
+     * default 0 until measured; cuda_gdn_prefill.cu). Same bits. */
+    int gdn_prep_w4;
     /* measurement knobs of the decode expert GEMVs (env at create): output rows per warp of the
      * gate_up launch (DS_CUDA_MOE_GU_ROWS, 2 or 4, default 2) and of the down launch
      * (DS_CUDA_MOE_DOWN_ROWS, 4, 8 or 16; default 0: 4 at T = 1, else 16) */
@@ -242,11 +245,12 @@ typedef struct ds_cuda_ctx {
      * Same bits. */
     int attn_fuse_prep;
     /* prefill attention: the next K / V tile copied in under the current tile's work, query
-     * tiles last first (DS_CUDA_ATTN_PF_PIPE=1; default 0 until measured; cuda_attention.cu).
-     * Same bits. */
+     * tiles last first (1, default; DS_CUDA_ATTN_PF_PIPE=0: session 20's kernel, for
+     * before/after runs; cuda_attention.cu). Same bits. */
     int attn_pf_pipe;
     /* with attn_pf_pipe: the prefill attention's P·V as bf16 MMAs on P's bf16 halves hi + lo
-     * (DS_CUDA_ATTN_PF_PV16=1; default 0 until measured; cuda_attention.cu). Not the same bits. */
+     * (1, default; DS_CUDA_ATTN_PF_PV16=0: the 3xTF32-style form; cuda_attention.cu). Not the
+     * same bits (P = hi + lo to ~2⁻¹⁷). */
     int attn_pf_pv16;
     /* the GDN decode kernel reads its state before its PDL wait (1, default; DS_CUDA_GDN_EARLY=0:
      * after, for before/after runs; cuda_gdn.cu) */
