@@ -1576,26 +1576,24 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
     }
 }
 
-/* Variants of the prefill kernels: the attention's pipelined copies (DS_CUDA_ATTN_PF_PIPE:
- * 0, 1) and P·V in bf16 pairs (DS_CUDA_ATTN_PF_PV16: 0, 1; only with the pipe), the GDN prep's
- * inputs loaded ahead (DS_CUDA_GDN_PREP_AHEAD: 0, 1). test_mixers runs under each, and the
- * bench times each. The first is the defaults (session 21). */
+/* Variants of the prefill attention kernel: the pipelined copies (DS_CUDA_ATTN_PF_PIPE: 0, 1)
+ * and P·V in bf16 pairs (DS_CUDA_ATTN_PF_PV16: 0, 1; only with the pipe). test_mixers runs
+ * under each, and the bench times each. The first is the defaults (session 21). */
 typedef struct {
-    int pipe, pv16, prep_ahead;
+    int pipe, pv16;
 } prefill_variant;
-static const prefill_variant PREFILL_VARIANTS[] = {{1, 1, 0}, {0, 0, 0}, {1, 0, 0}, {1, 1, 1}};
+static const prefill_variant PREFILL_VARIANTS[] = {{1, 1}, {0, 0}, {1, 0}};
 #define N_PREFILL_VARIANTS (int)(sizeof PREFILL_VARIANTS / sizeof PREFILL_VARIANTS[0])
 
 /* variant v, or (v < 0) the context's own values again */
 static void prefill_variant_set(int v) {
 #ifdef DS_HAVE_CUDA
     ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
-    static prefill_variant saved = {-1, -1, -1};
-    if (saved.pipe < 0) saved = (prefill_variant){c->attn_pf_pipe, c->attn_pf_pv16, c->gdn_prep_ahead};
+    static prefill_variant saved = {-1, -1};
+    if (saved.pipe < 0) saved = (prefill_variant){c->attn_pf_pipe, c->attn_pf_pv16};
     const prefill_variant pv = v < 0 ? saved : PREFILL_VARIANTS[v];
     c->attn_pf_pipe = pv.pipe;
     c->attn_pf_pv16 = pv.pv16;
-    c->gdn_prep_ahead = pv.prep_ahead;
 #else
     (void)v;
 #endif
@@ -1612,8 +1610,8 @@ static void test_mixers(void **state) {
 
 static void mixers_check(int variant) {
     prefill_variant_set(variant);
-    printf("  (prefill variant: attention pipe %d, P·V in bf16 pairs %d; GDN prep inputs ahead %d)\n",
-           PREFILL_VARIANTS[variant].pipe, PREFILL_VARIANTS[variant].pv16, PREFILL_VARIANTS[variant].prep_ahead);
+    printf("  (prefill attention: pipe %d, P·V in bf16 pairs %d)\n", PREFILL_VARIANTS[variant].pipe,
+           PREFILL_VARIANTS[variant].pv16);
     for (size_t si = 0; si < sizeof SHAPES / sizeof SHAPES[0]; si++) {
         test_rng r = {55 + si};
         tmodel *m = calloc(1, sizeof *m);
@@ -2128,7 +2126,6 @@ static void test_bench(void **state) {
         fflush(stdout);
         prefill_variant_set(-1); /* saves the context's values */
         for (int v = 0; v < N_PREFILL_VARIANTS; v++) {
-            if (v > 0 && PREFILL_VARIANTS[v].prep_ahead != PREFILL_VARIANTS[0].prep_ahead) continue; /* GDN only */
             prefill_variant_set(v);
             printf("  attention prefill 2048 tokens (pipe %d, P·V bf16 %d): %.3f ms\n", PREFILL_VARIANTS[v].pipe,
                    PREFILL_VARIANTS[v].pv16, time_ms(op_call, &a, quick ? 1 : 3));
@@ -2139,13 +2136,8 @@ static void test_bench(void **state) {
         out.cols = 4096;
         a.which = 0;
         const char *chunked = getenv("DS_CUDA_GDN_CHUNKED");
-        for (int ahead = 0; ahead <= 1; ahead++) {
-            cuda_ctx()->gdn_prep_ahead = ahead;
-            printf("  gdn prefill 2048 tokens (%s, prep inputs ahead %d): %.3f ms\n",
-                   chunked && atoi(chunked) == 0 ? "token-serial scan" : "chunked", ahead,
-                   time_ms(op_call, &a, quick ? 1 : 3));
-        }
-        prefill_variant_set(-1);
+        printf("  gdn prefill 2048 tokens (%s): %.3f ms\n", chunked && atoi(chunked) == 0 ? "token-serial scan" : "chunked",
+               time_ms(op_call, &a, quick ? 1 : 3));
         for (int ctx = 2048; ctx <= 2048; ctx *= 2) {
             past[0] = ctx;
             news[0] = 1;

@@ -696,8 +696,6 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->tc_splitk_per_sm = tspm && atoi(tspm) >= 0 && atoi(tspm) <= 8 ? atoi(tspm) : 0;
         c->lm_head_tc = knob_on("DS_CUDA_LM_HEAD_TC");
         c->gdn_chunked = knob_on("DS_CUDA_GDN_CHUNKED");
-        const char *pah = getenv("DS_CUDA_GDN_PREP_AHEAD");
-        c->gdn_prep_ahead = pah && atoi(pah) == 1;
         c->opt.moe_fast_route = ds_env_switch("DS_OPT_MOE_FAST_ROUTE", true);
         c->opt.moe_route_fused = ds_env_switch("DS_OPT_MOE_ROUTE_FUSED", true);
         c->opt.tc_gemv = ds_env_switch("DS_OPT_TC_GEMV", true);

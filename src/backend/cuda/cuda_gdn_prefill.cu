@@ -40,11 +40,6 @@ extern "C" size_t ds_cuda_gdn_prefill_scratch_bytes(int hk, int hv, int dk, int 
     return sizeof(float) * (size_t)gdn_scratch_floats(DS_CUDA_MAX_TOKENS, hk, hv);
 }
 
-/* AHEAD (ctx->gdn_prep_ahead, DS_CUDA_GDN_PREP_AHEAD): a thread's TT inputs of a channel
- * loaded before the token walk instead of one a token inside it, where each waits behind the
- * token's sequence lookups and window branch (ncu s20-run5: 66 µs a layer at 21 % of DRAM,
- * latency-bound). Same bits. (A 16-byte load of the conv weights, for the 37 % excess L2
- * sectors ncu counted, did not gain: 47.41 / 47.69 vs 47.58 / 47.65 ms, s21-run3.) */
 /* 1. prep: block (key head kh, tokens t0 … t0 + GP_BLOCK_TOKENS − 1), channels c of
  * [q (dk) | k (dk) | v of the G value heads (G·dv)], up to GP_PREP_CPT channels a thread. A
  * thread walks the block's tokens with its channel's last KC − 1 conv inputs in registers (one
@@ -52,7 +47,6 @@ extern "C" size_t ds_cuda_gdn_prefill_scratch_bytes(int hk, int hv, int dk, int 
  * barrier has the q / k norms of every token (s9-run4: one token a block, 125 µs a layer at
  * 1024 tokens, its time in per-token index math, four loads and a barrier). Same arithmetic
  * in the same order as one token a block. */
-template <bool AHEAD>
 __global__ void __launch_bounds__(GP_PREP_THREADS)
     gdn_prep_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
     constexpr int DK = GP_DK, KC = GP_KC, NCH = 3 * GP_DK; /* history channels per value head */
@@ -83,12 +77,6 @@ __global__ void __launch_bounds__(GP_PREP_THREADS)
             const int vi = c - 2 * DK, h = kh * G + vi / DK, cv = vi % DK;
             gc = 2 * (int64_t)hk * DK + (int64_t)h * DK + cv, hh = h, ch = 2 * DK + cv;
         }
-        float xin[AHEAD ? TT : 1]; /* AHEAD: the channel's inputs at the block's tokens */
-        if (AHEAD) {
-#pragma unroll
-            for (int tt = 0; tt < TT; tt++)
-                xin[tt] = tt < tn ? to_f32(proj[(int64_t)(t0 + tt) * ldp + gc]) : 0.f;
-        }
         float cw[KC];
 #pragma unroll
         for (int i = 0; i < KC; i++) cw[i] = a.conv_w[gc * KC + i];
@@ -109,8 +97,7 @@ __global__ void __launch_bounds__(GP_PREP_THREADS)
                 }
                 prev_s = s;
             }
-            const float x = AHEAD ? xin[AHEAD ? tt : 0] : to_f32(proj[(int64_t)t * ldp + gc]);
-            y[ci][tt] = silu_f(conv_step<KC>(cw, win, x));
+            y[ci][tt] = silu_f(conv_step<KC>(cw, win, to_f32(proj[(int64_t)t * ldp + gc])));
             if (ci == 0 && c < 2 * DK) { /* q (warps 0 … 3) or k (warps 4 … 7) */
                 const float ss = warp_sum(y[ci][tt] * y[ci][tt]);
                 if (lane == 0) red[c < DK ? 0 : 1][tt][warp & 3] = ss;
@@ -340,9 +327,7 @@ extern "C" bool ds_cuda_gdn_prefill(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a)
     if (need == 0 || need > ctx->gdn_scratch_bytes) return false;
     const int T = b->n_tokens, S = b->n_seqs;
     const gdn_scratch sc = gdn_scratch_of((float *)ctx->d_gdn_scratch, T, a->hk, a->hv);
-    const dim3 prep_grid(a->hk, DS_DIV_UP(T, GP_BLOCK_TOKENS));
-    if (ctx->gdn_prep_ahead) ds_launch(ctx, gdn_prep_kernel<true>, prep_grid, GP_PREP_THREADS, 0, *b, *a, sc);
-    else ds_launch(ctx, gdn_prep_kernel<false>, prep_grid, GP_PREP_THREADS, 0, *b, *a, sc);
+    ds_launch(ctx, gdn_prep_kernel, dim3(a->hk, DS_DIV_UP(T, GP_BLOCK_TOKENS)), GP_PREP_THREADS, 0, *b, *a, sc);
     DS_CU_LAUNCHED2(ctx, "gdn_prep_kernel", T, a->hk);
     if (ctx->gdn_chunked) {
         ds_cuda_gdn_chunked(ctx, *b, *a, sc);

@@ -203,9 +203,6 @@ typedef struct ds_cuda_ctx {
     /* the GDN prefill recurrence in chunks of 64 tokens (1, default; cuda_gdn_chunked.cu) or
      * token by token (DS_CUDA_GDN_CHUNKED=0: the session-4 scan, for before/after runs) */
     int gdn_chunked;
-    /* the GDN prefill prep loads a channel's inputs at its block's tokens before walking them
-     * (DS_CUDA_GDN_PREP_AHEAD=1; default 0 until measured; cuda_gdn_prefill.cu). Same bits. */
-    int gdn_prep_ahead;
     /* measurement knobs of the decode expert GEMVs (env at create): output rows per warp of the
      * gate_up launch (DS_CUDA_MOE_GU_ROWS, 2 or 4, default 2) and of the down launch
      * (DS_CUDA_MOE_DOWN_ROWS, 4, 8 or 16; default 0: 4 at T = 1, else 16) */
