@@ -428,13 +428,21 @@ struct PfSmem {
  * P split into bf16 halves hi + lo (written by the softmax) and V's fragments by ldmatrix.trans:
  * half the MMAs and no per-element V loads and conversions of the tf32 form. P = hi + lo to
  * ~2⁻¹⁷ relative (the tf32 split: ~2⁻²¹), far below the bf16 output's rounding; not the same
- * bits. */
-template <int HD, bool PIPE, bool PV16>
+ * bits.
+ * SMR (ctx->attn_pf_smr, DS_CUDA_ATTN_PF_SMR; with PV16 only): the softmax in the S warps'
+ * registers. Warp w's S rows are its P·V rows, so each thread keeps its two rows' running max
+ * and its part of their sums; the two warps of a row group swap their 32-key maxima through
+ * shared memory (one barrier, which also frees the K tile) and write P's bf16 halves straight
+ * from the S fragments. No fp32 P round trip, no softmax phase of its own, the rescale factors
+ * in registers; the row sums are added across the quad and the two warps once, at the end.
+ * Sums in a different order: not the same bits as PV16 alone. */
+template <int HD, bool PIPE, bool PV16, bool SMR>
 __global__ void __launch_bounds__(PF_THREADS)
     attn_prefill_kernel(ds_cuda_batch b, ds_cuda_attn_args a, int G, int BT) {
     pdl_enter(); /* cuda_launch.cuh: first, before any access */
     typedef PfSmem<HD> SM;
     static_assert(PIPE || !PV16, "PV16 comes with the pipe");
+    static_assert(PV16 || !SMR, "SMR comes with PV16");
     constexpr int QS = SM::QS, VS = PV16 ? SM::QS : SM::VS, PS = SM::PS, PH = SM::PH;
     constexpr int NT = HD / 16; /* O n-tiles of 8 head dims per warp (HD / 2 dims) */
     static_assert(HD % 32 == 0 && PF_THREADS == 256 && PF_ROWS == 64 && PF_KEYS == 64, "warp map");
@@ -449,6 +457,9 @@ __global__ void __launch_bounds__(PF_THREADS)
     int *rpos = (int *)(al_s + PF_ROWS);
     bf16 *Ph = (bf16 *)(smem + SM::ph_off); /* PV16: [PF_ROWS][PH] hi, then lo */
     bf16 *Pl = Ph + PF_ROWS * PH;
+    float *mpart = Ps;                /* SMR: [2][PF_ROWS] each key half's row maxima */
+    float *lpart = Ps + 2 * PF_ROWS;  /* SMR: [2][PF_ROWS] each half's row sums, at the end */
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f}, alpha[2] = {1.f, 1.f};
 
     const int s = blockIdx.z, j = blockIdx.y;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
@@ -530,52 +541,98 @@ __global__ void __launch_bounds__(PF_THREADS)
                     mma_bf16_16816(sacc[nt], a0, a1, a2, a3, *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
                 }
             }
+            if (SMR) { /* rows m0 + g (c = 0, 1) and m0 + g + 8 (c = 2, 3) */
+                const int rpos0 = rpos[m0 + g], rpos1 = rpos[m0 + g + 8];
+                float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++)
+                for (int nt = 0; nt < 4; nt++)
 #pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    const int r = m0 + g + (c >> 1) * 8, kk = 32 * half + 8 * nt + 2 * t4 + (c & 1);
-                    Ps[r * PS + kk] = (kt0 + kk <= rpos[r]) ? sacc[nt][c] * a.scale : -INFINITY;
+                    for (int c = 0; c < 4; c++) {
+                        const int kk = 32 * half + 8 * nt + 2 * t4 + (c & 1);
+                        const float v = kt0 + kk <= (c < 2 ? rpos0 : rpos1) ? sacc[nt][c] * a.scale : -INFINITY;
+                        sacc[nt][c] = v;
+                        mx[c >> 1] = fmaxf(mx[c >> 1], v);
+                    }
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+                    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
                 }
-        }
-        __syncthreads();
-        if (PIPE && more) copy_tile(Ks, QS, kc, kt0 + PF_KEYS); /* in flight: V(kt0), K(next) */
-        /* online softmax: 4 threads per row, 16 keys each */
-        {
-            const int r = tid / 4, part = tid % 4;
-            float *pr = Ps + r * PS + part * 16;
-            float mx = -INFINITY;
+                if (t4 == 0) mpart[half * PF_ROWS + m0 + g] = mx[0], mpart[half * PF_ROWS + m0 + g + 8] = mx[1];
+                __syncthreads(); /* both halves' maxima; every warp is done with K */
+                if (PIPE && more) copy_tile(Ks, QS, kc, kt0 + PF_KEYS); /* in flight: V(kt0), K(next) */
 #pragma unroll
-            for (int i = 0; i < 16; i++) mx = fmaxf(mx, pr[i]);
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float mold = m_s[r];
-            const float mnew = fmaxf(mold, mx);
-            float sum = 0.f;
+                for (int h = 0; h < 2; h++) {
+                    const int r = m0 + g + 8 * h;
+                    const float mnew = fmaxf(m_run[h], fmaxf(mpart[r], mpart[PF_ROWS + r]));
+                    alpha[h] = mnew == -INFINITY ? 1.f : expf(m_run[h] - mnew);
+                    m_run[h] = mnew;
+                    float sum = 0.f;
 #pragma unroll
-            for (int i = 0; i < 16; i += 2) {
-                const float p0 = pr[i] == -INFINITY ? 0.f : expf(pr[i] - mnew);
-                const float p1 = pr[i + 1] == -INFINITY ? 0.f : expf(pr[i + 1] - mnew);
-                if (PV16) { /* hi = bf16(p), lo = bf16(p − hi) */
-                    const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);
-                    const float2 hf = __bfloat1622float2(hi);
-                    *reinterpret_cast<__nv_bfloat162 *>(Ph + r * PH + part * 16 + i) = hi;
-                    *reinterpret_cast<uint32_t *>(Pl + r * PH + part * 16 + i) = pack_bf2(p0 - hf.x, p1 - hf.y);
-                } else {
-                    pr[i] = p0;
-                    pr[i + 1] = p1;
+                    for (int nt = 0; nt < 4; nt++) {
+                        const float s0 = sacc[nt][2 * h], s1 = sacc[nt][2 * h + 1];
+                        const float p0 = s0 == -INFINITY ? 0.f : expf(s0 - mnew);
+                        const float p1 = s1 == -INFINITY ? 0.f : expf(s1 - mnew);
+                        const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1); /* hi, lo = p − hi */
+                        const float2 hf = __bfloat1622float2(hi);
+                        const int at = r * PH + 32 * half + 8 * nt + 2 * t4;
+                        *reinterpret_cast<__nv_bfloat162 *>(Ph + at) = hi;
+                        *reinterpret_cast<uint32_t *>(Pl + at) = pack_bf2(p0 - hf.x, p1 - hf.y);
+                        sum += p0;
+                        sum += p1;
+                    }
+                    l_run[h] = l_run[h] * alpha[h] + sum; /* this thread's part of the row sum */
                 }
-                sum += p0;
-                sum += p1;
+            } else {
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) {
+                        const int r = m0 + g + (c >> 1) * 8, kk = 32 * half + 8 * nt + 2 * t4 + (c & 1);
+                        Ps[r * PS + kk] = (kt0 + kk <= rpos[r]) ? sacc[nt][c] * a.scale : -INFINITY;
+                    }
             }
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            __syncwarp();
-            if (part == 0) {
-                const float al = mnew == -INFINITY ? 1.f : expf(mold - mnew);
-                al_s[r] = al;
-                l_s[r] = l_s[r] * al + sum;
-                m_s[r] = mnew;
+        }
+        if (!SMR) {
+            __syncthreads();
+            if (PIPE && more) copy_tile(Ks, QS, kc, kt0 + PF_KEYS); /* in flight: V(kt0), K(next) */
+            /* online softmax: 4 threads per row, 16 keys each */
+            {
+                const int r = tid / 4, part = tid % 4;
+                float *pr = Ps + r * PS + part * 16;
+                float mx = -INFINITY;
+#pragma unroll
+                for (int i = 0; i < 16; i++) mx = fmaxf(mx, pr[i]);
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float mold = m_s[r];
+                const float mnew = fmaxf(mold, mx);
+                float sum = 0.f;
+#pragma unroll
+                for (int i = 0; i < 16; i += 2) {
+                    const float p0 = pr[i] == -INFINITY ? 0.f : expf(pr[i] - mnew);
+                    const float p1 = pr[i + 1] == -INFINITY ? 0.f : expf(pr[i + 1] - mnew);
+                    if (PV16) { /* hi = bf16(p), lo = bf16(p − hi) */
+                        const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);
+                        const float2 hf = __bfloat1622float2(hi);
+                        *reinterpret_cast<__nv_bfloat162 *>(Ph + r * PH + part * 16 + i) = hi;
+                        *reinterpret_cast<uint32_t *>(Pl + r * PH + part * 16 + i) = pack_bf2(p0 - hf.x, p1 - hf.y);
+                    } else {
+                        pr[i] = p0;
+                        pr[i + 1] = p1;
+                    }
+                    sum += p0;
+                    sum += p1;
+                }
+                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+                sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+                __syncwarp();
+                if (part == 0) {
+                    const float al = mnew == -INFINITY ? 1.f : expf(mold - mnew);
+                    al_s[r] = al;
+                    l_s[r] = l_s[r] * al + sum;
+                    m_s[r] = mnew;
+                }
             }
         }
         if (PIPE) { /* V(kt0) here */
@@ -585,7 +642,7 @@ __global__ void __launch_bounds__(PF_THREADS)
         __syncthreads();
         /* O = O·alpha + P·V for rows m0 …, head dims HD/2·half … */
         {
-            const float al_lo = al_s[m0 + g], al_hi = al_s[m0 + g + 8];
+            const float al_lo = SMR ? alpha[0] : al_s[m0 + g], al_hi = SMR ? alpha[1] : al_s[m0 + g + 8];
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 o[nt][0] *= al_lo, o[nt][1] *= al_lo;
@@ -631,6 +688,15 @@ __global__ void __launch_bounds__(PF_THREADS)
         __syncthreads();
         if (PIPE && more) copy_tile(Vs, VS, vc, kt0 + PF_KEYS); /* in flight: K(next), V(next) */
     }
+    if (SMR) { /* the row sums: over the quad, then the two key halves */
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
+            l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
+        }
+        if (t4 == 0) lpart[half * PF_ROWS + m0 + g] = l_run[0], lpart[half * PF_ROWS + m0 + g + 8] = l_run[1];
+        __syncthreads();
+    }
     /* epilogue: normalise, gate, store (rows m0 + g and m0 + g + 8, dim pairs of each n-tile) */
     const int64_t ld = (int64_t)nh * 2 * HD + 2 * (int64_t)nkv * HD;
 #pragma unroll
@@ -638,7 +704,7 @@ __global__ void __launch_bounds__(PF_THREADS)
         const int r = m0 + g + 8 * hr;
         if (r >= nrows) continue;
         const int tok = t0 + r / G, h = j * G + r % G;
-        const float l = l_s[r];
+        const float l = SMR ? lpart[r] + lpart[PF_ROWS + r] : l_s[r];
         const float inv = l > 0.f ? 1.f / l : 0.f;
         const bf16 *gate = (const bf16 *)a.qkv + (int64_t)tok * ld + (int64_t)h * 2 * HD + HD;
         bf16 *dst = (bf16 *)a.out + ((int64_t)tok * nh + h) * HD;
@@ -692,22 +758,26 @@ static void run_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a) {
     const int BT = PF_ROWS / G;
     const size_t smem = PfSmem<HD>::bytes;
     dim3 grid(DS_DIV_UP(ctx->info.max_seq_tokens, BT), a->nkv, S);
-    if (ctx->attn_pf_pipe && ctx->attn_pf_pv16)
-        ds_launch(ctx, attn_prefill_kernel<HD, true, true>, grid, PF_THREADS, PfSmem<HD>::bytes_pv16, b, *a, G, BT);
+    if (ctx->attn_pf_pipe && ctx->attn_pf_pv16 && ctx->attn_pf_smr)
+        ds_launch(ctx, attn_prefill_kernel<HD, true, true, true>, grid, PF_THREADS, PfSmem<HD>::bytes_pv16, b, *a, G, BT);
+    else if (ctx->attn_pf_pipe && ctx->attn_pf_pv16)
+        ds_launch(ctx, attn_prefill_kernel<HD, true, true, false>, grid, PF_THREADS, PfSmem<HD>::bytes_pv16, b, *a, G, BT);
     else if (ctx->attn_pf_pipe)
-        ds_launch(ctx, attn_prefill_kernel<HD, true, false>, grid, PF_THREADS, smem, b, *a, G, BT);
-    else ds_launch(ctx, attn_prefill_kernel<HD, false, false>, grid, PF_THREADS, smem, b, *a, G, BT);
+        ds_launch(ctx, attn_prefill_kernel<HD, true, false, false>, grid, PF_THREADS, smem, b, *a, G, BT);
+    else ds_launch(ctx, attn_prefill_kernel<HD, false, false, false>, grid, PF_THREADS, smem, b, *a, G, BT);
     DS_CU_LAUNCHED2(ctx, "attn_prefill_kernel", T, S);
 }
 
 template <int HD>
 static void attention_init(ds_cuda_ctx *ctx) {
-    DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD, false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)PfSmem<HD>::bytes));
-    DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD, true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)PfSmem<HD>::bytes));
-    DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)PfSmem<HD>::bytes_pv16));
+    DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD, false, false, false>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PfSmem<HD>::bytes));
+    DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD, true, false, false>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PfSmem<HD>::bytes));
+    DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD, true, true, false>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PfSmem<HD>::bytes_pv16));
+    DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD, true, true, true>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PfSmem<HD>::bytes_pv16));
     const int dec = (int)DecSmem<HD>::bytes;
     DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD, 8, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, dec));
     DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD, 32, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, dec));
