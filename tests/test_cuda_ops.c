@@ -1583,7 +1583,7 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
 typedef struct {
     int pipe, pv16, smr;
 } prefill_variant;
-static const prefill_variant PREFILL_VARIANTS[] = {{1, 1, 0}, {0, 0, 0}, {1, 0, 0}, {1, 1, 1}};
+static const prefill_variant PREFILL_VARIANTS[] = {{1, 1, 1}, {0, 0, 0}, {1, 0, 0}, {1, 1, 0}};
 #define N_PREFILL_VARIANTS (int)(sizeof PREFILL_VARIANTS / sizeof PREFILL_VARIANTS[0])
 
 /* variant v, or (v < 0) the context's own values again */

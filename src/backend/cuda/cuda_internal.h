@@ -249,8 +249,8 @@ typedef struct ds_cuda_ctx {
      * (1, default; DS_CUDA_ATTN_PF_PV16=0: the 3xTF32-style form; cuda_attention.cu). Not the
      * same bits (P = hi + lo to ~2⁻¹⁷). */
     int attn_pf_pv16;
-    /* with attn_pf_pv16: the prefill attention's softmax in the S warps' registers
-     * (DS_CUDA_ATTN_PF_SMR=1; default 0 until measured; cuda_attention.cu). Not the same bits. */
+    /* with attn_pf_pv16: the prefill attention's softmax in the S warps' registers (1, default;
+     * DS_CUDA_ATTN_PF_SMR=0: a softmax phase of its own; cuda_attention.cu). Not the same bits. */
     int attn_pf_smr;
     /* the GDN decode kernel reads its state before its PDL wait (1, default; DS_CUDA_GDN_EARLY=0:
      * after, for before/after runs; cuda_gdn.cu) */
