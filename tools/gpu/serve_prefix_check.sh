@@ -28,6 +28,7 @@ set -uo pipefail
 BIN=${BIN:?} OUT=${OUT:?}
 export LD_LIBRARY_PATH="$BIN/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 DEVICE=${DS_SPC_DEVICE:-cuda}
+here=$(cd "$(dirname "$0")" && pwd) # spc_replay.py: the reference and diagnostic replays
 log="$OUT/serve_prefix_check.log"
 work=$(mktemp -d)
 pid=""
@@ -184,54 +185,45 @@ done
 # the reference: every recorded prompt from scratch, with top-2 logprobs at each output position
 start_server off --no-enable-prefix-caching || rc=1
 if [ -n "$pid" ]; then
-    python3 - "$(cat "$work/off.port")" "$work" <<'EOF' >>"$log" 2>&1 || rc=1
-import json, os, sys, urllib.request
+    python3 - "$(cat "$work/off.port")" "$work" "$here" <<'EOF' >>"$log" 2>&1 || rc=1
+import sys
 port, work = sys.argv[1], sys.argv[2]
-base = f"http://127.0.0.1:{port}"
-model = json.loads(urllib.request.urlopen(base + "/v1/models", timeout=5).read())["data"][0]["id"]
-def post(body):
-    req = urllib.request.Request(base + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
-    return json.loads(urllib.request.urlopen(req, timeout=60).read())
+sys.path.insert(0, sys.argv[3])
+sys.dont_write_bytecode = True  # no __pycache__ in the tree
+from spc_replay import connect, post, recorded, replay
+base, model = connect(port)
 ok = True
 for k in (0, 2):
-    p = os.path.join(work, f"on{k}.json")
-    if not os.path.exists(p):
+    p = recorded(work, k)
+    if p is None:
         print(f"  k={k}: FAILED, no conversations recorded")
         ok = False
         continue
     same = ties = 0
-    for c, turns in enumerate(json.load(open(p))):
-        for t, turn in enumerate(turns):
-            r = post({"model": model, "prompt": turn["prompt"], "max_tokens": len(turn["out"]),
-                      "temperature": 0, "logprobs": 2, "return_token_ids": True})
-            ref = r["choices"][0]["token_ids"]
-            if ref == turn["out"]:
-                same += 1
-                continue
-            i = next((j for j in range(min(len(ref), len(turn["out"]))) if ref[j] != turn["out"][j]),
-                     min(len(ref), len(turn["out"])))
-            tops = r["choices"][0]["logprobs"]["top_logprobs"]
-            margin = None
-            runner, is_second = "", False
-            if i < len(tops) and len(tops[i]) >= 2:
-                ranked = sorted(tops[i].items(), key=lambda kv: -kv[1])  # (text, logprob), best first
-                margin = ranked[0][1] - ranked[1][1]
-            # is the cached run's token the reference's runner-up (by its text)?
-            if margin is not None and i < len(turn["out"]):
-                second = ranked[1][0]
-                dreq = urllib.request.Request(base + "/detokenize", json.dumps({"tokens": [turn["out"][i]]}).encode(),
-                                              {"Content-Type": "application/json"})
-                try:
-                    mine = json.loads(urllib.request.urlopen(dreq, timeout=10).read())["prompt"]
-                    is_second = mine == second
-                    runner = f"; the cached run's token {mine!r} is {'' if is_second else 'not '}its runner-up"
-                except Exception as ex:  # then only the 0.05 bound applies
-                    runner = f"; runner-up unknown ({ex})"
-            tie = margin is not None and (margin < 0.05 or (is_second and margin < 0.1))
-            ties += tie
-            print(f"  k={k} conversation {c} turn {t}: differs from the uncached server at output "
-                  f"{i} (reference top-2 margin {margin}{runner}): {'near tie' if tie else 'FAILED'}")
-            ok = ok and tie
+    for c, t, turn, choice, i in replay(base, model, p, logprobs=2):
+        if i is None:
+            same += 1
+            continue
+        tops = choice["logprobs"]["top_logprobs"]
+        margin = None
+        runner, is_second = "", False
+        if i < len(tops) and len(tops[i]) >= 2:
+            ranked = sorted(tops[i].items(), key=lambda kv: -kv[1])  # (text, logprob), best first
+            margin = ranked[0][1] - ranked[1][1]
+        # is the cached run's token the reference's runner-up (by its text)?
+        if margin is not None and i < len(turn["out"]):
+            second = ranked[1][0]
+            try:
+                mine = post(base, "/detokenize", {"tokens": [turn["out"][i]]}, timeout=10)["prompt"]
+                is_second = mine == second
+                runner = f"; the cached run's token {mine!r} is {'' if is_second else 'not '}its runner-up"
+            except Exception as ex:  # then only the 0.05 bound applies
+                runner = f"; runner-up unknown ({ex})"
+        tie = margin is not None and (margin < 0.05 or (is_second and margin < 0.1))
+        ties += tie
+        print(f"  k={k} conversation {c} turn {t}: differs from the uncached server at output "
+              f"{i} (reference top-2 margin {margin}{runner}): {'near tie' if tie else 'FAILED'}")
+        ok = ok and tie
     print(f"  k={k}: {same} of 12 turns identical to the uncached server, {ties} differ at a near tie")
 sys.exit(0 if ok else 1)
 EOF
@@ -242,26 +234,21 @@ fi
 # the cache's part where the k = 2 run differs from the k = 0 reference (session 20, item 5)
 start_server off2 --no-enable-prefix-caching --num-speculative-tokens 2 || true
 if [ -n "$pid" ]; then
-    python3 - "$(cat "$work/off2.port")" "$work" <<'EOF' >>"$log" 2>&1
-import json, os, sys, urllib.request
+    python3 - "$(cat "$work/off2.port")" "$work" "$here" <<'EOF' >>"$log" 2>&1
+import sys
 port, work = sys.argv[1], sys.argv[2]
-base = f"http://127.0.0.1:{port}"
-model = json.loads(urllib.request.urlopen(base + "/v1/models", timeout=5).read())["data"][0]["id"]
-p = os.path.join(work, "on2.json")
-if os.path.exists(p):
+sys.path.insert(0, sys.argv[3])
+sys.dont_write_bytecode = True  # no __pycache__ in the tree
+from spc_replay import connect, recorded, replay
+base, model = connect(port)
+p = recorded(work, 2)
+if p is not None:
     same, diffs = 0, []
-    for c, turns in enumerate(json.load(open(p))):
-        for t, turn in enumerate(turns):
-            req = urllib.request.Request(base + "/v1/completions", json.dumps(
-                {"model": model, "prompt": turn["prompt"], "max_tokens": len(turn["out"]), "temperature": 0,
-                 "return_token_ids": True}).encode(), {"Content-Type": "application/json"})
-            ref = json.loads(urllib.request.urlopen(req, timeout=60).read())["choices"][0]["token_ids"]
-            if ref == turn["out"]:
-                same += 1
-            else:
-                i = next((j for j in range(min(len(ref), len(turn["out"]))) if ref[j] != turn["out"][j]),
-                         min(len(ref), len(turn["out"])))
-                diffs.append(f"conversation {c} turn {t} at output {i}")
+    for c, t, turn, choice, i in replay(base, model, p):
+        if i is None:
+            same += 1
+        else:
+            diffs.append(f"conversation {c} turn {t} at output {i}")
     print(f"  (diagnostic) k=2 vs an uncached k=2 server: {same} of 12 turns identical"
           + (f"; differ: {', '.join(diffs)}" if diffs else ""))
 EOF
