@@ -28,7 +28,7 @@ set -uo pipefail
 BIN=${BIN:?} OUT=${OUT:?}
 export LD_LIBRARY_PATH="$BIN/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 DEVICE=${DS_SPC_DEVICE:-cuda}
-here=$(cd "$(dirname "$0")" && pwd) # spc_replay.py: the reference and diagnostic replays
+here=$(cd "$(dirname "$0")" && pwd) # spc_replay.py: the server helpers and the replays
 log="$OUT/serve_prefix_check.log"
 work=$(mktemp -d)
 pid=""
@@ -54,14 +54,15 @@ stop_server() { kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; pid=""; }
 
 for k in 0 2; do
     start_server "on$k" --num-speculative-tokens "$k" || { rc=1; continue; }
-    python3 - "$(cat "$work/on$k.port")" "$work/on$k.json" "$k" <<'EOF' >>"$log" 2>&1 || rc=1
+    python3 - "$(cat "$work/on$k.port")" "$work/on$k.json" "$k" "$here" <<'EOF' >>"$log" 2>&1 || rc=1
 import json, sys, threading, urllib.request
 port, path, k = sys.argv[1], sys.argv[2], int(sys.argv[3])
-base = f"http://127.0.0.1:{port}"
+sys.path.insert(0, sys.argv[4])
+sys.dont_write_bytecode = True  # no __pycache__ in the tree
+import spc_replay
+base, model = spc_replay.connect(port)
 def post(route, body):
-    req = urllib.request.Request(base + route, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    return json.loads(urllib.request.urlopen(req, timeout=60).read())
-model = json.loads(urllib.request.urlopen(base + "/v1/models", timeout=5).read())["data"][0]["id"]
+    return spc_replay.post(base, route, body)
 firsts = ["In the beginning God created", "And the LORD said unto Moses,", "Blessed is the man"]
 convs = [[] for _ in firsts]
 def converse(c):
