@@ -1388,6 +1388,36 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
 #endif
 }
 
+/* The prefill MoE's knobs that change bits, so are checked against the CPU rather than bit for
+ * bit against the defaults: the router GEMM over the fused matrix's zero-padded rows in one
+ * cuBLASLt call (DS_CUDA_ROUTER_PAD) and the grouped GEMM's y in bf16 (DS_CUDA_MOE_Y16), each and
+ * both, from a poisoned scratch into a poisoned output. o holds the CPU result of the same x. */
+static void moe_prefill_knobs_vs_cpu(tmodel *m, int l, const pair *o, const ds_tensor *xg, const char *name) {
+#ifndef DS_HAVE_CUDA
+    (void)m, (void)l, (void)o, (void)xg, (void)name;
+#else
+    ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
+    const int saved[2] = {c->router_pad, c->moe_y16};
+    static const struct {
+        const char *name;
+        int pad, y16;
+    } variants[] = {{"router GEMM over padded rows", 1, 0}, {"y in bf16", 0, 1}, {"both", 1, 1}};
+    ds_tensor og = tcuda(o, DS_DTYPE_BF16);
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+        c->router_pad = variants[v].pad;
+        c->moe_y16 = variants[v].y16;
+        poison_moe_scratch(c);
+        assert_int_equal(cudaMemsetAsync(o->cuda, 0xff, (size_t)(o->rows * o->cols) * 2, c->stream), cudaSuccess);
+        g_cuda->ops->moe(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &og);
+        char what[160];
+        snprintf(what, sizeof what, "%s, %s", name, variants[v].name);
+        compare(what, o, DS_DTYPE_BF16, TOL_FUSED);
+    }
+    c->router_pad = saved[0];
+    c->moe_y16 = saved[1];
+#endif
+}
+
 /* Expert widths the grouped tensor-core GEMM (cuda_moe_gemm.cu) is not built for: its K of both
  * passes must be a multiple of 32. With I = 24 a prefill-sized step (T = 37, 300) falls back to
  * the expert GEMV; the results must still match the CPU. The second shape's shared expert is
@@ -1430,6 +1460,7 @@ static void test_moe(void **state) {
             snprintf(name, sizeof name, "moe %s T=%d", fs->name, T);
             compare(name, &o, DS_DTYPE_BF16, TOL_FUSED);
             if (T <= 8) moe_variants_vs_default(m, 0, &xg, T);
+            else moe_prefill_knobs_vs_cpu(m, 0, &o, &xg, name);
             pair_free(&x);
             pair_free(&o);
             free(xv);
@@ -1454,7 +1485,18 @@ static void test_moe(void **state) {
                 char name[96];
                 snprintf(name, sizeof name, "moe %s layer %d T=%d", SHAPES[si].name, l, T);
                 compare(name, &o, DS_DTYPE_BF16, TOL_FUSED);
+                if (T > 8) moe_prefill_knobs_vs_cpu(m, l, &o, &xg, name);
                 moe_norm_fused_vs_pair(m, l, &xg, T, &r);
+#ifdef DS_HAVE_CUDA
+                if (T > 8) { /* the combine + norm kernel reading y in bf16 too */
+                    ds_cuda_ctx *cc = (ds_cuda_ctx *)g_cuda->impl;
+                    const int saved_y16 = cc->moe_y16;
+                    cc->moe_y16 = 1;
+                    printf("  (the grouped GEMM's y in bf16, DS_CUDA_MOE_Y16)\n");
+                    moe_norm_fused_vs_pair(m, l, &xg, T, &r);
+                    cc->moe_y16 = saved_y16;
+                }
+#endif
                 for (int defer = 0; defer < 2; defer++) {
                     moe_sublayer_vs_pair(m, l, T, 1, 0, defer, &r);
                     moe_sublayer_vs_pair(m, l, T, 1, 1, defer, &r);

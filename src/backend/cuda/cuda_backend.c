@@ -685,6 +685,10 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         const char *gdt = getenv("DS_CUDA_MOE_GEMM_DOWN_TILES");
         c->moe_gemm_down_tiles = gdt && (atoi(gdt) == 2 || atoi(gdt) == 4) ? atoi(gdt) : 1;
         c->lt_split = knob_on("DS_CUDA_LT_SPLIT");
+        const char *rpad = getenv("DS_CUDA_ROUTER_PAD");
+        c->router_pad = rpad && atoi(rpad) == 1;
+        const char *y16 = getenv("DS_CUDA_MOE_Y16");
+        c->moe_y16 = y16 && atoi(y16) == 1;
         c->norm_regs = knob_on("DS_CUDA_NORM_REGS");
         c->gemv_norm = knob_on("DS_CUDA_GEMV_NORM");
         /* batch 1 2.617 → 2.517 ms, 303 → 264 launches a step (s13-run1, two runs each; batch

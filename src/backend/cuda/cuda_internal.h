@@ -200,6 +200,16 @@ typedef struct ds_cuda_ctx {
      * the rest (1, default: the prefill router GEMM, 1281 rows at 35B-A3B, prefill of 1024
      * tokens 51.87 vs 54.71 ms, s9-run8; DS_CUDA_LT_SPLIT=0: one GEMM; ds_cuda_gemm_lt) */
     int lt_split;
+    /* the prefill router GEMM over the fused matrix's zero-padded row count (moe_ldl: 1288
+     * rows at 35B-A3B) as one cuBLASLt GEMM instead of the 8-aligned rows plus a one-row GEMM
+     * (7 µs a layer at 1024 tokens, H100 s21-run3). DS_CUDA_ROUTER_PAD=1; default 0 until it
+     * has run on a GPU (written in session 22 without one) */
+    int router_pad;
+    /* the grouped expert GEMM's per-assignment outputs y [A, H] stored in bf16 instead of fp32
+     * and read so by the combine (DS_CUDA_MOE_Y16=1; prefill-sized steps only: 64 MB less written
+     * and read a layer at 1024 tokens of 35B-A3B). Default 0 until it has run on a GPU (written
+     * in session 22 without one). Not the same bits: each expert's output is rounded once more */
+    int moe_y16;
     /* the GDN prefill recurrence in chunks of 64 tokens (1, default; cuda_gdn_chunked.cu) or
      * token by token (DS_CUDA_GDN_CHUNKED=0: the session-4 scan, for before/after runs) */
     int gdn_chunked;
@@ -513,7 +523,8 @@ typedef struct ds_cuda_moe_args {
     int T;                        /* rows of x (≤ DS_CUDA_MAX_TOKENS) */
     int H, E, top_k, I, Is, norm_topk;
     const void *x;                /* [T, H] bf16 */
-    const void *w_in;             /* [E + 2Is + (Is ? 1 : 0), H]: router | shared gate_up | shared gate */
+    const void *w_in;             /* [E + 2Is + (Is ? 1 : 0), H]: router | shared gate_up | shared
+                                   * gate, then zero rows up to ds_cuda_moe_in_rows */
     const void *w_gu;             /* [E, 2I, H] */
     const void *w_down;           /* [E, H, I] */
     const void *w_sh_down;        /* [H, Is] or NULL */
@@ -539,6 +550,10 @@ void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a);
  * ctx->moe_down_combine (DS_CUDA_MOE_DOWN_COMBINE), DS_OPT_FUSED_NORM and, with a shared
  * expert, DS_OPT_SHARED_EXPERT. */
 int ds_cuda_moe_down_combine_ok(const ds_cuda_ctx *ctx, int T, int H, int k, int I, int Is);
+/* Rows prepare_weights lays out for the fused router | shared gate_up | shared gate matrix:
+ * E + 2Is + (Is ? 1 : 0) rounded up to 8, the rows past those zero (the router logits' row
+ * pitch too, so a GEMM over all of them writes only padding columns). */
+int64_t ds_cuda_moe_in_rows(int E, int Is);
 /* Bytes of MoE scratch needed for DS_CUDA_MAX_TOKENS tokens of this shape. */
 size_t ds_cuda_moe_scratch_bytes(int H, int E, int top_k, int I, int Is);
 

@@ -8,7 +8,8 @@
  *     from a shared-memory copy of the ids (2 and 3 are one launch when T·k ≤ 1024);
  *  4. expert gate_up GEMV: a block per (active expert, 16 output rows) reads only that expert's
  *     rows and serves all its assigned tokens (≤ 8 at a time) → h [A, 2I] bf16;
- *  5. expert down GEMV with SiLU(g)·u computed in its input loader → y [A, H] fp32;
+ *  5. expert down GEMV with SiLU(g)·u computed in its input loader → y [A, H] fp32 (bf16 from
+ *     the grouped GEMM with DS_CUDA_MOE_Y16);
  *     (4 and 5 for steps above DS_CUDA_GEMV_MAX_ROWS tokens: the grouped tensor-core GEMM of
  *     cuda_moe_gemm.cu, which writes SiLU(g)·u [A, I] bf16 into h, then y);
  *  6. shared down GEMV → ysh [T, H] fp32;
@@ -30,6 +31,8 @@
 #include "cuda_moe_scratch.cuh"
 #include "cuda_norm.cuh"
 
+extern "C" int64_t ds_cuda_moe_in_rows(int E, int Is) { return moe_ldl(E, Is); }
+
 extern "C" size_t ds_cuda_moe_scratch_bytes(int H, int E, int top_k, int I, int Is) {
     return moe_layout(NULL, DS_CUDA_MAX_TOKENS, H, E, top_k, I, Is, NULL);
 }
@@ -38,8 +41,10 @@ extern "C" size_t ds_cuda_moe_scratch_bytes(int H, int E, int top_k, int I, int 
 
 /* out[t, n..n+3] = Σ_i w_i·y[t·k + i, n..n+3] (+ sg[t]·ysh[t, n..n+3]), summed in slot order.
  * A block covers 4·COMBINE_THREADS columns of one token; each thread issues its k (≤ 8 at a
- * time) 16-byte loads before the first FMA. */
+ * time) 16-byte loads (8-byte with Y16: y in bf16, the grouped GEMM's DS_CUDA_MOE_Y16) before
+ * the first FMA. */
 #define COMBINE_THREADS 128
+template <bool Y16>
 __global__ void __launch_bounds__(COMBINE_THREADS)
     moe_combine_kernel(int H, int k, int Is, moe_scratch sc, bf16 *__restrict__ out) {
     __shared__ float w_s[32];
@@ -52,10 +57,21 @@ __global__ void __launch_bounds__(COMBINE_THREADS)
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int i0 = 0; i0 < k; i0 += 8) {
         float4 y[8];
+        if constexpr (Y16) {
+            uint2 yb[8];
 #pragma unroll
-        for (int u = 0; u < 8; u++)
-            if (i0 + u < k)
-                y[u] = __ldcg(reinterpret_cast<const float4 *>(sc.y + ((int64_t)t * k + i0 + u) * H + n));
+            for (int u = 0; u < 8; u++)
+                if (i0 + u < k)
+                    yb[u] = __ldcg(reinterpret_cast<const uint2 *>((const bf16 *)sc.y + ((int64_t)t * k + i0 + u) * H + n));
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                if (i0 + u < k) y[u] = make_float4(bf_lo(yb[u].x), bf_hi(yb[u].x), bf_lo(yb[u].y), bf_hi(yb[u].y));
+        } else {
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                if (i0 + u < k)
+                    y[u] = __ldcg(reinterpret_cast<const float4 *>(sc.y + ((int64_t)t * k + i0 + u) * H + n));
+        }
 #pragma unroll
         for (int u = 0; u < 8; u++) {
             if (i0 + u < k) {
@@ -86,6 +102,7 @@ __global__ void __launch_bounds__(COMBINE_THREADS)
  * the combine exactly as moe_combine_kernel does (slot order, then the shared expert, rounded to
  * bf16 as it would be stored) and hands it to the same add_rmsnorm_row as the unfused kernel,
  * so the residual and the normed row are bit-identical to combine + add_rmsnorm. */
+template <bool Y16>
 __global__ void __launch_bounds__(DS_NORM_THREADS)
     moe_combine_norm_kernel(int H, int k, int Is, moe_scratch sc, bf16 *__restrict__ residual,
                             const bf16 *__restrict__ pre, const float *__restrict__ norm_w,
@@ -103,28 +120,40 @@ __global__ void __launch_bounds__(DS_NORM_THREADS)
         float acc[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) acc[j] = 0.f;
+        auto fma8 = [&](float w, const float f[8]) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc[j] = fmaf(w, f[j], acc[j]);
+        };
         for (int i0 = 0; i0 < k; i0 += 8) {
-            float4 y[8][2];
+            if constexpr (Y16) { /* one 16-byte load a slot, unpacked at its FMAs */
+                uint4 yb[8];
 #pragma unroll
-            for (int u = 0; u < 8; u++)
-                if (i0 + u < k) {
-                    const float4 *p = reinterpret_cast<const float4 *>(sc.y + ((int64_t)t * k + i0 + u) * H + n);
-                    y[u][0] = __ldcg(p);
-                    y[u][1] = __ldcg(p + 1);
-                }
+                for (int u = 0; u < 8; u++)
+                    if (i0 + u < k)
+                        yb[u] = __ldcg(reinterpret_cast<const uint4 *>((const bf16 *)sc.y + ((int64_t)t * k + i0 + u) * H + n));
 #pragma unroll
-            for (int u = 0; u < 8; u++) {
-                if (i0 + u < k) {
-                    const float w = w_s[i0 + u];
-                    acc[0] = fmaf(w, y[u][0].x, acc[0]);
-                    acc[1] = fmaf(w, y[u][0].y, acc[1]);
-                    acc[2] = fmaf(w, y[u][0].z, acc[2]);
-                    acc[3] = fmaf(w, y[u][0].w, acc[3]);
-                    acc[4] = fmaf(w, y[u][1].x, acc[4]);
-                    acc[5] = fmaf(w, y[u][1].y, acc[5]);
-                    acc[6] = fmaf(w, y[u][1].z, acc[6]);
-                    acc[7] = fmaf(w, y[u][1].w, acc[7]);
-                }
+                for (int u = 0; u < 8; u++)
+                    if (i0 + u < k) {
+                        float f[8];
+                        unpack8(yb[u], f);
+                        fma8(w_s[i0 + u], f);
+                    }
+            } else {
+                float4 y[8][2];
+#pragma unroll
+                for (int u = 0; u < 8; u++)
+                    if (i0 + u < k) {
+                        const float4 *p = reinterpret_cast<const float4 *>(sc.y + ((int64_t)t * k + i0 + u) * H + n);
+                        y[u][0] = __ldcg(p);
+                        y[u][1] = __ldcg(p + 1);
+                    }
+#pragma unroll
+                for (int u = 0; u < 8; u++)
+                    if (i0 + u < k) {
+                        const float f[8] = {y[u][0].x, y[u][0].y, y[u][0].z, y[u][0].w,
+                                            y[u][1].x, y[u][1].y, y[u][1].z, y[u][1].w};
+                        fma8(w_s[i0 + u], f);
+                    }
             }
         }
         if (Is > 0) {
@@ -194,7 +223,8 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
         ds_cuda_gemv_add_norm(ctx, a->w_in, NL, H, a->residual, a->pre_delta, a->pre_norm_w, a->eps,
                               (void *)a->x, T, sc.L, ldl, 1); /* x is written here */
     } else if (T <= DS_CUDA_GEMV_MAX_ROWS) ds_cuda_gemv(ctx, a->w_in, NL, H, a->x, H, T, sc.L, ldl, 1);
-    else ds_cuda_gemm_lt(ctx, a->w_in, NL, H, a->x, H, T, sc.L, ldl, 1); /* NL odd: split there */
+    else /* NL odd: split there, or over the zero rows up to ldl (ctx->router_pad) */
+        ds_cuda_gemm_lt(ctx, a->w_in, ctx->router_pad ? ldl : NL, H, a->x, H, T, sc.L, ldl, 1);
     /* 2. route, 3. group: one launch for small steps (the fast kernel when the router logits
      * fit in shared memory), else a route grid and a group block with the ids staged in
      * dynamic shared memory */
@@ -239,6 +269,8 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
      * steps when ctx->opt.moe_fuse_shared). Larger steps: the grouped tensor-core GEMM
      * (cuda_moe_gemm.cu, DS_OPT_MOE_GEMM) */
     const int nblk = A < E ? A : E;
+    /* the grouped GEMM's y in bf16 (ctx->moe_y16), read so by the combine below */
+    const bool y16 = use_gemm && ctx->moe_y16;
     const bool fuse_sh = Is > 0 && T <= DS_CUDA_GEMV_MAX_ROWS && ctx->opt.moe_fuse_shared;
     if (use_gemm) {
         ds_moe_gemm_args g = {};
@@ -247,6 +279,7 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
         g.groups = ds_moe_groups{sc.n_act, sc.act, sc.off, sc.sorted};
         g.act = sc.h; /* [A, I] of the [A, 2I] buffer */
         g.y = sc.y;
+        g.y_bf16 = y16;
         ds_cuda_moe_gemm(ctx, &g);
     } else {
         /* the gate_up blocks' L2 prefetch of their expert's down slice: with DS_OPT_PREFETCH
@@ -300,13 +333,15 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
     }
     /* 7. combine (+ the residual add and RMSNorm that follow the block) */
     if (a->residual) {
-        ds_launch(ctx, moe_combine_norm_kernel, T, DS_NORM_THREADS, 0, H, k, Is, sc,
+        ds_launch(ctx, y16 ? moe_combine_norm_kernel<true> : moe_combine_norm_kernel<false>, T,
+                  DS_NORM_THREADS, 0, H, k, Is, sc,
                   (bf16 *)a->residual, (const bf16 *)a->pre_delta, a->norm_w, a->eps,
                   (bf16 *)a->normed, ctx->norm_regs);
         DS_CU_LAUNCHED2(ctx, "moe_combine_norm_kernel", T, H);
         return;
     }
-    ds_launch(ctx, moe_combine_kernel, dim3(DS_DIV_UP(H, 4 * COMBINE_THREADS), T), COMBINE_THREADS,
-              0, H, k, Is, sc, (bf16 *)a->out);
+    ds_launch(ctx, y16 ? moe_combine_kernel<true> : moe_combine_kernel<false>,
+              dim3(DS_DIV_UP(H, 4 * COMBINE_THREADS), T), COMBINE_THREADS, 0, H, k, Is, sc,
+              (bf16 *)a->out);
     DS_CU_LAUNCHED2(ctx, "moe_combine_kernel", T, H);
 }

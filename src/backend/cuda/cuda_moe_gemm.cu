@@ -18,7 +18,10 @@
  *            128 weight rows are 64 gate rows and the 64 matching up rows, so the epilogue has
  *            both halves and writes act [A, I] bf16 (g and u rounded to bf16 first, as the GEMV
  *            path stores them);
- *   down:    y[a, n] = act[a]·Wd[e, n] → fp32 [A, H], combined by cuda_moe.cu's combine kernel.
+ *   down:    y[a, n] = act[a]·Wd[e, n] → fp32 [A, H], combined by cuda_moe.cu's combine kernel;
+ *            or rounded to bf16 (DS_CUDA_MOE_Y16): at 1024 tokens of 35B-A3B y is 64 MB a
+ *            layer in fp32, written here and read by the combine, against ~400 MB of weights
+ *            (written in session 22 without a GPU: not yet measured, off by default).
  * Deterministic: no atomics; each output element is one tile's fp32 accumulation. */
 #include <mma.h>
 
@@ -102,7 +105,9 @@ static __device__ void gg_find_tile(int bx, const ds_moe_groups &g, int *expert_
     }
 }
 
-template <bool GATE_UP, int WN, int ST, int BK, int BN>
+/* Y16 (down pass only): y stored in bf16. A template parameter, not a flag: the flag's extra
+ * epilogue took the BK 32 and BK 128 down passes from 128 / 124 to 166 / 182 registers. */
+template <bool GATE_UP, int WN, int ST, int BK, int BN, bool Y16>
 __global__ void __launch_bounds__(GG_THREADS(WN))
     moe_group_gemm_kernel(const bf16 *__restrict__ W, int N, int K, const bf16 *__restrict__ x,
                           int k_top, ds_moe_groups g, void *__restrict__ out, int ntiles) {
@@ -238,6 +243,16 @@ __global__ void __launch_bounds__(GG_THREADS(WN))
                 const float uv = __bfloat162float(__float2bfloat16_rn(sm.c[r][HALF + c]));
                 act[(int64_t)asg[r] * N + n0 + c] = __float2bfloat16_rn(silu_f(gv) * uv);
             }
+        } else if constexpr (Y16) {
+            bf16 *y = (bf16 *)out; /* [A, N], each fp32 sum rounded once */
+            for (int idx = tid; idx < GG_BM * (BN / 8); idx += NT) {
+                const int r = idx / (BN / 8), c = (idx % (BN / 8)) * 8;
+                if (r >= rows || n0 + c >= N) continue; /* N % 8 == 0: n0 + c < N → all 8 valid */
+                float f[8];
+#pragma unroll
+                for (int j = 0; j < 8; j++) f[j] = sm.c[r][c + j];
+                *(uint4 *)&y[(int64_t)asg[r] * N + n0 + c] = pack8(f);
+            }
         } else {
             float *y = (float *)out; /* [A, N] */
             for (int idx = tid; idx < GG_BM * (BN / 4); idx += NT) {
@@ -258,9 +273,11 @@ extern "C" bool ds_cuda_moe_gemm_fits(int H, int I) {
 /* Dynamic shared memory limit of both passes of one instantiation, set once at creation. */
 template <int WN, int ST, int BK, int BN> static void gemm_init(ds_cuda_ctx *ctx) {
     const int bytes = (int)sizeof(gg_smem<ST, BK, BN>);
-    DS_CU(ctx, cudaFuncSetAttribute(moe_group_gemm_kernel<true, WN, ST, BK, BN>,
+    DS_CU(ctx, cudaFuncSetAttribute(moe_group_gemm_kernel<true, WN, ST, BK, BN, false>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    DS_CU(ctx, cudaFuncSetAttribute(moe_group_gemm_kernel<false, WN, ST, BK, BN>,
+    DS_CU(ctx, cudaFuncSetAttribute(moe_group_gemm_kernel<false, WN, ST, BK, BN, false>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    DS_CU(ctx, cudaFuncSetAttribute(moe_group_gemm_kernel<false, WN, ST, BK, BN, true>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
 /* Every instantiation ds_cuda_moe_gemm can pick (pass below). */
@@ -276,18 +293,21 @@ extern "C" void ds_cuda_moe_gemm_init(ds_cuda_ctx *ctx) {
     gemm_init<4, 2, 64, 256>(ctx);
 }
 
-/* One pass: gate_up (act [A, I] from x [T, H] and W_gu [E, 2I, H]) or down (y [A, H] fp32 from
- * act [A, I] and W_down [E, H, I]). */
+/* One pass: gate_up (act [A, I] from x [T, H] and W_gu [E, 2I, H]) or down (y [A, H] fp32 or
+ * bf16 from act [A, I] and W_down [E, H, I]). */
 template <bool GATE_UP, int WN, int ST, int BK, int BN>
 static void launch_pass(ds_cuda_ctx *ctx, const ds_moe_gemm_args *a) {
     const int tiles = DS_DIV_UP(a->A, GG_BM) + (a->A < a->E ? a->A : a->E);
     const int N = GATE_UP ? a->I : a->H, K = GATE_UP ? a->H : a->I;
     const int ntiles = GATE_UP ? 1 : ctx->moe_gemm_down_tiles; /* column tiles a block */
     dim3 grid(tiles, DS_DIV_UP(DS_DIV_UP(N, GATE_UP ? BN / 2 : BN), ntiles));
-    ds_launch(ctx, moe_group_gemm_kernel<GATE_UP, WN, ST, BK, BN>, grid, GG_THREADS(WN),
-              sizeof(gg_smem<ST, BK, BN>), (const bf16 *)(GATE_UP ? a->w_gu : a->w_down), N, K,
+    auto kern = moe_group_gemm_kernel<GATE_UP, WN, ST, BK, BN, false>;
+    if constexpr (!GATE_UP)
+        if (a->y_bf16) kern = moe_group_gemm_kernel<false, WN, ST, BK, BN, true>;
+    ds_launch(ctx, kern, grid, GG_THREADS(WN), sizeof(gg_smem<ST, BK, BN>),
+              (const bf16 *)(GATE_UP ? a->w_gu : a->w_down), N, K,
               (const bf16 *)(GATE_UP ? a->x : a->act), a->top_k, a->groups,
-              GATE_UP ? (void *)a->act : (void *)a->y, ntiles);
+              GATE_UP ? (void *)a->act : a->y, ntiles);
     DS_CU_LAUNCHED2(ctx, GATE_UP ? "moe_group_gemm_kernel<gate_up>" : "moe_group_gemm_kernel<down>", a->A, N);
 }
 

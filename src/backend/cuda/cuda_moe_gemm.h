@@ -24,7 +24,8 @@ typedef struct ds_moe_gemm_args {
     const void *w_down;    /* [E, H, I] bf16 */
     ds_moe_groups groups;
     void *act;             /* out of gate_up, in of down: [A, I] bf16, SiLU(g)·u */
-    float *y;              /* [A, H] fp32 per-assignment expert outputs */
+    void *y;               /* [A, H] per-assignment expert outputs: fp32, or bf16 with y_bf16 */
+    int y_bf16;            /* ctx->moe_y16 (DS_CUDA_MOE_Y16): y rounded to bf16, half the bytes */
 } ds_moe_gemm_args;
 
 #ifdef __cplusplus

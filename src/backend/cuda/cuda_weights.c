@@ -139,6 +139,14 @@ static void wb_put(wbuild *b, const ds_tensor *src, ds_dtype dst_dt, const char 
     b->off += n * dsz;
 }
 
+/* Appends `bytes` of zeros (padding rows a kernel may read but whose results nobody uses). */
+static void wb_zero(wbuild *b, size_t bytes) {
+    if (wb_failed(b) || bytes == 0) return;
+    if (b->copy && DS_CU(b->ctx, cudaMemsetAsync(b->arena + b->off, 0, bytes, b->ctx->stream)))
+        b->st = ds_error_set(b->err, DS_ERR_DEVICE, "CUDA weights: %s", b->ctx->errmsg);
+    b->off += bytes;
+}
+
 /* A standalone tensor (same shape) in dtype dt. */
 static ds_tensor wb_tensor(wbuild *b, const ds_tensor *src, ds_dtype dt, const char *what) {
     wb_align(b);
@@ -217,6 +225,11 @@ static void wb_moe(wbuild *b, const ds_moe_weights *h, ds_moe_weights *o, const 
         o->shared_gate = (ds_tensor){.data = wb_ptr(b), .dtype = DS_DTYPE_BF16, .ndim = 2, .ne = {1, H}};
         wb_put(b, &h->shared_gate, DS_DTYPE_BF16, what);
     }
+    /* zero rows up to the 8-aligned count, so that the prefill router GEMM may cover them all
+     * in one cuBLASLt call (ctx->router_pad) */
+    const int Is = h->has_shared ? (int)(h->shared.gate_up.n_out / 2) : 0;
+    const int64_t rows = (int64_t)E + 2 * Is + (Is ? 1 : 0);
+    wb_zero(b, (size_t)(ds_cuda_moe_in_rows(E, Is) - rows) * (size_t)H * 2);
     /* experts: gate_up [E, 2I, H] then down [E, H, I] */
     wb_align(b);
     for (int e = 0; e < E && !wb_failed(b); e++) {
