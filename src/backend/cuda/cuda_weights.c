@@ -47,6 +47,8 @@ typedef struct wbuild {
     size_t total, done, next_report;
     int progress;
     int gen;         /* dummy weights: fill on the device instead of copying */
+    size_t zeros;    /* bytes of wb_zero padding so far: not counted in the dummy generator's
+                      * counter, so padding leaves every dummy weight's value as it was */
     uint64_t seed;
     ds_status st;
     ds_error *err;
@@ -99,7 +101,7 @@ static void wb_put(wbuild *b, const ds_tensor *src, ds_dtype dst_dt, const char 
             hi = a;
         }
         ds_cuda_fill_uniform(b->ctx, b->arena + b->off, dst_dt == DS_DTYPE_BF16, n, b->seed,
-                             (uint64_t)b->off, lo, hi);
+                             (uint64_t)(b->off - b->zeros), lo, hi);
         b->done += n * dsz;
         wb_report(b, 0);
         if (b->ctx->failed)
@@ -145,6 +147,7 @@ static void wb_zero(wbuild *b, size_t bytes) {
     if (b->copy && DS_CU(b->ctx, cudaMemsetAsync(b->arena + b->off, 0, bytes, b->ctx->stream)))
         b->st = ds_error_set(b->err, DS_ERR_DEVICE, "CUDA weights: %s", b->ctx->errmsg);
     b->off += bytes;
+    b->zeros += bytes;
 }
 
 /* A standalone tensor (same shape) in dtype dt. */
@@ -386,6 +389,7 @@ ds_status ds_cuda_build_weights(ds_backend *be, const ds_config *cfg, const ds_m
     if (!b.st) {
         b.copy = 1;
         b.off = 0;
+        b.zeros = 0;
         b.arena = p->arena;
         b.total = total;
         b.progress = isatty(STDERR_FILENO) && total > ((size_t)1 << 30);
