@@ -407,6 +407,12 @@ struct PfSmem {
     static constexpr size_t bytes = st_off + 4 * PF_ROWS * 4;
     static constexpr size_t ph_off = bytes; /* PV16 only: P's hi and lo halves [PF_ROWS][PH] bf16 */
     static constexpr size_t bytes_pv16 = ph_off + 2 * (size_t)PF_ROWS * PH * 2;
+    /* P1 only: Q, K, V (pitch QS), P [PF_ROWS][PH] bf16, the SMR row maxima / sums [4][PF_ROWS],
+     * rpos [PF_ROWS]: 109 KB at HD 256, so two blocks fit an SM's 228 KB */
+    static constexpr size_t p1_ph_off = k_off + 2 * (size_t)PF_KEYS * QS * 2;
+    static constexpr size_t p1_part_off = p1_ph_off + (size_t)PF_ROWS * PH * 2;
+    static constexpr size_t p1_rpos_off = p1_part_off + 4 * (size_t)PF_ROWS * 4;
+    static constexpr size_t bytes_p1 = p1_rpos_off + (size_t)PF_ROWS * 4;
 };
 
 /* Eight warps; per key tile of 64:
@@ -435,14 +441,20 @@ struct PfSmem {
  * shared memory (one barrier, which also frees the K tile) and write P's bf16 halves straight
  * from the S fragments. No fp32 P round trip, no softmax phase of its own, the rescale factors
  * in registers; the row sums are added across the quad and the two warps once, at the end.
- * Sums in a different order: not the same bits as PV16 alone. */
-template <int HD, bool PIPE, bool PV16, bool SMR>
-__global__ void __launch_bounds__(PF_THREADS)
+ * Sums in a different order: not the same bits as PV16 alone.
+ * P1 (ctx->attn_pf_p1, DS_CUDA_ATTN_PF_P1; with SMR only): P as one bf16 (no lo half), as
+ * FlashAttention-2 does, normalised by the sum of the rounded values (the weights P·V really
+ * uses); one MMA per P·V tile instead of two, and the unused fp32 P tile and lo half gone from
+ * shared memory (109 KB at HD 256), so with ≤ 128 registers two blocks share an SM. Written in
+ * session 22 without a GPU: not yet run, off by default. */
+template <int HD, bool PIPE, bool PV16, bool SMR, bool P1>
+__global__ void __launch_bounds__(PF_THREADS, P1 ? 2 : 0)
     attn_prefill_kernel(ds_cuda_batch b, ds_cuda_attn_args a, int G, int BT) {
     pdl_enter(); /* cuda_launch.cuh: first, before any access */
     typedef PfSmem<HD> SM;
     static_assert(PIPE || !PV16, "PV16 comes with the pipe");
     static_assert(PV16 || !SMR, "SMR comes with PV16");
+    static_assert(SMR || !P1, "P1 comes with SMR");
     constexpr int QS = SM::QS, VS = PV16 ? SM::QS : SM::VS, PS = SM::PS, PH = SM::PH;
     constexpr int NT = HD / 16; /* O n-tiles of 8 head dims per warp (HD / 2 dims) */
     static_assert(HD % 32 == 0 && PF_THREADS == 256 && PF_ROWS == 64 && PF_KEYS == 64, "warp map");
@@ -450,12 +462,12 @@ __global__ void __launch_bounds__(PF_THREADS)
     bf16 *Qs = (bf16 *)(smem + SM::q_off);
     bf16 *Ks = (bf16 *)(smem + SM::k_off);
     bf16 *Vs = (bf16 *)(smem + SM::v_off);
-    float *Ps = (float *)(smem + SM::p_off);
-    float *m_s = (float *)(smem + SM::st_off);
+    float *Ps = (float *)(smem + (P1 ? SM::p1_part_off : SM::p_off)); /* P1: only the parts below */
+    float *m_s = (float *)(smem + SM::st_off); /* m_s, l_s, al_s: not under SMR */
     float *l_s = m_s + PF_ROWS;
     float *al_s = l_s + PF_ROWS;
-    int *rpos = (int *)(al_s + PF_ROWS);
-    bf16 *Ph = (bf16 *)(smem + SM::ph_off); /* PV16: [PF_ROWS][PH] hi, then lo */
+    int *rpos = P1 ? (int *)(smem + SM::p1_rpos_off) : (int *)(al_s + PF_ROWS);
+    bf16 *Ph = (bf16 *)(smem + (P1 ? SM::p1_ph_off : SM::ph_off)); /* PV16: [PF_ROWS][PH] hi, then lo */
     bf16 *Pl = Ph + PF_ROWS * PH;
     float *mpart = Ps;                /* SMR: [2][PF_ROWS] each key half's row maxima */
     float *lpart = Ps + 2 * PF_ROWS;  /* SMR: [2][PF_ROWS] each half's row sums, at the end */
@@ -476,8 +488,7 @@ __global__ void __launch_bounds__(PF_THREADS)
     /* query rows: r → token t0 + r / G, head j·G + r % G (zeros past nrows) */
     if (tid < PF_ROWS) {
         rpos[tid] = tid < nrows ? b.positions[t0 + tid / G] : -1;
-        m_s[tid] = -INFINITY;
-        l_s[tid] = 0.f;
+        if (!P1) m_s[tid] = -INFINITY, l_s[tid] = 0.f; /* P1: not in its layout (unused by SMR) */
     }
     for (int i = tid; i < PF_ROWS * (HD / 8); i += PF_THREADS) {
         const int r = i / (HD / 8), c8 = i % (HD / 8);
@@ -577,9 +588,14 @@ __global__ void __launch_bounds__(PF_THREADS)
                         const float2 hf = __bfloat1622float2(hi);
                         const int at = r * PH + 32 * half + 8 * nt + 2 * t4;
                         *reinterpret_cast<__nv_bfloat162 *>(Ph + at) = hi;
-                        *reinterpret_cast<uint32_t *>(Pl + at) = pack_bf2(p0 - hf.x, p1 - hf.y);
-                        sum += p0;
-                        sum += p1;
+                        if (P1) { /* the weights P·V uses */
+                            sum += hf.x;
+                            sum += hf.y;
+                        } else {
+                            *reinterpret_cast<uint32_t *>(Pl + at) = pack_bf2(p0 - hf.x, p1 - hf.y);
+                            sum += p0;
+                            sum += p1;
+                        }
                     }
                     l_run[h] = l_run[h] * alpha[h] + sum; /* this thread's part of the row sum */
                 }
@@ -652,20 +668,22 @@ __global__ void __launch_bounds__(PF_THREADS)
                 const int mi = lane >> 3, rr = lane & 7; /* ldmatrix: this lane's row address */
 #pragma unroll
                 for (int k0 = 0; k0 < PF_KEYS; k0 += 16) {
-                    uint32_t ah[4], al[4];
+                    uint32_t ah[4], al[4] = {0, 0, 0, 0};
                     const bf16 *ph = Ph + (m0 + g) * PH + k0 + 2 * t4, *pl = Pl + (m0 + g) * PH + k0 + 2 * t4;
                     ah[0] = *(const uint32_t *)ph, ah[1] = *(const uint32_t *)(ph + 8 * PH);
                     ah[2] = *(const uint32_t *)(ph + 8), ah[3] = *(const uint32_t *)(ph + 8 * PH + 8);
-                    al[0] = *(const uint32_t *)pl, al[1] = *(const uint32_t *)(pl + 8 * PH);
-                    al[2] = *(const uint32_t *)(pl + 8), al[3] = *(const uint32_t *)(pl + 8 * PH + 8);
+                    if (!P1) {
+                        al[0] = *(const uint32_t *)pl, al[1] = *(const uint32_t *)(pl + 8 * PH);
+                        al[2] = *(const uint32_t *)(pl + 8), al[3] = *(const uint32_t *)(pl + 8 * PH + 8);
+                    }
 #pragma unroll
                     for (int n2 = 0; n2 < NT / 2; n2++) { /* n-tiles 2·n2 and 2·n2 + 1 */
                         const int d0 = (HD / 2) * half + 16 * n2;
                         uint32_t vb[4]; /* b0, b1 of n-tile 2·n2; b0, b1 of 2·n2 + 1 */
                         ldmatrix_x4_trans(vb, Vs + (k0 + rr + 8 * (mi & 1)) * VS + d0 + 8 * (mi >> 1));
-                        mma_bf16_16816(o[2 * n2], al[0], al[1], al[2], al[3], vb[0], vb[1]);
+                        if (!P1) mma_bf16_16816(o[2 * n2], al[0], al[1], al[2], al[3], vb[0], vb[1]);
                         mma_bf16_16816(o[2 * n2], ah[0], ah[1], ah[2], ah[3], vb[0], vb[1]);
-                        mma_bf16_16816(o[2 * n2 + 1], al[0], al[1], al[2], al[3], vb[2], vb[3]);
+                        if (!P1) mma_bf16_16816(o[2 * n2 + 1], al[0], al[1], al[2], al[3], vb[2], vb[3]);
                         mma_bf16_16816(o[2 * n2 + 1], ah[0], ah[1], ah[2], ah[3], vb[2], vb[3]);
                     }
                 }
@@ -758,26 +776,30 @@ static void run_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a) {
     const int BT = PF_ROWS / G;
     const size_t smem = PfSmem<HD>::bytes;
     dim3 grid(DS_DIV_UP(ctx->info.max_seq_tokens, BT), a->nkv, S);
-    if (ctx->attn_pf_pipe && ctx->attn_pf_pv16 && ctx->attn_pf_smr)
-        ds_launch(ctx, attn_prefill_kernel<HD, true, true, true>, grid, PF_THREADS, PfSmem<HD>::bytes_pv16, b, *a, G, BT);
+    if (ctx->attn_pf_pipe && ctx->attn_pf_pv16 && ctx->attn_pf_smr && ctx->attn_pf_p1)
+        ds_launch(ctx, attn_prefill_kernel<HD, true, true, true, true>, grid, PF_THREADS, PfSmem<HD>::bytes_p1, b, *a, G, BT);
+    else if (ctx->attn_pf_pipe && ctx->attn_pf_pv16 && ctx->attn_pf_smr)
+        ds_launch(ctx, attn_prefill_kernel<HD, true, true, true, false>, grid, PF_THREADS, PfSmem<HD>::bytes_pv16, b, *a, G, BT);
     else if (ctx->attn_pf_pipe && ctx->attn_pf_pv16)
-        ds_launch(ctx, attn_prefill_kernel<HD, true, true, false>, grid, PF_THREADS, PfSmem<HD>::bytes_pv16, b, *a, G, BT);
+        ds_launch(ctx, attn_prefill_kernel<HD, true, true, false, false>, grid, PF_THREADS, PfSmem<HD>::bytes_pv16, b, *a, G, BT);
     else if (ctx->attn_pf_pipe)
-        ds_launch(ctx, attn_prefill_kernel<HD, true, false, false>, grid, PF_THREADS, smem, b, *a, G, BT);
-    else ds_launch(ctx, attn_prefill_kernel<HD, false, false, false>, grid, PF_THREADS, smem, b, *a, G, BT);
+        ds_launch(ctx, attn_prefill_kernel<HD, true, false, false, false>, grid, PF_THREADS, smem, b, *a, G, BT);
+    else ds_launch(ctx, attn_prefill_kernel<HD, false, false, false, false>, grid, PF_THREADS, smem, b, *a, G, BT);
     DS_CU_LAUNCHED2(ctx, "attn_prefill_kernel", T, S);
 }
 
 template <int HD>
 static void attention_init(ds_cuda_ctx *ctx) {
-    DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD, false, false, false>,
+    DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD, false, false, false, false>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PfSmem<HD>::bytes));
-    DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD, true, false, false>,
+    DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD, true, false, false, false>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PfSmem<HD>::bytes));
-    DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD, true, true, false>,
+    DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD, true, true, false, false>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PfSmem<HD>::bytes_pv16));
-    DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD, true, true, true>,
+    DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD, true, true, true, false>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PfSmem<HD>::bytes_pv16));
+    DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD, true, true, true, true>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PfSmem<HD>::bytes_p1));
     const int dec = (int)DecSmem<HD>::bytes;
     DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD, 8, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, dec));
     DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD, 32, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, dec));

@@ -262,6 +262,10 @@ typedef struct ds_cuda_ctx {
     /* with attn_pf_pv16: the prefill attention's softmax in the S warps' registers (1, default;
      * DS_CUDA_ATTN_PF_SMR=0: a softmax phase of its own; cuda_attention.cu). Not the same bits. */
     int attn_pf_smr;
+    /* prefill attention's P as one bf16 (no lo half) and its shared memory cut to 109 KB so two
+     * blocks share an SM (DS_CUDA_ATTN_PF_P1=1; with SMR only; cuda_attention.cu). Default 0 until
+     * it has run on a GPU (written in session 22 without one). Not the same bits */
+    int attn_pf_p1;
     /* the GDN decode kernel reads its state before its PDL wait (1, default; DS_CUDA_GDN_EARLY=0:
      * after, for before/after runs; cuda_gdn.cu) */
     int gdn_early;
