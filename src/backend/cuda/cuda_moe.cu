@@ -260,7 +260,7 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
             return;
         }
         ds_launch(ctx, moe_route_kernel, DS_DIV_UP(T, ROUTE_WARPS), ROUTE_WARPS * 32, 0, T, E, k,
-                  Is, (int)a->norm_topk, sc);
+                  Is, (int)a->norm_topk, sc, ds_cuda_route_mode(ctx));
         DS_CU_LAUNCHED2(ctx, "moe_route_kernel", T, E);
         ds_launch(ctx, moe_group_kernel, 1, 1024, smem, A, E, PW, sc);
         DS_CU_LAUNCHED2(ctx, "moe_group_kernel", A, E);

@@ -153,15 +153,15 @@ static __device__ void route_from_shared(int t, int E, int k, int norm_topk, con
     route_store(t, k, norm_topk, sc, ids_s, to_global, isel, wsel, wsum);
 }
 
-/* Token t with one warp: its router logits from global memory into pr, routed; the shared
- * expert's SiLU(g)·u and sigmoid gate. */
+/* Token t with one warp: its router logits from global memory into pr, routed (regs as
+ * route_from_shared's); the shared expert's SiLU(g)·u and sigmoid gate. */
 static __device__ void route_token(int t, int E, int k, int Is, int norm_topk, const moe_scratch &sc,
-                                   float *pr, int32_t *ids_s) {
+                                   float *pr, int32_t *ids_s, int regs = 0) {
     const int lane = threadIdx.x & 31;
     const float *Lr = sc.L + (int64_t)t * moe_ldl(E, Is);
     for (int e = lane; e < E; e += 32) pr[e] = Lr[e];
     __syncwarp();
-    route_from_shared(t, E, k, norm_topk, sc, pr, ids_s);
+    route_from_shared(t, E, k, norm_topk, sc, pr, ids_s, true, regs);
     if (Is > 0) {
         for (int i = lane; i < Is; i += 32)
             sc.sh_act[(int64_t)t * Is + i] = __float2bfloat16_rn(silu_f(Lr[E + i]) * Lr[E + Is + i]);
@@ -169,14 +169,17 @@ static __device__ void route_token(int t, int E, int k, int Is, int norm_topk, c
     }
 }
 
+/* Large steps (prefill): a warp per token. regs: ds_cuda_route_mode, as in decode (since
+ * session 22; before, this kernel always took the shared-memory rounds: the same ids and
+ * weights either way, tested bit for bit by test_cuda_ops' moe variants at T = 37, 300). */
 __global__ void __launch_bounds__(ROUTE_WARPS * 32)
-    moe_route_kernel(int T, int E, int k, int Is, int norm_topk, moe_scratch sc) {
+    moe_route_kernel(int T, int E, int k, int Is, int norm_topk, moe_scratch sc, int regs) {
     __shared__ float prob[ROUTE_WARPS][MOE_MAX_E];
     pdl_enter(); /* cuda_launch.cuh: before any access */
     const int warp = threadIdx.x >> 5;
     const int t = blockIdx.x * ROUTE_WARPS + warp;
     if (t >= T) return;
-    route_token(t, E, k, Is, norm_topk, sc, prob[warp], NULL);
+    route_token(t, E, k, Is, norm_topk, sc, prob[warp], NULL, regs);
 }
 
 /* ---- 3. group assignments by expert (one block) ------------------------------------------ */
