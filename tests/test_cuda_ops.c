@@ -1621,25 +1621,29 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
 /* Variants of the prefill attention kernel: the pipelined copies (DS_CUDA_ATTN_PF_PIPE: 0, 1),
  * P·V in bf16 pairs (DS_CUDA_ATTN_PF_PV16: 0, 1; only with the pipe), the softmax in
  * registers (DS_CUDA_ATTN_PF_SMR: 0, 1; only with PV16) and P as one bf16 with two blocks an SM
- * (DS_CUDA_ATTN_PF_P1: 0, 1; only with SMR). test_mixers runs under each, and the bench times
- * each. The first is the defaults (session 21). */
+ * (DS_CUDA_ATTN_PF_P1: 0, 1; only with SMR); and the chunked GDN's products in one tf32 pass
+ * (DS_CUDA_GDN_TF32: 0, 1). test_mixers runs under each, and the bench times each. The first
+ * is the defaults (session 21). */
 typedef struct {
-    int pipe, pv16, smr, p1;
+    int pipe, pv16, smr, p1, gdn_tf32;
 } prefill_variant;
-static const prefill_variant PREFILL_VARIANTS[] = {{1, 1, 1, 0}, {0, 0, 0, 0}, {1, 0, 0, 0}, {1, 1, 0, 0}, {1, 1, 1, 1}};
+static const prefill_variant PREFILL_VARIANTS[] = {
+    {1, 1, 1, 0, 0}, {0, 0, 0, 0, 0}, {1, 0, 0, 0, 0}, {1, 1, 0, 0, 0}, {1, 1, 1, 1, 0}, {1, 1, 1, 0, 1}};
 #define N_PREFILL_VARIANTS (int)(sizeof PREFILL_VARIANTS / sizeof PREFILL_VARIANTS[0])
 
 /* variant v, or (v < 0) the context's own values again */
 static void prefill_variant_set(int v) {
 #ifdef DS_HAVE_CUDA
     ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
-    static prefill_variant saved = {-1, -1, -1, -1};
-    if (saved.pipe < 0) saved = (prefill_variant){c->attn_pf_pipe, c->attn_pf_pv16, c->attn_pf_smr, c->attn_pf_p1};
+    static prefill_variant saved = {-1, -1, -1, -1, -1};
+    if (saved.pipe < 0)
+        saved = (prefill_variant){c->attn_pf_pipe, c->attn_pf_pv16, c->attn_pf_smr, c->attn_pf_p1, c->gdn_tf32};
     const prefill_variant pv = v < 0 ? saved : PREFILL_VARIANTS[v];
     c->attn_pf_pipe = pv.pipe;
     c->attn_pf_pv16 = pv.pv16;
     c->attn_pf_smr = pv.smr;
     c->attn_pf_p1 = pv.p1;
+    c->gdn_tf32 = pv.gdn_tf32;
 #else
     (void)v;
 #endif
@@ -1656,9 +1660,10 @@ static void test_mixers(void **state) {
 
 static void mixers_check(int variant) {
     prefill_variant_set(variant);
-    printf("  (prefill attention: pipe %d, P·V in bf16 pairs %d, softmax in registers %d, P one bf16 %d)\n",
+    printf("  (prefill attention: pipe %d, P·V in bf16 pairs %d, softmax in registers %d, P one bf16 %d;"
+           " chunked GDN in one tf32 pass %d)\n",
            PREFILL_VARIANTS[variant].pipe, PREFILL_VARIANTS[variant].pv16, PREFILL_VARIANTS[variant].smr,
-           PREFILL_VARIANTS[variant].p1);
+           PREFILL_VARIANTS[variant].p1, PREFILL_VARIANTS[variant].gdn_tf32);
     for (size_t si = 0; si < sizeof SHAPES / sizeof SHAPES[0]; si++) {
         test_rng r = {55 + si};
         tmodel *m = calloc(1, sizeof *m);
@@ -2173,6 +2178,7 @@ static void test_bench(void **state) {
         fflush(stdout);
         prefill_variant_set(-1); /* saves the context's values */
         for (int v = 0; v < N_PREFILL_VARIANTS; v++) {
+            if (PREFILL_VARIANTS[v].gdn_tf32) continue; /* the same attention: timed with the GDN below */
             prefill_variant_set(v);
             printf("  attention prefill 2048 tokens (pipe %d, P·V bf16 %d, softmax in registers %d, P one bf16 %d): %.3f ms\n",
                    PREFILL_VARIANTS[v].pipe, PREFILL_VARIANTS[v].pv16, PREFILL_VARIANTS[v].smr,
@@ -2186,6 +2192,17 @@ static void test_bench(void **state) {
         const char *chunked = getenv("DS_CUDA_GDN_CHUNKED");
         printf("  gdn prefill 2048 tokens (%s): %.3f ms\n", chunked && atoi(chunked) == 0 ? "token-serial scan" : "chunked",
                time_ms(op_call, &a, quick ? 1 : 3));
+#ifdef DS_HAVE_CUDA
+        {
+            ds_cuda_ctx *cc = (ds_cuda_ctx *)g_cuda->impl;
+            const int saved_tf32 = cc->gdn_tf32;
+            cc->gdn_tf32 = !saved_tf32;
+            printf("  gdn prefill 2048 tokens (%s, products %s): %.3f ms\n",
+                   chunked && atoi(chunked) == 0 ? "token-serial scan" : "chunked",
+                   cc->gdn_tf32 ? "one tf32 pass" : "3xTF32", time_ms(op_call, &a, quick ? 1 : 3));
+            cc->gdn_tf32 = saved_tf32;
+        }
+#endif
         for (int ctx = 2048; ctx <= 2048; ctx *= 2) {
             past[0] = ctx;
             news[0] = 1;

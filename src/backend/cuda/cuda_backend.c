@@ -647,6 +647,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         /* 1 vs 0: attention prefill of 2048 tokens 0.514 vs 0.547 ms, prefill of 8192 tokens
          * 344.0 / 343.8 vs 349.0 ms (359.2 with session 20's kernel; H100, s21-run5/6) */
         c->attn_pf_smr = knob_on("DS_CUDA_ATTN_PF_SMR");
+        const char *gtf = getenv("DS_CUDA_GDN_TF32");
+        c->gdn_tf32 = gtf && atoi(gtf) == 1;
         const char *p1 = getenv("DS_CUDA_ATTN_PF_P1");
         c->attn_pf_p1 = p1 && atoi(p1) == 1;
         c->route_batched = knob_on("DS_CUDA_ROUTE_BATCHED");

@@ -23,7 +23,10 @@
  *               loaded after the previous chunk (s9-run2, warps waiting on L2 latency), 203 µs
  *               with the copies overlapped (s9-run3, then bound by shared-memory loads of the
  *               fp32 CUDA-core products), 149 µs with the products on tensor cores (s9-run4).
- * fp32 throughout (chunk_scan's products on tensor cores as 3xTF32); every δ / o / S column
+ * fp32 throughout (chunk_scan's products on tensor cores as 3xTF32; DS_CUDA_GDN_TF32=1: one tf32
+ * pass, each product's inputs rounded to 11 bits — still finer than the bf16 operands of the
+ * chunked GDN kernels vLLM runs — a third of the MMAs; written in session 22 without a GPU, not
+ * yet run, off by default); every δ / o / S column
  * depends only on its own S column, so blocks split the columns without talking to each other. */
 #include <math.h>
 
@@ -59,7 +62,9 @@ static __device__ bool chunk_of(const ds_cuda_batch &b, int idx, int &t0, int &n
     return false;
 }
 
-/* 1. block (chunk blockIdx.x of the step, value head blockIdx.y) */
+/* 1. block (chunk blockIdx.x of the step, value head blockIdx.y). X3: A and P in 3xTF32 (the
+ * default), else one tf32 pass (ctx->gdn_tf32). */
+template <bool X3>
 __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 registers */
     gdn_chunk_prep_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
     constexpr int DK = GP_DK, L = GC_L, LD = GC_LD;
@@ -123,7 +128,7 @@ __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 re
             for (int nt = 0; nt < 8; nt++) {
                 tf32_split fb[2];
                 load_bt_tf32(fb, Ks, LD, k0, 8 * nt, g, t4);
-                mma3(acc[nt], fa, fb);
+                mma_x<X3>(acc[nt], fa, fb);
             }
         }
 #pragma unroll
@@ -181,6 +186,7 @@ __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 re
  * use: {W, q̂, U} for the first half of a chunk, {k̂, P} for the second. The decays are applied
  * to per-row results instead of the inputs: e^{c_i} to q̂_iS, and e^{c_{n−1}−c_i} to a second
  * copy δ' of δ_i for the state update. Pitches put every fragment's 32 reads in 32 banks. */
+template <bool X3> /* as chunk_prep's */
 __global__ void __launch_bounds__(GC_THREADS)
     gdn_chunk_scan_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
     constexpr int DK = GP_DK, DV = GP_DK, L = GC_L, LD = GC_LD, PLD = GC_PLD, NC = GC_NC;
@@ -274,7 +280,7 @@ __global__ void __launch_bounds__(GC_THREADS)
             for (int nt = 0; nt < 4; nt++) {
                 tf32_split fb[2];
                 load_b_tf32(fb, Ss, SLD, k0, 8 * nt, g, t4);
-                mma3(acc[nt], fa, fb);
+                mma_x<X3>(acc[nt], fa, fb);
             }
         }
         if (w_warp) {
@@ -315,7 +321,7 @@ __global__ void __launch_bounds__(GC_THREADS)
                 for (int nt = 0; nt < 4; nt++) {
                     tf32_split fb[2];
                     load_b_tf32(fb, Ds, SLD, k0, 8 * nt, g, t4);
-                    mma3(acc[nt], fa, fb);
+                    mma_x<X3>(acc[nt], fa, fb);
                 }
             }
 #pragma unroll
@@ -343,7 +349,7 @@ __global__ void __launch_bounds__(GC_THREADS)
             for (int nt = 0; nt < 4; nt++) {
                 tf32_split fb[2];
                 load_b_tf32(fb, Dk, SLD, k0, 8 * nt, g, t4);
-                mma3(sacc[nt], fa, fb);
+                mma_x<X3>(sacc[nt], fa, fb);
             }
         }
 #pragma unroll
@@ -369,17 +375,23 @@ void ds_cuda_gdn_chunked(ds_cuda_ctx *ctx, const ds_cuda_batch &b, const ds_cuda
                          const gdn_scratch &sc) {
     /* Σ_s ⌈n_s / L⌉ ≤ T / L + S chunks; blocks past the last one return at once */
     const int chunks = DS_DIV_UP(b.n_tokens, GC_L) + b.n_seqs;
-    ds_launch(ctx, gdn_chunk_prep_kernel, dim3(chunks, a.hv), GC_THREADS, sizeof(float) * GC_PREP_FLOATS, b, a, sc);
+    const bool x3 = !ctx->gdn_tf32;
+    ds_launch(ctx, x3 ? gdn_chunk_prep_kernel<true> : gdn_chunk_prep_kernel<false>, dim3(chunks, a.hv), GC_THREADS,
+              sizeof(float) * GC_PREP_FLOATS, b, a, sc);
     DS_CU_LAUNCHED2(ctx, "gdn_chunk_prep_kernel", chunks, a.hv);
-    ds_launch(ctx, gdn_chunk_scan_kernel, dim3(GP_DK / GC_NC, a.hv, b.n_seqs), GC_THREADS,
+    ds_launch(ctx, x3 ? gdn_chunk_scan_kernel<true> : gdn_chunk_scan_kernel<false>, dim3(GP_DK / GC_NC, a.hv, b.n_seqs), GC_THREADS,
               sizeof(float) * GC_SCAN_FLOATS, b, a, sc);
     DS_CU_LAUNCHED2(ctx, "gdn_chunk_scan_kernel", b.n_seqs, a.hv);
 }
 
 /* Shared-memory limits of the two kernels, set once at creation (never inside a capture). */
 extern "C" void ds_cuda_gdn_chunked_init(ds_cuda_ctx *ctx) {
-    DS_CU(ctx, cudaFuncSetAttribute(gdn_chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)(sizeof(float) * GC_PREP_FLOATS)));
-    DS_CU(ctx, cudaFuncSetAttribute(gdn_chunk_scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)(sizeof(float) * GC_SCAN_FLOATS)));
+    for (int x3 = 0; x3 < 2; x3++) {
+        DS_CU(ctx, cudaFuncSetAttribute(x3 ? gdn_chunk_prep_kernel<true> : gdn_chunk_prep_kernel<false>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)(sizeof(float) * GC_PREP_FLOATS)));
+        DS_CU(ctx, cudaFuncSetAttribute(x3 ? gdn_chunk_scan_kernel<true> : gdn_chunk_scan_kernel<false>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)(sizeof(float) * GC_SCAN_FLOATS)));
+    }
 }

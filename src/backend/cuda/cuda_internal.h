@@ -213,6 +213,10 @@ typedef struct ds_cuda_ctx {
     /* the GDN prefill recurrence in chunks of 64 tokens (1, default; cuda_gdn_chunked.cu) or
      * token by token (DS_CUDA_GDN_CHUNKED=0: the session-4 scan, for before/after runs) */
     int gdn_chunked;
+    /* the chunked GDN kernels' tensor-core products in one tf32 pass instead of 3xTF32
+     * (DS_CUDA_GDN_TF32=1; cuda_gdn_chunked.cu). Default 0 until it has run on a GPU (written in
+     * session 22 without one). Not the same bits */
+    int gdn_tf32;
     /* measurement knobs of the decode expert GEMVs (env at create): output rows per warp of the
      * gate_up launch (DS_CUDA_MOE_GU_ROWS, 2 or 4, default 2) and of the down launch
      * (DS_CUDA_MOE_DOWN_ROWS, 4, 8 or 16; default 0: 4 at T = 1, else 16) */

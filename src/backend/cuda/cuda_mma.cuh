@@ -66,6 +66,14 @@ static __device__ __forceinline__ void mma3(float (&c)[4], const tf32_split (&a)
     mma_tf32(c, a[0].hi, a[1].hi, a[2].hi, a[3].hi, b[0].hi, b[1].hi);
 }
 
+/* c += A·B for one m16n8k8 tile: 3xTF32 (X3), or one tf32 pass on the hi parts (every input
+ * rounded to 11 bits, fp32 sums; the lo parts, unused, compile away) */
+template <bool X3>
+static __device__ __forceinline__ void mma_x(float (&c)[4], const tf32_split (&a)[4], const tf32_split (&b)[2]) {
+    if constexpr (X3) mma3(c, a, b);
+    else mma_tf32(c, a[0].hi, a[1].hi, a[2].hi, a[3].hi, b[0].hi, b[1].hi);
+}
+
 /* The A fragment of rows m0 … m0 + 15, columns k0 … k0 + 7 of a row-major fp32 tile X (row
  * pitch ld) for lane (g, t), split for 3xTF32. */
 static __device__ __forceinline__ void load_a_tf32(tf32_split (&fa)[4], const float *X, int ld, int m0,
