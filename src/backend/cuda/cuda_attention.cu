@@ -468,7 +468,7 @@ __global__ void __launch_bounds__(PF_THREADS, P1 ? 2 : 0)
     float *al_s = l_s + PF_ROWS;
     int *rpos = P1 ? (int *)(smem + SM::p1_rpos_off) : (int *)(al_s + PF_ROWS);
     bf16 *Ph = (bf16 *)(smem + (P1 ? SM::p1_ph_off : SM::ph_off)); /* PV16: [PF_ROWS][PH] hi, then lo */
-    bf16 *Pl = Ph + PF_ROWS * PH;
+    bf16 *Pl = P1 ? nullptr : Ph + PF_ROWS * PH; /* P1: no lo half (its place is the row parts') */
     float *mpart = Ps;                /* SMR: [2][PF_ROWS] each key half's row maxima */
     float *lpart = Ps + 2 * PF_ROWS;  /* SMR: [2][PF_ROWS] each half's row sums, at the end */
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f}, alpha[2] = {1.f, 1.f};

@@ -171,7 +171,8 @@ static __device__ void route_token(int t, int E, int k, int Is, int norm_topk, c
 
 /* Large steps (prefill): a warp per token. regs: ds_cuda_route_mode, as in decode (since
  * session 22; before, this kernel always took the shared-memory rounds: the same ids and
- * weights either way, tested bit for bit by test_cuda_ops' moe variants at T = 37, 300). */
+ * weights either way, tested bit for bit by test_cuda_ops' moe variants at T = 300 of the
+ * 35B-like shape, the step there with more than MOE_FUSED_A assignments). */
 __global__ void __launch_bounds__(ROUTE_WARPS * 32)
     moe_route_kernel(int T, int E, int k, int Is, int norm_topk, moe_scratch sc, int regs) {
     __shared__ float prob[ROUTE_WARPS][MOE_MAX_E];

@@ -387,6 +387,10 @@ static bool moe_args(ds_cuda_ctx *c, const ds_config *cfg, const ds_moe_weights 
         DS_ASSERT((const char *)w->shared_gate.data == base + (size_t)(E + 2 * Is) * H * 2);
         DS_ASSERT(w->shared.down.n_parts == 1 && w->shared.down.n_in == Is);
     }
+    /* the zero rows up to ds_cuda_moe_in_rows that the padded router GEMM reads
+     * (ctx->router_pad) lie before the experts */
+    DS_ASSERT((const char *)w->experts[0].gate_up.parts[0].data >=
+              base + (size_t)ds_cuda_moe_in_rows(E, (int)Is) * (size_t)H * 2);
     DS_ASSERT(c->d_moe_scratch && c->moe_scratch_bytes >= ds_cuda_moe_scratch_bytes(
                                                              (int)H, E, k, (int)I, (int)Is));
     if (T == 0) return false;

@@ -48,7 +48,8 @@ typedef struct wbuild {
     int progress;
     int gen;         /* dummy weights: fill on the device instead of copying */
     size_t zeros;    /* bytes of wb_zero padding so far: not counted in the dummy generator's
-                      * counter, so padding leaves every dummy weight's value as it was */
+                      * counter, so padding leaves every dummy weight's value as it was (where
+                      * it is a multiple of ALIGN_BYTES, as at H % 128 == 0: real shapes) */
     uint64_t seed;
     ds_status st;
     ds_error *err;
