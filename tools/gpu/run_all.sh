@@ -195,21 +195,28 @@ fi
 
 # ncu_source: per-instruction (SASS) warp-stall samples of the first kernel matching each of
 # DS_GPU_NCU_SOURCE (space-separated regexes, default the batch-1 routed gate_up and the first
-# CUDA-core GEMV) in one eager decode step at batch DS_GPU_NCU_BATCH (default 1) →
-# ncu_source_<n>.csv; tools/gpu/ncu_source_top.py lists the instructions where warps wait most
-# (source lines need binaries packed with DS_PACK_LINEINFO=1 tools/gpu/pack_carry.sh)
+# CUDA-core GEMV) in one eager decode step at batch DS_GPU_NCU_BATCH (default 1) — or, with
+# DS_GPU_NCU_PREFILL=1, in one 1024-token prefill (e.g. gdn_prep_kernel) — with the environment
+# DS_GPU_NCU_ENV → ncu_source_<n>.csv; tools/gpu/ncu_source_top.py lists the instructions where
+# warps wait most (source lines need binaries packed with DS_PACK_LINEINFO=1
+# tools/gpu/pack_carry.sh)
 t=$(left); [ "$t" -gt 150 ] && t=150
 if want ncu_source && command -v ncu > /dev/null && [ "$t" -ge 60 ]; then
+    if [ "${DS_GPU_NCU_PREFILL:-0}" = 1 ]; then
+        SRC_WHICH=("${PREFILL_WHICH[@]}"); SRC_RUN=("${PREFILL_RUN[@]}")
+    else
+        SRC_WHICH=(DS_CUDA_PROFILER_STEP=4); SRC_RUN=(--prompt-len 16 --steps 8 --warmup 2 --batch "${DS_GPU_NCU_BATCH:-1}")
+    fi
     n=0
     for k in ${DS_GPU_NCU_SOURCE:-moe_gate_up_routed gemv_kernel}; do
         n=$((n + 1))
-        log "ncu source ($k, timeout $((t / 2)) s)"
-        timeout $((t / 2)) env DS_CUDA_PROFILER_STEP=4 ncu --clock-control none --cache-control none \
+        log "ncu source ($k, ${SRC_RUN[*]}, ${DS_GPU_NCU_ENV:-}, timeout $((t / 2)) s)"
+        # shellcheck disable=SC2086
+        timeout $((t / 2)) env "${SRC_WHICH[@]}" ${DS_GPU_NCU_ENV:-} ncu --clock-control none --cache-control none \
             --profile-from-start off -k "regex:$k" --launch-count 1 --section SourceCounters \
             --section WarpStateStats --page source --print-source sass --csv \
             "${DSENV[@]}" "$BIN/deltaserve" bench -m configs/qwen3.5-35b-a3b --dummy-weights --device cuda \
-            --prompt-len 16 --steps 8 --warmup 2 --batch "${DS_GPU_NCU_BATCH:-1}" --graphs 0 \
-            > "$OUT/ncu_source_$n.csv" 2>&1
+            "${SRC_RUN[@]}" --graphs 0 > "$OUT/ncu_source_$n.csv" 2>&1
         log "ncu source ($k) rc=$?"
     done
 fi
