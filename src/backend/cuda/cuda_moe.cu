@@ -120,10 +120,6 @@ __global__ void __launch_bounds__(DS_NORM_THREADS)
         float acc[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) acc[j] = 0.f;
-        auto fma8 = [&](float w, const float f[8]) {
-#pragma unroll
-            for (int j = 0; j < 8; j++) acc[j] = fmaf(w, f[j], acc[j]);
-        };
         for (int i0 = 0; i0 < k; i0 += 8) {
             if constexpr (Y16) { /* one 16-byte load a slot, unpacked at its FMAs */
                 uint4 yb[8];
@@ -136,7 +132,9 @@ __global__ void __launch_bounds__(DS_NORM_THREADS)
                     if (i0 + u < k) {
                         float f[8];
                         unpack8(yb[u], f);
-                        fma8(w_s[i0 + u], f);
+                        const float w = w_s[i0 + u];
+#pragma unroll
+                        for (int j = 0; j < 8; j++) acc[j] = fmaf(w, f[j], acc[j]);
                     }
             } else {
                 float4 y[8][2];
@@ -148,12 +146,19 @@ __global__ void __launch_bounds__(DS_NORM_THREADS)
                         y[u][1] = __ldcg(p + 1);
                     }
 #pragma unroll
-                for (int u = 0; u < 8; u++)
+                for (int u = 0; u < 8; u++) { /* (written out: this path's code as before Y16) */
                     if (i0 + u < k) {
-                        const float f[8] = {y[u][0].x, y[u][0].y, y[u][0].z, y[u][0].w,
-                                            y[u][1].x, y[u][1].y, y[u][1].z, y[u][1].w};
-                        fma8(w_s[i0 + u], f);
+                        const float w = w_s[i0 + u];
+                        acc[0] = fmaf(w, y[u][0].x, acc[0]);
+                        acc[1] = fmaf(w, y[u][0].y, acc[1]);
+                        acc[2] = fmaf(w, y[u][0].z, acc[2]);
+                        acc[3] = fmaf(w, y[u][0].w, acc[3]);
+                        acc[4] = fmaf(w, y[u][1].x, acc[4]);
+                        acc[5] = fmaf(w, y[u][1].y, acc[5]);
+                        acc[6] = fmaf(w, y[u][1].z, acc[6]);
+                        acc[7] = fmaf(w, y[u][1].w, acc[7]);
                     }
+                }
             }
         }
         if (Is > 0) {
