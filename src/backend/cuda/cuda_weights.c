@@ -230,10 +230,10 @@ static void wb_moe(wbuild *b, const ds_moe_weights *h, ds_moe_weights *o, const 
         wb_put(b, &h->shared_gate, DS_DTYPE_BF16, what);
     }
     /* zero rows up to the 8-aligned count, so that the prefill router GEMM may cover them all
-     * in one cuBLASLt call (ctx->router_pad) */
+     * in one cuBLASLt call (ctx->router_pad): what is laid out since base, up to in_rows rows */
     const int Is = h->has_shared ? (int)(h->shared.gate_up.n_out / 2) : 0;
-    const int64_t rows = (int64_t)E + 2 * Is + (Is ? 1 : 0);
-    wb_zero(b, (size_t)(ds_cuda_moe_in_rows(E, Is) - rows) * (size_t)H * 2);
+    const size_t laid = (size_t)((char *)wb_ptr(b) - (char *)base);
+    wb_zero(b, (size_t)ds_cuda_moe_in_rows(E, Is) * (size_t)H * 2 - laid);
     /* experts: gate_up [E, 2I, H] then down [E, H, I] */
     wb_align(b);
     for (int e = 0; e < E && !wb_failed(b); e++) {
