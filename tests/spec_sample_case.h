@@ -7,7 +7,7 @@
  * with top_p and min_p; a low temperature with top_k and top_p), each group with its own fixed
  * logits rows, and every sequence has its own seed, so one call is SS_S / SS_G independent
  * draws per group. Draft rows of odd sequences take their draft from the token buffer
- * (token_src), even ones from tokens, so a kernel that ignored either reads the wrong draft.
+ * (token_src), even ones from tokens (an id must depend on neither: backend.h).
  * The expected distribution of each row is computed here from the specification in backend.h
  * (double precision, a sort), independently of both backends: row 0's draft is a likely token
  * (accepted often), row 1's an unlikely one, row 2 has

@@ -9,8 +9,8 @@
  * acceptance counters must equal what the oracle planned. The non-fast greedy path (penalties,
  * min_tokens with EOS) is compared the same way.
  *
- * Sampling (temperature > 0): rejection sampling must leave the output distributed exactly as
- * the target's. Chi-square tests (Wilson–Hilferty z < 4 over bins with ≥ 5 expected counts) on
+ * Sampling (temperature > 0): speculative sampling must leave the output distributed exactly as
+ * the target's, and a position's token must not depend on its draft (or on having one). Chi-square tests (Wilson–Hilferty z < 4 over bins with ≥ 5 expected counts) on
  * (a) ds_spec_verify over fixed target rows and drafts, 40000 seeded draws: the first token, and
  * the second given the first draft was accepted; (b) end to end through the session with oracle
  * drafts: the second generated token, given the first, over seeded runs. Expected distributions
@@ -381,6 +381,29 @@ static void test_rejection_sampling_unit(void **state) {
     z0 = test_chi2_z(c0, p0, V, N / 2, &df);
     printf("  unlikely draft: z %.2f\n", z0);
     assert_true(z0 < 4.0);
+    /* the token at a position is the seed's and the position's alone: the same with the likely
+     * draft, the unlikely one or none (so the device's chained steps, which draft fewer near
+     * max_tokens, emit what the host's would); the old accept-else-residual rule fails this */
+    int n_acc = 0;
+    for (int i = 0; i < 2000; i++) {
+        smp.seed = 5 * (uint64_t)N + (uint64_t)i;
+        int32_t first[3];
+        const int32_t *dr[3] = {drafts, bad, NULL};
+        for (int c = 0; c < 3; c++) {
+            memcpy(tmp, rows, sizeof(float) * 2 * (size_t)V);
+            ds_spec_result r;
+            assert_int_equal(ds_spec_verify(&smp, 1, dr[c], c == 2 ? 0 : 1, NULL, tmp, V, toks,
+                                            res, &r, &err),
+                             DS_OK);
+            first[c] = toks[0];
+            if (c == 0) n_acc += r.n_accepted;
+        }
+        if (first[0] != first[1] || first[0] != first[2])
+            fail_msg("seed %d: token %d with the draft, %d with an unlikely one, %d with none",
+                     (int)smp.seed, first[0], first[1], first[2]);
+    }
+    printf("  2000 seeds: the same first token with either draft or none (%d accepted)\n", n_acc);
+    assert_true(n_acc > 0 && n_acc < 2000);
 
     ds_sampler_free(&smp);
     free(c0);

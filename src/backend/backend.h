@@ -253,28 +253,27 @@ typedef struct ds_backend_ops {
      * no spec_sample. */
     void (*set_spec_sampling)(ds_backend *be, const ds_spec_sampling *seqs, int S);
     /* Target ids of a sampled verification, so that spec_accept's leading-match rule is
-     * speculative rejection sampling against deterministic drafts (issue 5: no host round
-     * trip for temperature > 0). The current batch is the verification; logits [T, V] f32 are
-     * its rows (row t = batch row t). Row t of sequence s, whose token sits at position p_t (as
-     * lowered on the device), decides the token at p_t + 1 from P = the sampling table's row
-     * s; its draft d is the token of row t + 1 when that row is in the same sequence, else none.
+     * speculative sampling against deterministic drafts (issue 5: no host round trip for
+     * temperature > 0). The current batch is the verification; logits [T, V] f32 are its rows
+     * (row t = batch row t). Row t of sequence s, whose token sits at position p_t (as lowered
+     * on the device), decides the token at p_t + 1 from P = the sampling table's row s.
      *  - P.temperature ≤ 0: the argmax (lowest id on ties, NaN never wins).
      *  - else z = logits[t] · (1 / P.temperature) (float); survivors: z ≥ max z + log(min_p)
      *    when min_p > 0; z at least the top_k-th largest z when 0 < top_k < V; and, of those
      *    (weights w = exp(z − max z), total W), z at least the largest value c such that the
      *    survivors with z ≥ c weigh ≥ top_p · W when top_p < 1. Ties at a threshold all
      *    survive; NaN never does. p = w / (their total) over the survivors, 0 elsewhere.
-     *    With the key k = ds_crng_key(P.seed, p_t + 1): a draft d is accepted (id = d) when
-     *    ds_crng_uniform(k, DS_CRNG_ACCEPT) < p(d); otherwise, and for a row without a draft,
-     *    the id is the inverse CDF, in id order, of p with d removed and renormalised at
-     *    u = ds_crng_uniform(k, DS_CRNG_RESIDUAL): the lowest id whose cumulative weight over
-     *    the survivors v ≠ d exceeds u times their total (rounding: the last with weight);
-     *    d itself when no other survivor has weight. The host's rejection rule
-     *    (runtime/spec.c ds_spec_verify) draws the same numbers the same way.
-     * So the emitted tokens are distributed as p row by row (the standard rule for a one-hot
-     * proposal: accept with p(d), else draw from max(0, p − δ_d)). Writes token-buffer entry
-     * ids_at + t for every row (spec_accept's ids_at; the draft entries read must not be among
-     * them). A row whose largest z is not finite gets the plain argmax (0 when all NaN). */
+     *    The id is the inverse CDF of p, in id order, at u = ds_crng_uniform(k, DS_CRNG_DRAW)
+     *    with the key k = ds_crng_key(P.seed, p_t + 1): the lowest id whose cumulative weight
+     *    over the survivors exceeds u times their total (rounding: the last with weight). The
+     *    host (runtime/spec.c ds_spec_verify) draws the same numbers the same way.
+     * So each row's id is distributed as p, and a row's draft d (the token of row t + 1) is
+     * accepted when it equals the id: with probability p(d), as the standard rule for a one-hot
+     * proposal accepts it (accept with p(d), else draw from max(0, p − δ_d)). Unlike that rule,
+     * the id does not depend on d nor on whether the row has a draft, so a seeded request's
+     * tokens do not depend on how many drafts its steps had. Writes token-buffer entry ids_at + t
+     * for every row (spec_accept's ids_at). A row whose largest z is not finite gets the plain
+     * argmax (0 when all NaN). */
     void (*spec_sample)(ds_backend *be, const ds_tensor *logits, int ids_at);
     /* A wait for part of the queued work (NULL: the backend finishes every op before returning,
      * and its host outputs are written at once). mark() notes the current point of the queue;

@@ -1,4 +1,5 @@
-/* spec.c — acceptance of draft tokens (greedy from argmax ids, rejection sampling otherwise) and
+/* spec.c — acceptance of draft tokens (the leading drafts that match the target's tokens: argmax
+ * ids when greedy, tokens drawn by seed and position otherwise) and
  * the speculative-decoding counters. See spec.h for the whole step. */
 #include "runtime/spec.h"
 
@@ -97,19 +98,17 @@ static void plain_result(ds_sample_result *r, int token) {
     r->token = token;
 }
 
-/* Index drawn from probs[0..n) (sums to ~total) with d excluded (d = −1: none): inverse CDF, in
- * index order, of p − p(d)·δ_d, i.e. the residual distribution max(0, p − q) of a one-hot
- * proposal q = δ_d. Returns d itself only if nothing else has mass (then p(d) was 1 and d is
- * accepted anyway). backend.h spec_sample draws the same way on the device. */
-static int draw_residual(const float *probs, int n, int d, double u) {
+/* Index drawn from probs[0..n) (sums to ~1): the inverse CDF, in index order, at u (rounding:
+ * the last index with mass; 0 when none has). backend.h spec_sample draws the same way on the
+ * device. */
+static int draw_inverse_cdf(const float *probs, int n, double u) {
     double total = 0.0;
-    for (int i = 0; i < n; i++)
-        if (i != d) total += probs[i];
-    if (!(total > 0.0)) return d < 0 ? 0 : d;
+    for (int i = 0; i < n; i++) total += probs[i];
+    if (!(total > 0.0)) return 0;
     double target = u * total, acc = 0.0;
-    int last = -1;
+    int last = 0;
     for (int i = 0; i < n; i++) {
-        if (i == d || probs[i] <= 0.0f) continue;
+        if (probs[i] <= 0.0f) continue;
         acc += probs[i];
         last = i;
         if (acc > target) return i;
@@ -143,16 +142,17 @@ ds_status ds_spec_verify(ds_sampler *s, int n_generated, const int32_t *drafts, 
             tok = res[i].token;
             accepted = has_draft && tok == d;
         } else {
-            /* rejection sampling with a deterministic proposal d: accept with p(d), else draw
-             * from the residual (p without d, renormalised); the bonus row draws from p. The
-             * numbers are the position's (counter_rng.h), as backend.h spec_sample's */
+            /* speculative sampling with a deterministic proposal d: the token is drawn from p
+             * by the inverse CDF at the position's number (counter_rng.h), and d is accepted
+             * when it is that token. So d is accepted with probability p(d), as the usual
+             * accept-with-p(d)-else-draw-from-the-residual rule accepts it, every token comes
+             * out with probability p, and the token does not depend on whether the row had a
+             * draft (the device's chained steps draft fewer near max_tokens than the host's).
+             * backend.h spec_sample decides the same way. */
             if ((st = ds_sampler_probs(s, row, gen, err)) != DS_OK) return st;
-            DS_ASSERT(!has_draft || (d >= 0 && d < vocab));
             const uint64_t key = ds_crng_key(s->seed, (int64_t)s->n_prompt + gen);
-            accepted = has_draft && (double)ds_crng_uniform(key, DS_CRNG_ACCEPT) < (double)row[d];
-            tok = accepted ? d
-                           : draw_residual(row, vocab, d,
-                                           (double)ds_crng_uniform(key, DS_CRNG_RESIDUAL));
+            tok = draw_inverse_cdf(row, vocab, (double)ds_crng_uniform(key, DS_CRNG_DRAW));
+            accepted = has_draft && tok == d;
             plain_result(&res[i], tok);
         }
         /* the sampler masks these ids below min_tokens; target ids come from an argmax that

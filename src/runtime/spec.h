@@ -10,10 +10,11 @@
  *     d_{i+1} the draft is accepted and checking goes on; the first mismatch (or row n) yields
  *     the target's own token (correction / bonus). m = accepted + 1 tokens are emitted; greedy
  *     requests decide from the pre-sampled argmax ids alone (no logits leave the device), sampled
- *     ones use the standard rejection rule for a deterministic (greedy) proposal: accept d with
- *     probability p(d), else draw from p with d removed — the output is distributed exactly as
- *     the target model's p (p = the request's processed distribution: penalties, temperature,
- *     top-k/p, min-p, min_tokens);
+ *     ones draw each row's token from p by the inverse CDF at a uniform keyed by seed and
+ *     position and accept d when it is that token — with probability p(d), as the standard
+ *     rejection rule for a deterministic (greedy) proposal accepts it; the output is
+ *     distributed exactly as the target model's p (p = the request's processed distribution:
+ *     penalties, temperature, top-k/p, min-p, min_tokens) and does not depend on the drafts;
  *  3. roll back: the sequence's current GDN slot becomes the spare that holds the state after
  *     token m−1 (a swap of slot ids, no copy); KV beyond c+m−1 is garbage nobody reads (the next
  *     step writes those positions before any query reaches them); the old slot becomes a spare;
@@ -67,7 +68,7 @@ bool ds_spec_argmax_suffices(const ds_sampler *s, int n_generated);
  * logprobs. */
 bool ds_spec_argmax_banned_suffices(const ds_sampler *s);
 /* True when spec_sample on the device decides rows n_generated.. of a sampled request
- * (backend.h: speculative rejection sampling without a host round trip): temperature > 0,
+ * (backend.h: speculative sampling without a host round trip): temperature > 0,
  * no penalties, no logit_bias, no logprobs, min_tokens already reached. temperature, top_k,
  * top_p and min_p are the device's (ds_spec_sampling_of). */
 bool ds_spec_sample_suffices(const ds_sampler *s, int n_generated);

@@ -4,8 +4,8 @@
  * the host) need random numbers that every row can draw on its own, in any order, with no state
  * carried between steps, and that every path reproduces bit for bit: uniform number i of the
  * token at position p of a request with seed s is a pure function of (s, p, i). So a seeded
- * request's tokens do not depend on which path, step or batch decided them (up to float
- * rounding at a boundary). Two splitmix64 finalisers (Steele et al.,
+ * request's tokens do not depend on which path, step or batch decided them, nor on how many
+ * drafts each step had (up to float rounding at a boundary). Two splitmix64 finalisers (Steele et al.,
  * the same mixer rng.c seeds xoshiro with) make the key of (s, p), a third mixes in i. Each
  * position of a request is decided once, so its numbers are never reused; positions and
  * counters are distinct inputs, so different rows draw independent numbers.
@@ -22,10 +22,9 @@
 #define DS_CRNG_FN static inline
 #endif
 
-/* The counters of a row's two uniforms (never vocabulary ids): the acceptance test's, and the
- * inverse-CDF draw's of the token taken otherwise. */
-#define DS_CRNG_ACCEPT UINT32_C(0xffffffff)
-#define DS_CRNG_RESIDUAL UINT32_C(0xfffffffe)
+/* The counter of a row's one uniform (never a vocabulary id): the inverse-CDF draw of its
+ * token, made whether or not the row has a draft (backend.h spec_sample). */
+#define DS_CRNG_DRAW UINT32_C(0xfffffffe)
 
 DS_CRNG_FN uint64_t ds_crng_mix(uint64_t z) {
     z += UINT64_C(0x9e3779b97f4a7c15);

@@ -227,7 +227,7 @@ void ds_metrics_render(ds_metrics *m, const ds_engine_stats *st, const char *mod
                 "device never waits for the host's acceptance; DS_OPT_SPEC_ASYNC).",
                 st->spec_chained_steps);
         counter(out, L, "spec_sampled_verifications_total",
-                "Verification steps with sampled (temperature > 0) requests whose rejection "
+                "Verification steps with sampled (temperature > 0) requests whose speculative "
                 "sampling ran on the device (spec_sample; no logits left the device).",
                 st->spec_sampled_steps);
     }

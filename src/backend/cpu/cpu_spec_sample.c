@@ -73,7 +73,7 @@ static uint32_t survivor_threshold(const float *z, int V, float zmax, const ds_s
 
 /* Target id of one row (backend.h spec_sample); z [V] scratch. */
 static int32_t sample_row(const float *logits, int V, const ds_spec_sampling *P, int64_t pos,
-                          int32_t d, float *z, uint32_t *keys, keyed *sorted) {
+                          float *z, uint32_t *keys, keyed *sorted) {
     if (!(P->temperature > 0.0f)) return (int32_t)ds_cpu_argmax_row(logits, V);
     const float inv_t = 1.0f / P->temperature; /* the CUDA kernel's z, to the bit */
     float zmax = -INFINITY;
@@ -84,8 +84,8 @@ static int32_t sample_row(const float *logits, int V, const ds_spec_sampling *P,
     if (!isfinite(zmax)) return (int32_t)ds_cpu_argmax_row(logits, V);
     const uint32_t thr = survivor_threshold(z, V, zmax, P, keys, sorted);
     const uint64_t key = ds_crng_key(P->seed, pos + 1);
-    /* the survivors' weights; rest = theirs without the draft */
-    double total = 0.0, rest = 0.0;
+    /* the survivors' weights, then the inverse CDF in id order */
+    double total = 0.0;
     for (int v = 0; v < V; v++) {
         if (z_key(z[v]) < thr) {
             z[v] = 0.0f; /* from here on z holds the weights */
@@ -93,16 +93,13 @@ static int32_t sample_row(const float *logits, int V, const ds_spec_sampling *P,
         }
         z[v] = expf(z[v] - zmax);
         total += z[v];
-        if (v != d) rest += z[v];
     }
-    const bool has_d = d >= 0 && d < V;
-    if (has_d && (double)ds_crng_uniform(key, DS_CRNG_ACCEPT) < z[d] / total) return d;
-    if (!(rest > 0.0)) return has_d ? d : 0;
-    const double target = (double)ds_crng_uniform(key, DS_CRNG_RESIDUAL) * rest;
+    if (!(total > 0.0)) return 0;
+    const double target = (double)ds_crng_uniform(key, DS_CRNG_DRAW) * total;
     double cum = 0.0;
     int last = 0;
     for (int v = 0; v < V; v++) {
-        if (v == d || z[v] <= 0.0f) continue;
+        if (z[v] <= 0.0f) continue;
         last = v;
         if ((cum += z[v]) > target) return v;
     }
@@ -119,15 +116,9 @@ void ds_cpu_op_spec_sample(ds_backend *be, const ds_tensor *logits, int ids_at) 
     float *z = ds_cpu_work(cpu, DS_CPU_WORK_A, (size_t)V);
     uint32_t *keys = (uint32_t *)ds_cpu_work(cpu, DS_CPU_WORK_B, (size_t)V);
     keyed *sorted = (keyed *)ds_cpu_work(cpu, DS_CPU_WORK_C, 2 * (size_t)V);
-    /* written to the token buffer after every row read its draft from it */
-    int32_t *ids = (int32_t *)ds_cpu_work(cpu, DS_CPU_WORK_D, (size_t)T);
     for (int s = 0; s < S; s++)
-        for (int t = b->seq_start[s]; t < b->seq_start[s + 1]; t++) {
-            const int32_t d = t + 1 < b->seq_start[s + 1]
-                                  ? ds_cpu_row_token(b->tokens, b->token_src, cpu->tokbuf, t + 1)
-                                  : -1;
-            ids[t] = sample_row((const float *)logits->data + (size_t)t * (size_t)V, V,
-                                &cpu->samp[s], b->positions[t], d, z, keys, sorted);
-        }
-    memcpy(cpu->tokbuf + ids_at, ids, (size_t)T * sizeof *ids);
+        for (int t = b->seq_start[s]; t < b->seq_start[s + 1]; t++)
+            cpu->tokbuf[ids_at + t] =
+                sample_row((const float *)logits->data + (size_t)t * (size_t)V, V, &cpu->samp[s],
+                           b->positions[t], z, keys, sorted);
 }

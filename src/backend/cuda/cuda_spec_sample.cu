@@ -1,6 +1,6 @@
 /* cuda_spec_sample.cu — target ids of a sampled verification (backend.h spec_sample): one block
- * per row over its V logits, so that spec_accept's leading-match rule is speculative rejection
- * sampling and no logits leave the device. The CPU reference is cpu_spec_sample.c; both draw
+ * per row over its V logits, so that spec_accept's leading-match rule is speculative sampling
+ * against deterministic drafts and no logits leave the device. The CPU reference is cpu_spec_sample.c; both draw
  * their numbers from sampling/counter_rng.h, so they give the same ids up to float rounding at
  * a threshold (CPU sums in double, here in float).
  *
@@ -10,7 +10,7 @@
  *  - a truncated distribution (top_k ≤ SS_CAND, top_p or min_p; Qwen3.5's generation_config
  *    asks for top_k 20, top_p 0.95): a histogram of zmax − z (counts, and weights for top_p)
  *    near the maximum, then the ids in the bins that hold every survivor into shared memory;
- *    the top_k-th key, top_p, acceptance and the inverse CDF are decided over those few
+ *    the top_k-th key, top_p and the inverse CDF are decided over those few
  *    (3 passes in all);
  *  - otherwise (or when too many ids crowd those bins): for top_k a radix selection of the
  *    top_k-th largest key (4 passes of 8 bits, counts), for top_p the total weight and a radix
@@ -260,11 +260,11 @@ static __device__ bool collect_candidates(const float *l, int V, float inv_t, fl
 
 /* backend.h spec_sample's decision over the candidates (thread 0): the survivors are a prefix
  * of by_key (min_p key lo, top_k-th key, top_p walk against the weight of top_k's survivors,
- * or without top_k against all_w, that of every id with key ≥ lo), then acceptance and the
- * inverse CDF in id order, as the general path and the CPU reference decide them. */
+ * or without top_k against all_w, that of every id with key ≥ lo), then the inverse CDF in id
+ * order, as the general path and the CPU reference decide them. */
 static __device__ int32_t decide_candidates(const SampleShared &sh, const ds_spec_sampling &P,
                                             int V, float zmax, uint32_t lo, float all_w,
-                                            int32_t d, uint64_t key) {
+                                            uint64_t key) {
     const int n = sh.n_cand;
     uint32_t thr = lo;
     const bool top_k = P.top_k > 0 && P.top_k < V;
@@ -289,22 +289,16 @@ static __device__ int32_t decide_candidates(const SampleShared &sh, const ds_spe
             }
         }
     }
-    float total = 0.0f, w_d = 0.0f;
-    for (int i = 0; i < n; i++) {
-        if (sh.cand_key[i] < thr) continue;
-        const float w = expf(sh.cand_z[i] - zmax);
-        total += w;
-        if (sh.cand_id[i] == d) w_d = w;
-    }
-    if (d >= 0 && ds_crng_uniform(key, DS_CRNG_ACCEPT) < w_d / total) return d;
-    const float rest = total - w_d;
-    if (!(rest > 0.0f)) return d >= 0 ? d : 0;
-    const float target = ds_crng_uniform(key, DS_CRNG_RESIDUAL) * rest;
+    float total = 0.0f;
+    for (int i = 0; i < n; i++)
+        if (sh.cand_key[i] >= thr) total += expf(sh.cand_z[i] - zmax);
+    if (!(total > 0.0f)) return 0;
+    const float target = ds_crng_uniform(key, DS_CRNG_DRAW) * total;
     float cum = 0.0f;
     int32_t last = 0;
     for (int r = 0; r < n; r++) {
         const int i = sh.by_id[r];
-        if (sh.cand_key[i] < thr || sh.cand_id[i] == d) continue;
+        if (sh.cand_key[i] < thr) continue;
         last = sh.cand_id[i];
         if ((cum += expf(sh.cand_z[i] - zmax)) > target) return last;
     }
@@ -312,17 +306,14 @@ static __device__ int32_t decide_candidates(const SampleShared &sh, const ds_spe
 }
 
 __global__ void __launch_bounds__(SS_THREADS)
-    spec_sample_kernel(int V, const float *__restrict__ logits, const int32_t *__restrict__ tokens,
-                       const int32_t *__restrict__ token_src, const int32_t *__restrict__ tok_seq,
-                       const int32_t *__restrict__ seq_start, const int32_t *__restrict__ positions,
+    spec_sample_kernel(int V, const float *__restrict__ logits, const int32_t *__restrict__ tok_seq,
+                       const int32_t *__restrict__ positions,
                        const ds_spec_sampling *__restrict__ table, int32_t *tokbuf, int ids_at) {
     pdl_enter(); /* cuda_launch.cuh: first, before any access */
     __shared__ SampleShared sh;
     const int t = blockIdx.x, s = tok_seq[t];
     const ds_spec_sampling P = table[s];
     const float *l = logits + (int64_t)t * V;
-    const int32_t d = t + 1 < seq_start[s + 1] ? batch_row_token(tokens, token_src, tokbuf, t + 1)
-                                               : -1;
     /* the plain argmax: greedy rows, and rows whose largest z is not finite */
     float bv = -INFINITY;
     int bi = 0x7fffffff;
@@ -343,7 +334,7 @@ __global__ void __launch_bounds__(SS_THREADS)
     if ((P.top_k <= 0 || P.top_k <= SS_CAND) &&
         collect_candidates(l, V, inv_t, zmax, lo, P, sh, &all_w)) {
         if (threadIdx.x == 0)
-            tokbuf[ids_at + t] = decide_candidates(sh, P, V, zmax, lo, all_w, d, key);
+            tokbuf[ids_at + t] = decide_candidates(sh, P, V, zmax, lo, all_w, key);
         return;
     }
     if (P.top_k > 0 && P.top_k < V) {
@@ -360,34 +351,28 @@ __global__ void __launch_bounds__(SS_THREADS)
         const uint32_t k = radix_select(l, V, inv_t, zmax, lo, true, 0u, P.top_p * total, sh);
         lo = k > lo ? k : lo;
     }
-    /* the survivors' weights (without the draft: rest) in warp-contiguous chunks of ids, so
-     * the inverse CDF can walk them in id order */
+    /* the survivors' weights in warp-contiguous chunks of ids, so the inverse CDF can walk them
+     * in id order */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int C = ((V + nw - 1) / nw + 31) & ~31;
     const int c0 = min(V, warp * C), c1 = min(V, c0 + C);
-    float rest = 0.0f, wd = 0.0f;
+    float part = 0.0f;
     for (int v = c0 + lane; v < c1; v += 32) {
         const float z = l[v] * inv_t;
-        if (z_key(z) < lo) continue;
-        const float w = expf(z - zmax);
-        if (v == d) wd = w;
-        else rest += w;
+        if (z_key(z) >= lo) part += expf(z - zmax);
     }
-    rest = warp_sum(rest);
-    if (lane == 0) sh.weight[warp] = rest;
-    const float w_d = block_sum(wd, sh.red); /* one thread holds it; barriers inside */
+    part = warp_sum(part);
+    if (lane == 0) sh.weight[warp] = part;
+    __syncthreads();
     if (threadIdx.x == 0) {
         float all = 0.0f;
         for (int w = 0; w < nw; w++) all += sh.weight[w];
-        const bool has_d = d >= 0 && d < V;
         int sel = -1; /* the warp whose chunk holds the draw; -2: done (sh.prefix = the id) */
         float off = 0.0f;
-        if (has_d && ds_crng_uniform(key, DS_CRNG_ACCEPT) < w_d / (all + w_d)) {
-            sh.prefix = (uint32_t)d, sel = -2;
-        } else if (!(all > 0.0f)) {
-            sh.prefix = has_d ? (uint32_t)d : 0u, sel = -2;
+        if (!(all > 0.0f)) {
+            sh.prefix = 0u, sel = -2;
         } else {
-            const float target = ds_crng_uniform(key, DS_CRNG_RESIDUAL) * all;
+            const float target = ds_crng_uniform(key, DS_CRNG_DRAW) * all;
             float cum = 0.0f;
             int last = -1;
             for (int w = 0; w < nw && sel < 0; w++) {
@@ -415,7 +400,7 @@ __global__ void __launch_bounds__(SS_THREADS)
     for (int base = c0; base < c1 && found < 0; base += 32) {
         const int v = base + lane;
         float w = 0.0f;
-        if (v < c1 && v != d) {
+        if (v < c1) {
             const float z = l[v] * inv_t;
             if (z_key(z) >= lo) w = expf(z - zmax);
         }
@@ -436,8 +421,8 @@ __global__ void __launch_bounds__(SS_THREADS)
 extern "C" void ds_cuda_spec_sample(ds_cuda_ctx *ctx, const float *logits, int64_t V, int ids_at) {
     const ds_cuda_batch *b = &ctx->batch;
     if (b->n_tokens <= 0) return;
-    ds_launch(ctx, spec_sample_kernel, b->n_tokens, SS_THREADS, 0, (int)V, logits, b->tokens,
-              b->token_src, b->tok_seq, b->seq_start, b->positions,
+    ds_launch(ctx, spec_sample_kernel, b->n_tokens, SS_THREADS, 0, (int)V, logits, b->tok_seq,
+              b->positions,
               (const ds_spec_sampling *)ctx->d_samp, ctx->d_tokbuf, ids_at);
     DS_CU_LAUNCHED2(ctx, "spec_sample_kernel", b->n_tokens, V);
 }
