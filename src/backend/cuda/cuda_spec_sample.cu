@@ -1,8 +1,8 @@
 /* cuda_spec_sample.cu — target ids of a sampled verification (backend.h spec_sample): one block
  * per row over its V logits, so that spec_accept's leading-match rule is speculative sampling
- * against deterministic drafts and no logits leave the device. The CPU reference is cpu_spec_sample.c; both draw
- * their numbers from sampling/counter_rng.h, so they give the same ids up to float rounding at
- * a threshold (CPU sums in double, here in float).
+ * against deterministic drafts and no logits leave the device. The CPU reference is
+ * cpu_spec_sample.c; both draw their numbers from sampling/counter_rng.h, so they give the same
+ * ids up to float rounding at a threshold (CPU sums in double, here in float).
  *
  * A row is a few passes over its logits (L2-resident after the first), 16-byte loads, with
  * z = logit · (1 / temperature) recomputed in each (the same float as the CPU's):
