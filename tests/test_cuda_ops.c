@@ -1389,9 +1389,10 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
 }
 
 /* The prefill MoE's knobs that change bits, so are checked against the CPU rather than bit for
- * bit against the defaults: the router GEMM over the fused matrix's zero-padded rows in one
- * cuBLASLt call (DS_CUDA_ROUTER_PAD) and the grouped GEMM's y in bf16 (DS_CUDA_MOE_Y16), each and
- * both, from a poisoned scratch into a poisoned output. o holds the CPU result of the same x. */
+ * bit against the defaults (both on since session 23): the router GEMM over the fused matrix's
+ * zero-padded rows in one cuBLASLt call (DS_CUDA_ROUTER_PAD) and the grouped GEMM's y in bf16
+ * (DS_CUDA_MOE_Y16), each alone and neither, from a poisoned scratch into a poisoned output. o
+ * holds the CPU result of the same x. */
 static void moe_prefill_knobs_vs_cpu(tmodel *m, int l, const pair *o, const ds_tensor *xg, const char *name) {
 #ifndef DS_HAVE_CUDA
     (void)m, (void)l, (void)o, (void)xg, (void)name;
@@ -1401,9 +1402,12 @@ static void moe_prefill_knobs_vs_cpu(tmodel *m, int l, const pair *o, const ds_t
     static const struct {
         const char *name;
         int pad, y16;
-    } variants[] = {{"router GEMM over padded rows", 1, 0}, {"y in bf16", 0, 1}, {"both", 1, 1}};
+    } variants[] = {{"router GEMM over padded rows, y in fp32", 1, 0},
+                    {"router GEMM split, y in bf16", 0, 1},
+                    {"router GEMM split, y in fp32", 0, 0}};
     ds_tensor og = tcuda(o, DS_DTYPE_BF16);
-    /* y in bf16 only where the grouped GEMM runs (the expert GEMV fallback writes fp32 y) */
+    /* y's format matters only where the grouped GEMM runs (the expert GEMV fallback writes
+     * fp32 y) */
     const bool gemm = c->opt.moe_gemm && ds_cuda_moe_gemm_fits(m->cfg.hidden, m->cfg.moe_inter);
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         if (variants[v].y16 && !gemm) continue;
@@ -1491,11 +1495,12 @@ static void test_moe(void **state) {
                 if (T > 8) moe_prefill_knobs_vs_cpu(m, l, &o, &xg, name);
                 moe_norm_fused_vs_pair(m, l, &xg, T, &r);
 #ifdef DS_HAVE_CUDA
-                if (T > 8) { /* the combine + norm kernel reading y in bf16 too */
+                if (T > 8) { /* the combine + norm kernel reading y in the other format too */
                     ds_cuda_ctx *cc = (ds_cuda_ctx *)g_cuda->impl;
                     const int saved_y16 = cc->moe_y16;
-                    cc->moe_y16 = 1;
-                    printf("  (the grouped GEMM's y in bf16, DS_CUDA_MOE_Y16)\n");
+                    cc->moe_y16 = !saved_y16;
+                    printf("  (the grouped GEMM's y in %s, DS_CUDA_MOE_Y16=%d)\n",
+                           cc->moe_y16 ? "bf16" : "fp32", cc->moe_y16);
                     moe_norm_fused_vs_pair(m, l, &xg, T, &r);
                     cc->moe_y16 = saved_y16;
                 }
@@ -1626,12 +1631,13 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
  * registers (DS_CUDA_ATTN_PF_SMR: 0, 1; only with PV16) and P as one bf16 with two blocks an SM
  * (DS_CUDA_ATTN_PF_P1: 0, 1; only with SMR); and the chunked GDN's products in one tf32 pass
  * (DS_CUDA_GDN_TF32: 0, 1). test_mixers runs under each, and the bench times each. The first
- * is the defaults (session 21). */
+ * is the defaults (session 23); the attention rows keep its GDN setting, the last row is the
+ * GDN's other one. */
 typedef struct {
     int pipe, pv16, smr, p1, gdn_tf32;
 } prefill_variant;
 static const prefill_variant PREFILL_VARIANTS[] = {
-    {1, 1, 1, 0, 0}, {0, 0, 0, 0, 0}, {1, 0, 0, 0, 0}, {1, 1, 0, 0, 0}, {1, 1, 1, 1, 0}, {1, 1, 1, 0, 1}};
+    {1, 1, 1, 0, 1}, {0, 0, 0, 0, 1}, {1, 0, 0, 0, 1}, {1, 1, 0, 0, 1}, {1, 1, 1, 1, 1}, {1, 1, 1, 0, 0}};
 #define N_PREFILL_VARIANTS (int)(sizeof PREFILL_VARIANTS / sizeof PREFILL_VARIANTS[0])
 
 /* variant v, or (v < 0) the context's own values again */
@@ -2181,7 +2187,8 @@ static void test_bench(void **state) {
         fflush(stdout);
         prefill_variant_set(-1); /* saves the context's values */
         for (int v = 0; v < N_PREFILL_VARIANTS; v++) {
-            if (PREFILL_VARIANTS[v].gdn_tf32) continue; /* the same attention: timed with the GDN below */
+            if (PREFILL_VARIANTS[v].gdn_tf32 != PREFILL_VARIANTS[0].gdn_tf32)
+                continue; /* the same attention: timed with the GDN below */
             prefill_variant_set(v);
             printf("  attention prefill 2048 tokens (pipe %d, P·V bf16 %d, softmax in registers %d, P one bf16 %d): %.3f ms\n",
                    PREFILL_VARIANTS[v].pipe, PREFILL_VARIANTS[v].pv16, PREFILL_VARIANTS[v].smr,

@@ -647,8 +647,7 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         /* 1 vs 0: attention prefill of 2048 tokens 0.514 vs 0.547 ms, prefill of 8192 tokens
          * 344.0 / 343.8 vs 349.0 ms (359.2 with session 20's kernel; H100, s21-run5/6) */
         c->attn_pf_smr = knob_on("DS_CUDA_ATTN_PF_SMR");
-        const char *gtf = getenv("DS_CUDA_GDN_TF32");
-        c->gdn_tf32 = gtf && atoi(gtf) == 1;
+        c->gdn_tf32 = knob_on("DS_CUDA_GDN_TF32"); /* cuda_internal.h: its numbers */
         const char *p1 = getenv("DS_CUDA_ATTN_PF_P1");
         c->attn_pf_p1 = p1 && atoi(p1) == 1;
         c->route_batched = knob_on("DS_CUDA_ROUTE_BATCHED");
@@ -689,10 +688,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         const char *gdt = getenv("DS_CUDA_MOE_GEMM_DOWN_TILES");
         c->moe_gemm_down_tiles = gdt && (atoi(gdt) == 2 || atoi(gdt) == 4) ? atoi(gdt) : 1;
         c->lt_split = knob_on("DS_CUDA_LT_SPLIT");
-        const char *rpad = getenv("DS_CUDA_ROUTER_PAD");
-        c->router_pad = rpad && atoi(rpad) == 1;
-        const char *y16 = getenv("DS_CUDA_MOE_Y16");
-        c->moe_y16 = y16 && atoi(y16) == 1;
+        c->router_pad = knob_on("DS_CUDA_ROUTER_PAD"); /* cuda_internal.h: their numbers */
+        c->moe_y16 = knob_on("DS_CUDA_MOE_Y16");
         c->norm_regs = knob_on("DS_CUDA_NORM_REGS");
         c->gemv_norm = knob_on("DS_CUDA_GEMV_NORM");
         /* batch 1 2.617 → 2.517 ms, 303 → 264 launches a step (s13-run1, two runs each; batch

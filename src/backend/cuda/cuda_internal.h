@@ -202,20 +202,22 @@ typedef struct ds_cuda_ctx {
     int lt_split;
     /* the prefill router GEMM over the fused matrix's zero-padded row count (moe_ldl: 1288
      * rows at 35B-A3B) as one cuBLASLt GEMM instead of the 8-aligned rows plus a one-row GEMM
-     * (7 µs a layer at 1024 tokens, H100 s21-run3). DS_CUDA_ROUTER_PAD=1; default 0 until it
-     * has run on a GPU (written in session 22 without one) */
+     * (7 µs a layer at 1024 tokens, H100 s21-run3). Default 1 (prefill of 1024 tokens 40.60
+     * vs 40.90 / 40.96 ms, H200 s23-run1); DS_CUDA_ROUTER_PAD=0: the split, for before/after */
     int router_pad;
     /* the grouped expert GEMM's per-assignment outputs y [A, H] stored in bf16 instead of fp32
-     * and read so by the combine (DS_CUDA_MOE_Y16=1; prefill-sized steps only: 64 MB less written
-     * and read a layer at 1024 tokens of 35B-A3B). Default 0 until it has run on a GPU (written
-     * in session 22 without one). Not the same bits: each expert's output is rounded once more */
+     * and read so by the combine (prefill-sized steps only: 64 MB less written and read a layer
+     * at 1024 tokens of 35B-A3B). Default 1 (prefill of 1024 tokens 40.32 vs 40.90 / 40.96 ms;
+     * MoE rel L2 vs the CPU 2.98e-3 vs 2.80e-3; H200 s23-run1); DS_CUDA_MOE_Y16=0: fp32 y. Not
+     * the same bits: each expert's output is rounded once more */
     int moe_y16;
     /* the GDN prefill recurrence in chunks of 64 tokens (1, default; cuda_gdn_chunked.cu) or
      * token by token (DS_CUDA_GDN_CHUNKED=0: the session-4 scan, for before/after runs) */
     int gdn_chunked;
     /* the chunked GDN kernels' tensor-core products in one tf32 pass instead of 3xTF32
-     * (DS_CUDA_GDN_TF32=1; cuda_gdn_chunked.cu). Default 0 until it has run on a GPU (written in
-     * session 22 without one). Not the same bits */
+     * (cuda_gdn_chunked.cu). Default 1 (GDN prefill of 2048 tokens 0.501 vs 0.631 ms, rel L2 vs
+     * the CPU 1.68e-3 vs 1.66e-3; prefill of 1024 tokens 38.93 vs 40.90 / 40.96 ms; H200
+     * s23-run1); DS_CUDA_GDN_TF32=0: 3xTF32. Not the same bits */
     int gdn_tf32;
     /* measurement knobs of the decode expert GEMVs (env at create): output rows per warp of the
      * gate_up launch (DS_CUDA_MOE_GU_ROWS, 2 or 4, default 2) and of the down launch
