@@ -1637,7 +1637,8 @@ typedef struct {
     int pipe, pv16, smr, p1, gdn_tf32;
 } prefill_variant;
 static const prefill_variant PREFILL_VARIANTS[] = {
-    {1, 1, 1, 0, 1}, {0, 0, 0, 0, 1}, {1, 0, 0, 0, 1}, {1, 1, 0, 0, 1}, {1, 1, 1, 1, 1}, {1, 1, 1, 0, 0}};
+    {1, 1, 1, 0, 1}, {0, 0, 0, 0, 1}, {1, 0, 0, 0, 1},
+    {1, 1, 0, 0, 1}, {1, 1, 1, 1, 1}, {1, 1, 1, 0, 0}};
 #define N_PREFILL_VARIANTS (int)(sizeof PREFILL_VARIANTS / sizeof PREFILL_VARIANTS[0])
 
 /* variant v, or (v < 0) the context's own values again */

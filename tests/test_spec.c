@@ -10,7 +10,8 @@
  * min_tokens with EOS) is compared the same way.
  *
  * Sampling (temperature > 0): speculative sampling must leave the output distributed exactly as
- * the target's, and a position's token must not depend on its draft (or on having one). Chi-square tests (Wilson–Hilferty z < 4 over bins with ≥ 5 expected counts) on
+ * the target's, and a position's token must not depend on its draft (or on having one).
+ * Chi-square tests (Wilson–Hilferty z < 4 over bins with ≥ 5 expected counts) on
  * (a) ds_spec_verify over fixed target rows and drafts, 40000 seeded draws: the first token, and
  * the second given the first draft was accepted; (b) end to end through the session with oracle
  * drafts: the second generated token, given the first, over seeded runs. Expected distributions

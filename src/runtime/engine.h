@@ -56,7 +56,8 @@ void ds_engine_opts_default(ds_engine_opts *o);
  * Speculative decoding (num_speculative_tokens = k > 0, runtime/spec.h): every running decode
  * is verified with the k tokens its MTP head drafted, in the same batch as everything else;
  * greedy requests stay token-identical to plain decoding, sampled ones keep the target
- * distribution (speculative sampling, spec.h). Sampled requests that ask for logprobs do not speculate. */
+ * distribution (speculative sampling, spec.h). Sampled requests that ask for logprobs do not
+ * speculate. */
 ds_status ds_engine_create(ds_model *model, const ds_engine_opts *opts, ds_engine **out,
                            ds_error *err);
 /* Cancels everything still running, joins the engine thread, frees the caches. */

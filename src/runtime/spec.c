@@ -129,18 +129,15 @@ ds_status ds_spec_verify(ds_sampler *s, int n_generated, const int32_t *drafts, 
         const int d = has_draft ? drafts[i] : -1;
         float *row = logits ? logits + (size_t)i * (size_t)vocab : NULL;
         int tok;
-        bool accepted;
         ds_status st;
         if (target_ids) {
             tok = target_ids[i];
             plain_result(&res[i], tok);
-            accepted = has_draft && tok == d;
         } else if (greedy || !ds_spec_request_ok(&s->params)) {
             /* greedy with penalties / min_tokens / logprobs, or a sampled request that does not
              * speculate (logprobs: its one row is a plain decode): the sampler decides */
             if ((st = ds_sampler_sample(s, row, gen, &res[i], err)) != DS_OK) return st;
             tok = res[i].token;
-            accepted = has_draft && tok == d;
         } else {
             /* speculative sampling with a deterministic proposal d: the token is drawn from p
              * by the inverse CDF at the position's number (counter_rng.h), and d is accepted
@@ -152,9 +149,10 @@ ds_status ds_spec_verify(ds_sampler *s, int n_generated, const int32_t *drafts, 
             if ((st = ds_sampler_probs(s, row, gen, err)) != DS_OK) return st;
             const uint64_t key = ds_crng_key(s->seed, (int64_t)s->n_prompt + gen);
             tok = draw_inverse_cdf(row, vocab, (double)ds_crng_uniform(key, DS_CRNG_DRAW));
-            accepted = has_draft && tok == d;
             plain_result(&res[i], tok);
         }
+        /* every path: the draft is accepted when it is the row's token */
+        const bool accepted = has_draft && tok == d;
         /* the sampler masks these ids below min_tokens; target ids come from an argmax that
          * banned them on the device, which falls back to the plain argmax when every other id
          * is NaN: such a row fails here as the sampler fails a row without a finite logit */

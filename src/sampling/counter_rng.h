@@ -5,9 +5,9 @@
  * carried between steps, and that every path reproduces bit for bit: uniform number i of the
  * token at position p of a request with seed s is a pure function of (s, p, i). So a seeded
  * request's tokens do not depend on which path, step or batch decided them, nor on how many
- * drafts each step had (up to float rounding at a boundary). Two splitmix64 finalisers (Steele et al.,
- * the same mixer rng.c seeds xoshiro with) make the key of (s, p), a third mixes in i. Each
- * position of a request is decided once, so its numbers are never reused; positions and
+ * drafts each step had (up to float rounding at a boundary). Two splitmix64 finalisers (Steele
+ * et al., the same mixer rng.c seeds xoshiro with) make the key of (s, p), a third mixes in i.
+ * Each position of a request is decided once, so its numbers are never reused; positions and
  * counters are distinct inputs, so different rows draw independent numbers.
  *
  * Header-only, integer arithmetic plus one float multiply: identical on every platform. */
