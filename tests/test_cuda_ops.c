@@ -1330,7 +1330,7 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
 }
 
 /* The grouped expert GEMM's tile variants (cuda_moe_gemm.cu: DS_CUDA_MOE_GEMM_WN / _STAGES /
- * _BK / _BN) against the defaults (WN 2, 2 stages, BK 32, BN 128), bit for bit: every variant
+ * _BK / _BN; the persistent kernel of cuda_moe_gemm_ws.cu, DS_CUDA_MOE_GEMM_WS) against the defaults (WN 2, 2 stages, BK 32, BN 128), bit for bit: every variant
  * runs the same k = 0, 16, 32, … sequence of MMAs for each output element. Prefill-sized steps
  * only (T > 8); a BK that does not divide a pass's K takes BK 32 for that pass. */
 static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T) {
@@ -1339,24 +1339,26 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
 #else
     ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
     const int H = m->cfg.hidden;
-    const int saved[5] = {c->moe_gemm_wn, c->moe_gemm_stages, c->moe_gemm_bk, c->moe_gemm_bn,
-                          c->moe_gemm_down_tiles};
+    const int saved[6] = {c->moe_gemm_wn, c->moe_gemm_stages, c->moe_gemm_bk, c->moe_gemm_bn,
+                          c->moe_gemm_down_tiles, c->moe_gemm_ws};
     static const struct {
         const char *name;
-        int wn, stages, bk, bn, down_tiles;
+        int wn, stages, bk, bn, down_tiles, ws;
     } variants[] = {
-        {"4 warps along N", 4, 2, 32, 128, 1},
-        {"3 stages", 2, 3, 32, 128, 1},
-        {"4 stages", 2, 4, 32, 128, 1},
-        {"BK 64", 2, 2, 64, 128, 1},
-        {"BK 64, 3 stages", 2, 3, 64, 128, 1},
-        {"BK 128", 2, 2, 128, 128, 1},
-        {"BN 256", 2, 2, 32, 256, 1},
-        {"BN 256, BK 64", 2, 2, 64, 256, 1},
-        {"down 2 column tiles a block", 2, 2, 32, 128, 2},
-        {"down 4 column tiles a block", 2, 2, 32, 128, 4},
-        {"down 4 column tiles a block, BK 64", 2, 2, 64, 128, 4},
-        {"down 2 column tiles a block, BN 256", 2, 2, 32, 256, 2},
+        {"4 warps along N", 4, 2, 32, 128, 1, 0},
+        {"3 stages", 2, 3, 32, 128, 1, 0},
+        {"4 stages", 2, 4, 32, 128, 1, 0},
+        {"BK 64", 2, 2, 64, 128, 1, 0},
+        {"BK 64, 3 stages", 2, 3, 64, 128, 1, 0},
+        {"BK 128", 2, 2, 128, 128, 1, 0},
+        {"BN 256", 2, 2, 32, 256, 1, 0},
+        {"BN 256, BK 64", 2, 2, 64, 256, 1, 0},
+        {"down 2 column tiles a block", 2, 2, 32, 128, 2, 0},
+        {"down 4 column tiles a block", 2, 2, 32, 128, 4, 0},
+        {"down 4 column tiles a block, BK 64", 2, 2, 64, 128, 4, 0},
+        {"down 2 column tiles a block, BN 256", 2, 2, 32, 256, 2, 0},
+        /* cuda_moe_gemm_ws.cu where the shape fits it (K of both passes a multiple of 64) */
+        {"persistent warp-specialised (WS)", 2, 2, 64, 128, 1, 1},
     };
     const size_t n = (size_t)T * H;
     c->moe_gemm_wn = 2;
@@ -1364,6 +1366,7 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
     c->moe_gemm_bk = 32;
     c->moe_gemm_bn = 128;
     c->moe_gemm_down_tiles = 1;
+    c->moe_gemm_ws = 0;
     /* the steps compared must take the grouped GEMM, not the expert GEMV it falls back to */
     assert_true(T > DS_CUDA_GEMV_MAX_ROWS && c->opt.moe_gemm && ds_cuda_moe_gemm_fits(H, m->cfg.moe_inter));
     float *a = moe_run_poisoned(m, l, xg, T);
@@ -1373,9 +1376,12 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
         c->moe_gemm_bk = variants[v].bk;
         c->moe_gemm_bn = variants[v].bn;
         c->moe_gemm_down_tiles = variants[v].down_tiles;
+        c->moe_gemm_ws = variants[v].ws;
         float *b = moe_run_poisoned(m, l, xg, T);
         char what[160];
-        snprintf(what, sizeof what, "moe grouped GEMM %s", variants[v].name);
+        snprintf(what, sizeof what, "moe grouped GEMM %s%s", variants[v].name,
+                 variants[v].ws && !ds_cuda_moe_gemm_ws_fits(c, H, m->cfg.moe_inter, m->cfg.n_experts)
+                     ? " (shape not covered: the tiled kernel)" : "");
         assert_bitwise(a, b, n, what, l, T);
         free(b);
     }
@@ -1384,6 +1390,7 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
     c->moe_gemm_bk = saved[2];
     c->moe_gemm_bn = saved[3];
     c->moe_gemm_down_tiles = saved[4];
+    c->moe_gemm_ws = saved[5];
     free(a);
 #endif
 }
@@ -1631,14 +1638,14 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
  * registers (DS_CUDA_ATTN_PF_SMR: 0, 1; only with PV16) and P as one bf16 with two blocks an SM
  * (DS_CUDA_ATTN_PF_P1: 0, 1; only with SMR); and the chunked GDN's products in one tf32 pass
  * (DS_CUDA_GDN_TF32: 0, 1). test_mixers runs under each, and the bench times each. The first
- * is the defaults (session 23); the attention rows keep its GDN setting, the last row is the
+ * is the defaults (session 24); the attention rows keep its GDN setting, the last row is the
  * GDN's other one. */
 typedef struct {
     int pipe, pv16, smr, p1, gdn_tf32;
 } prefill_variant;
 static const prefill_variant PREFILL_VARIANTS[] = {
-    {1, 1, 1, 0, 1}, {0, 0, 0, 0, 1}, {1, 0, 0, 0, 1},
-    {1, 1, 0, 0, 1}, {1, 1, 1, 1, 1}, {1, 1, 1, 0, 0}};
+    {1, 1, 1, 1, 1}, {0, 0, 0, 0, 1}, {1, 0, 0, 0, 1},
+    {1, 1, 0, 0, 1}, {1, 1, 1, 0, 1}, {1, 1, 1, 1, 0}};
 #define N_PREFILL_VARIANTS (int)(sizeof PREFILL_VARIANTS / sizeof PREFILL_VARIANTS[0])
 
 /* variant v, or (v < 0) the context's own values again */

@@ -445,8 +445,9 @@ struct PfSmem {
  * P1 (ctx->attn_pf_p1, DS_CUDA_ATTN_PF_P1; with SMR only): P as one bf16 (no lo half), as
  * FlashAttention-2 does, normalised by the sum of the rounded values (the weights P·V really
  * uses); one MMA per P·V tile instead of two, and the unused fp32 P tile and lo half gone from
- * shared memory (109 KB at HD 256), so with ≤ 128 registers two blocks share an SM. Written in
- * session 22 without a GPU: not yet run, off by default. */
+ * shared memory (109 KB at HD 256), so with ≤ 128 registers two blocks share an SM. On by
+ * default since session 24: attention of 2048 tokens 0.342 vs 0.517 ms (H200, s23-run1), a
+ * prefill of 8192 tokens 294.9 vs 319.1 ms (H100, s24-run1); rel L2 3.19e-3 vs 2.96e-3. */
 template <int HD, bool PIPE, bool PV16, bool SMR, bool P1>
 __global__ void __launch_bounds__(PF_THREADS, P1 ? 2 : 0)
     attn_prefill_kernel(ds_cuda_batch b, ds_cuda_attn_args a, int G, int BT) {

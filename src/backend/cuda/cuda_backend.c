@@ -648,8 +648,9 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
          * 344.0 / 343.8 vs 349.0 ms (359.2 with session 20's kernel; H100, s21-run5/6) */
         c->attn_pf_smr = knob_on("DS_CUDA_ATTN_PF_SMR");
         c->gdn_tf32 = knob_on("DS_CUDA_GDN_TF32"); /* cuda_internal.h: its numbers */
-        const char *p1 = getenv("DS_CUDA_ATTN_PF_P1");
-        c->attn_pf_p1 = p1 && atoi(p1) == 1;
+        /* 1 vs 0: prefill of 8192 tokens 294.9 vs 319.1 / 319.0 ms (H100, s24-run1); attention
+         * prefill of 2048 tokens 0.342 vs 0.517 ms, 1024 tokens even (H200, s23-run1) */
+        c->attn_pf_p1 = knob_on("DS_CUDA_ATTN_PF_P1");
         c->route_batched = knob_on("DS_CUDA_ROUTE_BATCHED");
         const char *one = getenv("DS_CUDA_TC_ONE_SEQ");
         c->tc_one_seq = one && atoi(one) == 1;
@@ -687,6 +688,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->moe_gemm_bn = gbn && atoi(gbn) == 256 ? 256 : 128;
         const char *gdt = getenv("DS_CUDA_MOE_GEMM_DOWN_TILES");
         c->moe_gemm_down_tiles = gdt && (atoi(gdt) == 2 || atoi(gdt) == 4) ? atoi(gdt) : 1;
+        const char *gws = getenv("DS_CUDA_MOE_GEMM_WS");
+        c->moe_gemm_ws = gws && atoi(gws) == 1;
         c->lt_split = knob_on("DS_CUDA_LT_SPLIT");
         c->router_pad = knob_on("DS_CUDA_ROUTER_PAD"); /* cuda_internal.h: their numbers */
         c->moe_y16 = knob_on("DS_CUDA_MOE_Y16");

@@ -196,6 +196,10 @@ typedef struct ds_cuda_ctx {
     /* column tiles per block of the grouped GEMM's down pass (DS_CUDA_MOE_GEMM_DOWN_TILES, 1,
      * 2 or 4; default 1): its tile lookup and row setup paid once per that many tiles */
     int moe_gemm_down_tiles;
+    /* the grouped expert GEMM as one persistent warp-specialised block an SM, bulk copies into
+     * a 6-stage ring that runs across tiles (DS_CUDA_MOE_GEMM_WS=1; default 0 until measured,
+     * written in session 24): cuda_moe_gemm_ws.cu; same bits */
+    int moe_gemm_ws;
     /* a cuBLASLt GEMM whose row count is not a multiple of 8 as two, the 8-aligned rows then
      * the rest (1, default: the prefill router GEMM, 1281 rows at 35B-A3B, prefill of 1024
      * tokens 51.87 vs 54.71 ms, s9-run8; DS_CUDA_LT_SPLIT=0: one GEMM; ds_cuda_gemm_lt) */
@@ -269,8 +273,8 @@ typedef struct ds_cuda_ctx {
      * DS_CUDA_ATTN_PF_SMR=0: a softmax phase of its own; cuda_attention.cu). Not the same bits. */
     int attn_pf_smr;
     /* prefill attention's P as one bf16 (no lo half) and its shared memory cut to 109 KB so two
-     * blocks share an SM (DS_CUDA_ATTN_PF_P1=1; with SMR only; cuda_attention.cu). Default 0 until
-     * it has run on a GPU (written in session 22 without one). Not the same bits */
+     * blocks share an SM (1, default since session 24; DS_CUDA_ATTN_PF_P1=0: hi + lo halves;
+     * with SMR only; cuda_attention.cu). Not the same bits */
     int attn_pf_p1;
     /* the GDN decode kernel reads its state before its PDL wait (1, default; DS_CUDA_GDN_EARLY=0:
      * after, for before/after runs; cuda_gdn.cu) */
