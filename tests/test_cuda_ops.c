@@ -1358,7 +1358,8 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
         {"down 4 column tiles a block, BK 64", 2, 2, 64, 128, 4, 0},
         {"down 2 column tiles a block, BN 256", 2, 2, 32, 256, 2, 0},
         /* cuda_moe_gemm_ws.cu where the shape fits it (K of both passes a multiple of 64) */
-        {"persistent warp-specialised (WS)", 2, 2, 64, 128, 1, 1},
+        {"persistent warp-specialised (WS), bulk copies", 2, 2, 64, 128, 1, 1},
+        {"persistent warp-specialised (WS), cp.async producer", 2, 2, 64, 128, 1, 2},
     };
     const size_t n = (size_t)T * H;
     c->moe_gemm_wn = 2;

@@ -197,8 +197,9 @@ typedef struct ds_cuda_ctx {
      * 2 or 4; default 1): its tile lookup and row setup paid once per that many tiles */
     int moe_gemm_down_tiles;
     /* the grouped expert GEMM as one persistent warp-specialised block an SM, bulk copies into
-     * a 6-stage ring that runs across tiles (DS_CUDA_MOE_GEMM_WS=1; default 0 until measured,
-     * written in session 24): cuda_moe_gemm_ws.cu; same bits */
+     * a 6-stage ring that runs across tiles (DS_CUDA_MOE_GEMM_WS=1; =2: its producer copies by
+     * cp.async instead; default 0 until measured, written in session 24): cuda_moe_gemm_ws.cu;
+     * same bits */
     int moe_gemm_ws;
     /* a cuBLASLt GEMM whose row count is not a multiple of 8 as two, the 8-aligned rows then
      * the rest (1, default: the prefill router GEMM, 1281 rows at 35B-A3B, prefill of 1024

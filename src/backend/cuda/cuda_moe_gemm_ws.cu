@@ -56,6 +56,7 @@ struct Smem {
     bf16 b[ST][BN][LDS];        /* [stage][weight row][k] */
     float c[CW][BM][LDC];       /* per consumer warp: its 64 × 32 accumulators */
     unsigned long long full[ST], empty[ST];
+    int ptok[BM];               /* the producer's: source row (x or act) of each tile row, or -1 */
     int tstart[1];              /* [n_act + 1] first M tile of each active expert (sized at launch) */
 };
 
@@ -111,7 +112,11 @@ __device__ __forceinline__ Tile tile_of(int t, int ncol, int n_act, const int *t
     return r;
 }
 
-template <bool GATE_UP, bool Y16>
+/* BULK: the producer's copies are bulk copies, one a row piece, counted in bytes on the stage's
+ * mbarrier; else (DS_CUDA_MOE_GEMM_WS=2) 16-byte cp.async, 48 a lane a stage, each lane's
+ * completing as one of the mbarrier's 32 arrivals — the Ampere-style producer, in case the copy
+ * engine's per-copy cost is what limits 128-byte pieces. */
+template <bool GATE_UP, bool Y16, bool BULK>
 __global__ void __launch_bounds__(NT, 1)
     moe_gemm_ws_kernel(const bf16 *__restrict__ W, int N, int K, const bf16 *__restrict__ x, int k_top,
                        ds_moe_groups g, void *__restrict__ out) {
@@ -142,7 +147,7 @@ __global__ void __launch_bounds__(NT, 1)
     }
     if (tid == 0) {
         for (int s = 0; s < ST; s++) {
-            mbar_init(&sm.full[s], 1);   /* the producer's expect_tx arrival (+ the bytes) */
+            mbar_init(&sm.full[s], BULK ? 1 : 32); /* expect_tx (+ the bytes), or the lanes' copies */
             mbar_init(&sm.empty[s], CW); /* one arrival per consumer warp */
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -159,39 +164,68 @@ __global__ void __launch_bounds__(NT, 1)
             const int e = g.act[tl.ei], a0 = g.off[tl.ei] + tl.m0;
             const int64_t w_rows = GATE_UP ? 2 * (int64_t)N : (int64_t)N;
             const bf16 *We = W + (int64_t)e * w_rows * K;
+            if (!BULK) __syncwarp(); /* every lane is done reading the last tile's ptok */
             /* this lane's rows: A rows lane, lane + 32; weight rows lane + 32·j of the tile */
             const bf16 *asrc[2];
 #pragma unroll
             for (int j = 0; j < 2; j++) {
                 const int r = lane + 32 * j;
                 const int a = r < tl.rows ? g.sorted[a0 + r] : -1;
-                asrc[j] = a < 0 ? nullptr : x + (int64_t)(GATE_UP ? a / k_top : a) * K;
+                const int src = a < 0 ? -1 : GATE_UP ? a / k_top : a;
+                asrc[j] = src < 0 ? nullptr : x + (int64_t)src * K;
+                if (!BULK) sm.ptok[r] = src;
             }
-            const bf16 *bsrc[4];
-            int nvalid = 0;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int r = lane + 32 * j; /* gate_up: 0..63 gate rows, 64..127 the up rows */
+            /* weight row of tile row r (gate_up: 0..63 gate rows, 64..127 the up rows), or null */
+            auto wrow = [&](int r) -> const bf16 * {
                 const int n = GATE_UP ? tl.n0 + (r & 63) : tl.n0 + r;
-                const bool ok = n < N;
                 const int64_t wr = GATE_UP && r >= 64 ? (int64_t)N + n : (int64_t)n;
-                bsrc[j] = ok ? We + wr * K : nullptr;
-                nvalid += __popc(__ballot_sync(0xffffffffu, ok));
-            }
-            nvalid += min(tl.rows, BM);
-            const uint32_t bytes = (uint32_t)nvalid * BK * 2;
-            for (int kt = 0; kt < KT; kt++, q++) {
-                const int s = q % ST;
-                if (q >= ST) mbar_wait(&sm.empty[s], ((q / ST) - 1) & 1);
-                if (lane == 0) mbar_expect_tx(&sm.full[s], bytes);
-                __syncwarp();
-                const int k0 = kt * BK;
+                return n < N ? We + wr * K : nullptr;
+            };
+            if constexpr (BULK) {
+                const bf16 *bsrc[4];
+                int nvalid = 0;
 #pragma unroll
-                for (int j = 0; j < 2; j++)
-                    if (asrc[j]) bulk_g2s(&sm.a[s][lane + 32 * j][0], asrc[j] + k0, BK * 2, &sm.full[s]);
+                for (int j = 0; j < 4; j++) {
+                    bsrc[j] = wrow(lane + 32 * j);
+                    nvalid += __popc(__ballot_sync(0xffffffffu, bsrc[j] != nullptr));
+                }
+                nvalid += min(tl.rows, BM);
+                const uint32_t bytes = (uint32_t)nvalid * BK * 2;
+                for (int kt = 0; kt < KT; kt++, q++) {
+                    const int s = q % ST;
+                    if (q >= ST) mbar_wait(&sm.empty[s], ((q / ST) - 1) & 1);
+                    if (lane == 0) mbar_expect_tx(&sm.full[s], bytes);
+                    __syncwarp();
+                    const int k0 = kt * BK;
 #pragma unroll
-                for (int j = 0; j < 4; j++)
-                    if (bsrc[j]) bulk_g2s(&sm.b[s][lane + 32 * j][0], bsrc[j] + k0, BK * 2, &sm.full[s]);
+                    for (int j = 0; j < 2; j++)
+                        if (asrc[j]) bulk_g2s(&sm.a[s][lane + 32 * j][0], asrc[j] + k0, BK * 2, &sm.full[s]);
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+                        if (bsrc[j]) bulk_g2s(&sm.b[s][lane + 32 * j][0], bsrc[j] + k0, BK * 2, &sm.full[s]);
+                }
+            } else {
+                __syncwarp(); /* ptok written */
+                const int cc = (lane & 7) * 8, r0 = lane >> 3; /* 16-byte chunk of a row piece; rows r0 + 4j */
+                for (int kt = 0; kt < KT; kt++, q++) {
+                    const int s = q % ST;
+                    if (q >= ST) mbar_wait(&sm.empty[s], ((q / ST) - 1) & 1);
+                    const int k0 = kt * BK + cc;
+#pragma unroll 4
+                    for (int j = 0; j < BM / 4; j++) {
+                        const int r = r0 + 4 * j, src = sm.ptok[r];
+                        if (src >= 0) cp_async16(&sm.a[s][r][cc], x + (int64_t)src * K + k0);
+                    }
+#pragma unroll 4
+                    for (int j = 0; j < BN / 4; j++) {
+                        const int r = r0 + 4 * j;
+                        const bf16 *w = wrow(r);
+                        if (w) cp_async16(&sm.b[s][r][cc], w + k0);
+                    }
+                    /* arrives on full[s] once this lane's copies so far have landed */
+                    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(&sm.full[s]))
+                                 : "memory");
+                }
             }
         }
         return;
@@ -285,15 +319,30 @@ __global__ void __launch_bounds__(NT, 1)
 
 size_t smem_bytes(int E) { return offsetof(Smem, tstart) + sizeof(int) * (size_t)(E + 1); }
 
-template <bool GATE_UP, bool Y16> void launch(ds_cuda_ctx *ctx, const ds_moe_gemm_args *a) {
+template <bool GATE_UP, bool Y16, bool BULK> void launch(ds_cuda_ctx *ctx, const ds_moe_gemm_args *a) {
     const int N = GATE_UP ? a->I : a->H, K = GATE_UP ? a->H : a->I;
     const int ncol = DS_DIV_UP(N, GATE_UP ? BN / 2 : BN);
     const int bound = (DS_DIV_UP(a->A, BM) + (a->A < a->E ? a->A : a->E)) * ncol; /* tiles at most */
     const int grid = bound < ctx->sm_count ? bound : ctx->sm_count;
-    ds_launch(ctx, moe_gemm_ws_kernel<GATE_UP, Y16>, dim3(grid), dim3(NT), smem_bytes(a->E),
+    ds_launch(ctx, moe_gemm_ws_kernel<GATE_UP, Y16, BULK>, dim3(grid), dim3(NT), smem_bytes(a->E),
               (const bf16 *)(GATE_UP ? a->w_gu : a->w_down), N, K, (const bf16 *)(GATE_UP ? a->x : a->act),
               a->top_k, a->groups, GATE_UP ? (void *)a->act : a->y);
     DS_CU_LAUNCHED2(ctx, GATE_UP ? "moe_gemm_ws_kernel<gate_up>" : "moe_gemm_ws_kernel<down>", a->A, N);
+}
+
+template <bool BULK> void init(ds_cuda_ctx *ctx) {
+    const int bytes = (int)ctx->smem_optin;
+    DS_CU(ctx, cudaFuncSetAttribute(moe_gemm_ws_kernel<true, false, BULK>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    DS_CU(ctx, cudaFuncSetAttribute(moe_gemm_ws_kernel<false, false, BULK>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    DS_CU(ctx, cudaFuncSetAttribute(moe_gemm_ws_kernel<false, true, BULK>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+template <bool BULK> void both_passes(ds_cuda_ctx *ctx, const ds_moe_gemm_args *a) {
+    launch<true, false, BULK>(ctx, a);
+    if (a->y_bf16) launch<false, true, BULK>(ctx, a);
+    else launch<false, false, BULK>(ctx, a);
 }
 
 } // namespace
@@ -304,14 +353,11 @@ extern "C" bool ds_cuda_moe_gemm_ws_fits(const ds_cuda_ctx *ctx, int H, int I, i
 
 /* The dynamic shared memory limit: all the device allows (the launch takes smem_bytes(E)). */
 extern "C" void ds_cuda_moe_gemm_ws_init(ds_cuda_ctx *ctx) {
-    const int bytes = (int)ctx->smem_optin;
-    DS_CU(ctx, cudaFuncSetAttribute(moe_gemm_ws_kernel<true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    DS_CU(ctx, cudaFuncSetAttribute(moe_gemm_ws_kernel<false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    DS_CU(ctx, cudaFuncSetAttribute(moe_gemm_ws_kernel<false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    init<true>(ctx);
+    init<false>(ctx);
 }
 
 extern "C" void ds_cuda_moe_gemm_ws(ds_cuda_ctx *ctx, const ds_moe_gemm_args *a) {
-    launch<true, false>(ctx, a);
-    if (a->y_bf16) launch<false, true>(ctx, a);
-    else launch<false, false>(ctx, a);
+    if (ctx->moe_gemm_ws == 2) both_passes<false>(ctx, a);
+    else both_passes<true>(ctx, a);
 }
