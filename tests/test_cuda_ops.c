@@ -1330,7 +1330,7 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
 }
 
 /* The grouped expert GEMM's tile variants (cuda_moe_gemm.cu: DS_CUDA_MOE_GEMM_WN / _STAGES /
- * _BK / _BN; the persistent kernel of cuda_moe_gemm_ws.cu, DS_CUDA_MOE_GEMM_WS) against the defaults (WN 2, 2 stages, BK 32, BN 128), bit for bit: every variant
+ * _BK / _BN / _SKIP) against the defaults (WN 2, 2 stages, BK 32, BN 128), bit for bit: every variant
  * runs the same k = 0, 16, 32, … sequence of MMAs for each output element. Prefill-sized steps
  * only (T > 8); a BK that does not divide a pass's K takes BK 32 for that pass. */
 static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T) {
@@ -1340,10 +1340,10 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
     ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
     const int H = m->cfg.hidden;
     const int saved[6] = {c->moe_gemm_wn, c->moe_gemm_stages, c->moe_gemm_bk, c->moe_gemm_bn,
-                          c->moe_gemm_down_tiles, c->moe_gemm_ws};
+                          c->moe_gemm_down_tiles, c->moe_gemm_skip};
     static const struct {
         const char *name;
-        int wn, stages, bk, bn, down_tiles, ws;
+        int wn, stages, bk, bn, down_tiles, skip;
     } variants[] = {
         {"4 warps along N", 4, 2, 32, 128, 1, 0},
         {"3 stages", 2, 3, 32, 128, 1, 0},
@@ -1357,9 +1357,10 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
         {"down 4 column tiles a block", 2, 2, 32, 128, 4, 0},
         {"down 4 column tiles a block, BK 64", 2, 2, 64, 128, 4, 0},
         {"down 2 column tiles a block, BN 256", 2, 2, 32, 256, 2, 0},
-        /* cuda_moe_gemm_ws.cu where the shape fits it (K of both passes a multiple of 64) */
-        {"persistent warp-specialised (WS), bulk copies", 2, 2, 64, 128, 1, 1},
-        {"persistent warp-specialised (WS), cp.async producer", 2, 2, 64, 128, 1, 2},
+        {"padding fragments skipped", 2, 2, 32, 128, 1, 1},
+        {"padding fragments skipped, BK 64", 2, 2, 64, 128, 1, 1},
+        {"padding fragments skipped, BN 256, BK 64", 2, 2, 64, 256, 1, 1},
+        {"padding fragments skipped, down 4 column tiles a block", 2, 2, 32, 128, 4, 1},
     };
     const size_t n = (size_t)T * H;
     c->moe_gemm_wn = 2;
@@ -1367,7 +1368,7 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
     c->moe_gemm_bk = 32;
     c->moe_gemm_bn = 128;
     c->moe_gemm_down_tiles = 1;
-    c->moe_gemm_ws = 0;
+    c->moe_gemm_skip = 0;
     /* the steps compared must take the grouped GEMM, not the expert GEMV it falls back to */
     assert_true(T > DS_CUDA_GEMV_MAX_ROWS && c->opt.moe_gemm && ds_cuda_moe_gemm_fits(H, m->cfg.moe_inter));
     float *a = moe_run_poisoned(m, l, xg, T);
@@ -1377,12 +1378,10 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
         c->moe_gemm_bk = variants[v].bk;
         c->moe_gemm_bn = variants[v].bn;
         c->moe_gemm_down_tiles = variants[v].down_tiles;
-        c->moe_gemm_ws = variants[v].ws;
+        c->moe_gemm_skip = variants[v].skip;
         float *b = moe_run_poisoned(m, l, xg, T);
         char what[160];
-        snprintf(what, sizeof what, "moe grouped GEMM %s%s", variants[v].name,
-                 variants[v].ws && !ds_cuda_moe_gemm_ws_fits(c, H, m->cfg.moe_inter, m->cfg.n_experts)
-                     ? " (shape not covered: the tiled kernel)" : "");
+        snprintf(what, sizeof what, "moe grouped GEMM %s", variants[v].name);
         assert_bitwise(a, b, n, what, l, T);
         free(b);
     }
@@ -1391,7 +1390,7 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
     c->moe_gemm_bk = saved[2];
     c->moe_gemm_bn = saved[3];
     c->moe_gemm_down_tiles = saved[4];
-    c->moe_gemm_ws = saved[5];
+    c->moe_gemm_skip = saved[5];
     free(a);
 #endif
 }

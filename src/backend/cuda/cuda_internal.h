@@ -196,11 +196,9 @@ typedef struct ds_cuda_ctx {
     /* column tiles per block of the grouped GEMM's down pass (DS_CUDA_MOE_GEMM_DOWN_TILES, 1,
      * 2 or 4; default 1): its tile lookup and row setup paid once per that many tiles */
     int moe_gemm_down_tiles;
-    /* the grouped expert GEMM as one persistent warp-specialised block an SM, bulk copies into
-     * a 6-stage ring that runs across tiles (DS_CUDA_MOE_GEMM_WS=1; =2: its producer copies by
-     * cp.async instead; default 0 until measured, written in session 24): cuda_moe_gemm_ws.cu;
-     * same bits */
-    int moe_gemm_ws;
+    /* the grouped expert GEMM's warps skip their 16-row fragments past the tile's assignments
+     * (DS_CUDA_MOE_GEMM_SKIP=1; default 0 until measured, written in session 24): same bits */
+    int moe_gemm_skip;
     /* a cuBLASLt GEMM whose row count is not a multiple of 8 as two, the 8-aligned rows then
      * the rest (1, default: the prefill router GEMM, 1281 rows at 35B-A3B, prefill of 1024
      * tokens 51.87 vs 54.71 ms, s9-run8; DS_CUDA_LT_SPLIT=0: one GEMM; ds_cuda_gemm_lt) */

@@ -187,7 +187,6 @@ extern "C" void ds_cuda_moe_init(ds_cuda_ctx *ctx) {
     DS_CU(ctx, cudaFuncSetAttribute(moe_group_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     bytes));
     ds_cuda_moe_gemm_init(ctx);
-    ds_cuda_moe_gemm_ws_init(ctx);
 }
 
 extern "C" int ds_cuda_moe_down_combine_ok(const ds_cuda_ctx *ctx, int T, int H, int k, int I, int Is) {
@@ -286,8 +285,7 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
         g.act = sc.h; /* [A, I] of the [A, 2I] buffer */
         g.y = sc.y;
         g.y_bf16 = y16;
-        if (ctx->moe_gemm_ws && ds_cuda_moe_gemm_ws_fits(ctx, H, I, E)) ds_cuda_moe_gemm_ws(ctx, &g);
-        else ds_cuda_moe_gemm(ctx, &g);
+        ds_cuda_moe_gemm(ctx, &g);
     } else {
         /* the gate_up blocks' L2 prefetch of their expert's down slice: with DS_OPT_PREFETCH
          * only (alone, s7-run4: 2.765 / 5.184 / 7.518 vs 2.691 / 5.066 / 7.399 ms, slower) */

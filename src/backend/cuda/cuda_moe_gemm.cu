@@ -108,9 +108,9 @@ static __device__ void gg_find_tile(int bx, const ds_moe_groups &g, int *expert_
 /* Y16 (down pass only): y stored in bf16. A template parameter, not a flag: the flag's extra
  * epilogue took the BK 32 and BK 128 down passes from 128 / 124 to 166 / 182 registers. */
 template <bool GATE_UP, int WN, int ST, int BK, int BN, bool Y16>
-__global__ void __launch_bounds__(GG_THREADS(WN))
+__global__ void __launch_bounds__(GG_THREADS(WN), 512 / GG_THREADS(WN)) /* ≤ 128 registers: 4 blocks of 4 warps an SM */
     moe_group_gemm_kernel(const bf16 *__restrict__ W, int N, int K, const bf16 *__restrict__ x,
-                          int k_top, ds_moe_groups g, void *__restrict__ out, int ntiles) {
+                          int k_top, ds_moe_groups g, void *__restrict__ out, int ntiles, int skip_pad) {
     constexpr int LDS = gg_pitch<BK>::LDS, LDC = BN + 4, HALF = BN / 2;
     extern __shared__ __align__(128) unsigned char gg_dyn[];
     gg_smem<ST, BK, BN> &sm = *(gg_smem<ST, BK, BN> *)gg_dyn; /* dynamic: over the 48 KiB static limit */
@@ -187,6 +187,11 @@ __global__ void __launch_bounds__(GG_THREADS(WN))
 
         constexpr int WTN = BN / WN, FN = WTN / 16; /* warp tile columns, fragments */
         const int warp = tid >> 5, wm = warp / WN, wn = warp % WN;
+        /* this warp's 16-row A fragments that hold assignments (skip_pad, DS_CUDA_MOE_GEMM_SKIP):
+         * at ~32 assignments an expert (1024 tokens of 35B-A3B) the tile's second half is
+         * padding, and its MMAs only fill accumulator rows that are never stored. Warp-uniform;
+         * the stored rows' sums are unchanged, bit for bit. */
+        const int mi = skip_pad ? max(0, min(2, DS_DIV_UP(rows - wm * 32, 16))) : 2;
         wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][FN];
 #pragma unroll
         for (int i = 0; i < 2; i++)
@@ -211,17 +216,20 @@ __global__ void __launch_bounds__(GG_THREADS(WN))
             /* the same k = 0, 16, 32, … sequence of MMAs whatever BK: results bit for bit equal */
 #pragma unroll
             for (int kk = 0; kk < BK; kk += 16) {
+                if (mi == 0) break; /* warp-uniform: nothing of this warp's rows is stored */
                 wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[2];
                 wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb[FN];
 #pragma unroll
-                for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], &sm.pipe.a[s][wm * 32 + i * 16][kk], LDS);
+                for (int i = 0; i < 2; i++)
+                    if (i < mi) wmma::load_matrix_sync(fa[i], &sm.pipe.a[s][wm * 32 + i * 16][kk], LDS);
                 /* B(k, n) = W[n, k]: the weight tile rows are B's columns */
 #pragma unroll
                 for (int j = 0; j < FN; j++) wmma::load_matrix_sync(fb[j], &sm.pipe.b[s][wn * WTN + j * 16][kk], LDS);
 #pragma unroll
                 for (int i = 0; i < 2; i++)
+                    if (i < mi)
 #pragma unroll
-                    for (int j = 0; j < FN; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+                        for (int j = 0; j < FN; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
             }
         }
         cp_async_wait<0>();
@@ -307,7 +315,7 @@ static void launch_pass(ds_cuda_ctx *ctx, const ds_moe_gemm_args *a) {
     ds_launch(ctx, kern, grid, GG_THREADS(WN), sizeof(gg_smem<ST, BK, BN>),
               (const bf16 *)(GATE_UP ? a->w_gu : a->w_down), N, K,
               (const bf16 *)(GATE_UP ? a->x : a->act), a->top_k, a->groups,
-              GATE_UP ? (void *)a->act : a->y, ntiles);
+              GATE_UP ? (void *)a->act : a->y, ntiles, ctx->moe_gemm_skip);
     DS_CU_LAUNCHED2(ctx, GATE_UP ? "moe_group_gemm_kernel<gate_up>" : "moe_group_gemm_kernel<down>", a->A, N);
 }
 

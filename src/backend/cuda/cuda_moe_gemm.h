@@ -36,13 +36,6 @@ bool ds_cuda_moe_gemm_fits(int H, int I);
 /* Once at backend creation (the kernels' dynamic shared memory limit). */
 void ds_cuda_moe_gemm_init(ds_cuda_ctx *ctx);
 void ds_cuda_moe_gemm(ds_cuda_ctx *ctx, const ds_moe_gemm_args *a);
-/* The same GEMM as a persistent warp-specialised kernel (cuda_moe_gemm_ws.cu,
- * DS_CUDA_MOE_GEMM_WS), bit for bit the same results: whether it covers the shape (K of both
- * passes a multiple of 64; its shared memory, which grows with E, within the device's), its
- * shared memory limit at creation, and both passes. */
-bool ds_cuda_moe_gemm_ws_fits(const ds_cuda_ctx *ctx, int H, int I, int E);
-void ds_cuda_moe_gemm_ws_init(ds_cuda_ctx *ctx);
-void ds_cuda_moe_gemm_ws(ds_cuda_ctx *ctx, const ds_moe_gemm_args *a);
 #ifdef __cplusplus
 }
 #endif
