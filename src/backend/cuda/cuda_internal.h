@@ -197,7 +197,7 @@ typedef struct ds_cuda_ctx {
      * 2 or 4; default 1): its tile lookup and row setup paid once per that many tiles */
     int moe_gemm_down_tiles;
     /* the grouped expert GEMM's warps skip their 16-row fragments past the tile's assignments
-     * (DS_CUDA_MOE_GEMM_SKIP=1; default 0 until measured, written in session 24): same bits */
+     * (1, default since session 24; DS_CUDA_MOE_GEMM_SKIP=0: all four): same bits */
     int moe_gemm_skip;
     /* a cuBLASLt GEMM whose row count is not a multiple of 8 as two, the 8-aligned rows then
      * the rest (1, default: the prefill router GEMM, 1281 rows at 35B-A3B, prefill of 1024
