@@ -685,7 +685,10 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         /* BK 64 vs 32: prefill of 1024 tokens 48.37 / 48.48 vs 58.99 / 58.62 ms (BK 128 48.94,
          * BK 64 + 3 stages 49.32, BN 256 + BK 64 48.12; H100, s19-run1) */
         c->moe_gemm_bk = gbk && (atoi(gbk) == 32 || atoi(gbk) == 128) ? atoi(gbk) : 64;
-        c->moe_gemm_bn = gbn && atoi(gbn) == 256 ? 256 : 128;
+        /* BN 256 vs 128 (BK 64): 48.12 vs 48.37 / 48.48 ms (s19-run1), 44.05 vs 44.38 / 44.45
+         * (s24-run1), 43.91 vs 44.17 / 44.13 with the padding skip (s24-run4): −0.25 to −0.35 ms
+         * in three runs, all on H100s; the default since session 24 */
+        c->moe_gemm_bn = gbn && atoi(gbn) == 128 ? 128 : 256;
         const char *gdt = getenv("DS_CUDA_MOE_GEMM_DOWN_TILES");
         c->moe_gemm_down_tiles = gdt && (atoi(gdt) == 2 || atoi(gdt) == 4) ? atoi(gdt) : 1;
         /* 1 vs 0: prefill of 1024 tokens 43.86 / 44.05 vs 44.68 / 44.65 ms (H100, s24-run3) */

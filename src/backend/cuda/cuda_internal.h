@@ -191,7 +191,7 @@ typedef struct ds_cuda_ctx {
     int moe_gemm_stages;
     /* the grouped expert GEMM's K per stage (DS_CUDA_MOE_GEMM_BK, 32, 64 or 128; default 64
      * since session 19) and weight rows per tile (DS_CUDA_MOE_GEMM_BN, 128, or 256 with 8
-     * warps; default 128; 64 lost, s20-run1): cuda_moe_gemm.cu */
+     * warps; default 256 since session 24; 64 lost, s20-run1): cuda_moe_gemm.cu */
     int moe_gemm_bk, moe_gemm_bn;
     /* column tiles per block of the grouped GEMM's down pass (DS_CUDA_MOE_GEMM_DOWN_TILES, 1,
      * 2 or 4; default 1): its tile lookup and row setup paid once per that many tiles */

@@ -6,7 +6,8 @@
  * of Qwen3.5-35B-A3B ~16 assignments, so every expert's weights were streamed 4 times from L2
  * and every FMA ran on the FP32 pipes: 194 of the chunk's 255 ms were the two expert launches.
  * Here a block computes a 64-assignment × BN-column tile of one expert with mma (WMMA
- * 16×16×16; BN 128 by default, see below), reading each weight tile once per 64 assignments.
+ * 16×16×16; BN 256 by default since session 24, see below), reading each weight tile once per
+ * 64 assignments.
  *
  * Tiles. The assignments are grouped by expert on the device (sc.sorted, sc.off, sc.act); the
  * host does not know the counts, so the grid's x extent is the bound on the number of M tiles
@@ -31,16 +32,18 @@
 using namespace nvcuda;
 
 #define GG_BM 64 /* assignments per tile */
-/* Weight rows per tile BN (128, or 256 with DS_CUDA_MOE_GEMM_BN) and K per pipeline stage BK
- * (64 by default, or 32 / 128 with DS_CUDA_MOE_GEMM_BK) are template parameters. Why BK: a
+/* Weight rows per tile BN (256 by default since session 24, or 128 with DS_CUDA_MOE_GEMM_BN) and
+ * K per pipeline stage BK (64 by default, or 32 / 128 with DS_CUDA_MOE_GEMM_BK) are template
+ * parameters. Why BK: a
  * stage reads 2·BK bytes of each of its BN weight rows, rows K·2 bytes apart; at BK = 32 that
  * is 64-byte pieces of 128 (gate_up) or 256 rows, the next piece of each row a stage later, and
  * the kernel stayed at 2.1-2.25 TB/s (session 9) where the expert GEMV, streaming each row in
  * long runs, reaches ~4. 128-byte pieces (BK 64) took a 1024-token prefill from 58.99 / 58.62
  * to 48.37 / 48.48 ms (H100, s19-run1; BK 128: 48.94). Why BN: each block reads its tile's
- * activations once per weight tile, so 256 rows halve those L2 reads (with BK 64: 48.12 ms,
- * within noise of 128). BN 64 (256-byte pieces at BK 128 in 70 KB of shared memory, 3 blocks
- * an SM) lost: 49.27 ms at BK 64, 49.53 at BK 128 against 48.65 / 48.63 for BN 128 (H100,
+ * activations once per weight tile, so 256 rows halve those L2 reads (with BK 64: 48.12 ms vs
+ * 48.37 / 48.48, s19-run1; 44.05 vs 44.38 / 44.45, s24-run1; 43.91 vs 44.17 / 44.13,
+ * s24-run4: small, the same sign three times). BN 64 (256-byte pieces at BK 128 in 70 KB of
+ * shared memory, 3 blocks an SM) lost: 49.27 ms at BK 64, 49.53 at BK 128 against 48.65 / 48.63 for BN 128 (H100,
  * s20-run1); removed. */
 template <int BK> struct gg_pitch {
     /* smem row pitch (bf16): 80, 144 or 272 bytes, so 8 consecutive rows start in 8 distinct
@@ -108,7 +111,8 @@ static __device__ void gg_find_tile(int bx, const ds_moe_groups &g, int *expert_
 /* Y16 (down pass only): y stored in bf16. A template parameter, not a flag: the flag's extra
  * epilogue took the BK 32 and BK 128 down passes from 128 / 124 to 166 / 182 registers. */
 template <bool GATE_UP, int WN, int ST, int BK, int BN, bool Y16>
-__global__ void __launch_bounds__(GG_THREADS(WN), 512 / GG_THREADS(WN)) /* ≤ 128 registers: 4 blocks of 4 warps an SM */
+/* ≤ 128 registers: 4 blocks of 4 warps (2 of 8) an SM */
+__global__ void __launch_bounds__(GG_THREADS(WN), 512 / GG_THREADS(WN))
     moe_group_gemm_kernel(const bf16 *__restrict__ W, int N, int K, const bf16 *__restrict__ x,
                           int k_top, ds_moe_groups g, void *__restrict__ out, int ntiles, int skip_pad) {
     constexpr int LDS = gg_pitch<BK>::LDS, LDC = BN + 4, HALF = BN / 2;
