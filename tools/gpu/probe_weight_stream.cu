@@ -101,6 +101,26 @@ __global__ void stream_read(const uint4 *__restrict__ W, int64_t n16, unsigned *
 
 static const size_t BYTES = (size_t)E * R * KB; /* 1 GiB */
 
+/* The fastest of 5 timed launches after one warm-up, in ms; non-zero on a CUDA error. */
+template <typename Launch> static int best_ms(Launch launch, float *best) {
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    *best = 1e30f;
+    for (int rep = 0; rep < 6; rep++) {
+        CK(cudaEventRecord(a));
+        launch();
+        CK(cudaEventRecord(b));
+        CK(cudaEventSynchronize(b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        if (rep > 0 && ms < *best) *best = ms;
+    }
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    return 0;
+}
+
 template <int ROWS, int PIECE, int ST, bool TILED, bool WITH_A>
 static int run(const char *name, int blocks_per_sm, const uint8_t *W, const uint8_t *X, unsigned *sink) {
     auto k = pattern<ROWS, PIECE, ST, TILED, WITH_A>;
@@ -117,19 +137,8 @@ static int run(const char *name, int blocks_per_sm, const uint8_t *W, const uint
     if (smem > 227 * 1024) smem = 227 * 1024;
     CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const int grid = E * (R / ROWS);
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    float best = 1e30f;
-    for (int rep = 0; rep < 6; rep++) {
-        CK(cudaEventRecord(a));
-        k<<<grid, NT, smem>>>(W, X, sink);
-        CK(cudaEventRecord(b));
-        CK(cudaEventSynchronize(b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        if (rep > 0 && ms < best) best = ms;
-    }
+    float best;
+    if (best_ms([&] { k<<<grid, NT, smem>>>(W, X, sink); }, &best)) return 1;
     int occ;
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, NT, smem));
     printf("%-44s bps %d (occ %d) st %d: %7.1f GB/s  (%.3f ms)\n", name, blocks_per_sm, occ, ST,
@@ -148,22 +157,10 @@ int main() {
     cudaDeviceProp p;
     CK(cudaGetDeviceProperties(&p, 0));
     printf("%s, %d SMs, L2 %d MB\n", p.name, p.multiProcessorCount, p.l2CacheSize >> 20);
-    {
-        cudaEvent_t a, b;
-        CK(cudaEventCreate(&a));
-        CK(cudaEventCreate(&b));
-        float best = 1e30f;
-        for (int rep = 0; rep < 6; rep++) {
-            CK(cudaEventRecord(a));
-            stream_read<<<p.multiProcessorCount * 8, 256>>>((const uint4 *)W, BYTES / 16, sink);
-            CK(cudaEventRecord(b));
-            CK(cudaEventSynchronize(b));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, a, b));
-            if (rep > 0 && ms < best) best = ms;
-        }
-        printf("%-44s %7.1f GB/s  (%.3f ms)\n", "stream_read (ceiling)", BYTES / best / 1e6, best);
-    }
+    float best;
+    if (best_ms([&] { stream_read<<<p.multiProcessorCount * 8, 256>>>((const uint4 *)W, BYTES / 16, sink); }, &best))
+        return 1;
+    printf("%-44s %7.1f GB/s  (%.3f ms)\n", "stream_read (ceiling)", BYTES / best / 1e6, best);
     int rc = 0;
     /* the GEMM's pattern today (BN 128, BK 64: 128 B of 128 rows a stage) */
     rc |= run<128, 128, 2, false, false>("rowmajor 128 rows x 128 B", 4, W, X, sink);
