@@ -10,10 +10,18 @@
  * layout), with and without the activation tile's L2 reads — over one layer of gate_up-shaped
  * weights, so that a kernel change is chosen by what the memory system gives, not guessed.
  *
+ * Ring producers (session 24, after a warp-specialised expert GEMM lost 4×): one persistent
+ * block an SM (or two), a producer warp filling a ring of ST stages of 128 rows × 128 B, four
+ * consumer warps that wait for each stage on its mbarrier and release it — the pipeline of
+ * such a GEMM without its math — with the producer issuing one TMA box a stage (a 2-D tensor
+ * map, 128-byte swizzle), one bulk copy a row piece (128 a stage), or 16-byte cp.async (32 a
+ * lane a stage). Says which producer can keep HBM busy from a single warp.
+ *
  *   nvcc -std=c++17 -O3 -arch=sm_90a -o probe tools/gpu/probe_weight_stream.cu && ./probe
  * Prints one line per pattern: name, GB/s (best of 5). */
 #include <cstdio>
 #include <cstdint>
+#include <cuda.h> /* CUtensorMap (the driver entry point is taken through the runtime) */
 #include <cuda_runtime.h>
 
 #define CK(x)                                                                                  \
@@ -146,6 +154,137 @@ static int run(const char *name, int blocks_per_sm, const uint8_t *W, const uint
     return 0;
 }
 
+/* ---- ring producers ---------------------------------------------------------------------- */
+
+enum { RING_TMA = 0, RING_BULK = 1, RING_CPASYNC = 2 };
+constexpr int RING_ROWS = 128, RING_PIECE = 128, RING_STAGE = RING_ROWS * RING_PIECE; /* 16 KB */
+
+static __device__ __forceinline__ uint32_t su32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+static __device__ __forceinline__ void mb_wait(uint64_t *m, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done)
+                     : "r"(su32(m)), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+
+/* tiles: (expert, 128-row tile) of W [E·R rows, KB bytes]; stage s of a tile = bytes s·128 … of
+ * its 128 rows */
+template <int MODE, int ST>
+__global__ void __launch_bounds__(160) ring_pattern(const __grid_constant__ CUtensorMap tmap, const uint8_t *__restrict__ W,
+                                                    unsigned *sink) {
+    extern __shared__ __align__(1024) uint8_t rs[];
+    uint8_t *stage = (uint8_t *)(((uintptr_t)rs + 1023) & ~(uintptr_t)1023); /* swizzle-128B alignment */
+    uint64_t *full = (uint64_t *)(stage + ST * RING_STAGE), *empty = full + ST;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < ST; i++) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(su32(&full[i])), "r"(MODE == RING_CPASYNC ? 32 : 1));
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(su32(&empty[i])), "r"(4));
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    constexpr int S = KB / RING_PIECE;        /* stages a tile */
+    const int tiles = E * (R / RING_ROWS);
+    if (warp == 4) { /* producer */
+        int q = 0;
+        for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+            const int row0 = t * RING_ROWS; /* tiles in order: expert-major, rows consecutive */
+            for (int s = 0; s < S; s++, q++) {
+                const int b = q % ST;
+                if (q >= ST) mb_wait(&empty[b], ((q / ST) - 1) & 1);
+                uint8_t *dst = stage + b * RING_STAGE;
+                if (MODE == RING_TMA) {
+                    if (lane == 0) {
+                        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(su32(&full[b])),
+                                     "r"(RING_STAGE) : "memory");
+                        asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                                     " [%0], [%1, {%2, %3}], [%4];" ::"r"(su32(dst)),
+                                     "l"(&tmap), "r"(s * (RING_PIECE / 2)), "r"(row0), "r"(su32(&full[b]))
+                                     : "memory");
+                    }
+                } else if (MODE == RING_BULK) {
+                    if (lane == 0)
+                        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(su32(&full[b])),
+                                     "r"(RING_STAGE) : "memory");
+                    __syncwarp();
+                    for (int j = 0; j < RING_ROWS / 32; j++) {
+                        const int r = lane + 32 * j;
+                        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                                     ::"r"(su32(dst + r * RING_PIECE)), "l"(W + (int64_t)(row0 + r) * KB + s * RING_PIECE),
+                                     "r"(RING_PIECE), "r"(su32(&full[b])) : "memory");
+                    }
+                } else {
+                    const int cc = (lane & 7) * 16, r0 = lane >> 3;
+#pragma unroll 8
+                    for (int j = 0; j < RING_ROWS / 4; j++) {
+                        const int r = r0 + 4 * j;
+                        cp16(dst + r * RING_PIECE + cc, W + (int64_t)(row0 + r) * KB + s * RING_PIECE + cc);
+                    }
+                    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(su32(&full[b])) : "memory");
+                }
+            }
+        }
+        return;
+    }
+    /* consumers: wait, touch, release */
+    unsigned acc = 0;
+    int q = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x)
+        for (int s = 0; s < S; s++, q++) {
+            const int b = q % ST;
+            mb_wait(&full[b], (q / ST) & 1);
+            acc ^= *(const unsigned *)(stage + b * RING_STAGE + threadIdx.x * 16);
+            __syncwarp();
+            if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(su32(&empty[b])) : "memory");
+        }
+    if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                    const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+/* W as a 2-D tensor of E·R rows × K bf16, boxes of 128 rows × 64 elements (128 B), 128-byte swizzle */
+static int make_tmap(CUtensorMap *m, const uint8_t *W) {
+    void *fn = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
+    if (!fn || q != cudaDriverEntryPointSuccess) {
+        fprintf(stderr, "cuTensorMapEncodeTiled: not found\n");
+        return 1;
+    }
+    const cuuint64_t dims[2] = {KB / 2, (cuuint64_t)E * R}, strides[1] = {KB};
+    const cuuint32_t box[2] = {RING_PIECE / 2, RING_ROWS}, estr[2] = {1, 1};
+    const CUresult r = ((encode_tiled_fn)fn)(m, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, (void *)W, dims, strides, box, estr,
+                                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        fprintf(stderr, "cuTensorMapEncodeTiled: error %d\n", (int)r);
+        return 1;
+    }
+    return 0;
+}
+
+template <int MODE, int ST>
+static int run_ring(const char *name, int blocks_per_sm, const CUtensorMap &tmap, const uint8_t *W, unsigned *sink) {
+    auto k = ring_pattern<MODE, ST>;
+    const int smem = ST * RING_STAGE + 2 * ST * 8 + 1024;
+    CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    int dev, sms;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const int grid = sms * blocks_per_sm;
+    float best;
+    if (best_ms([&] { k<<<grid, 160, smem>>>(tmap, W, sink); }, &best)) return 1;
+    CK(cudaGetLastError());
+    printf("%-44s bps %d st %d: %7.1f GB/s  (%.3f ms)\n", name, blocks_per_sm, ST, BYTES / best / 1e6, best);
+    return 0;
+}
+
 int main() {
     uint8_t *W, *X;
     unsigned *sink;
@@ -179,5 +318,14 @@ int main() {
     rc |= run<128, 128, 2, true, true>("tiled 16 KB chunks + A", 4, W, X, sink);
     rc |= run<128, 128, 3, true, false>("tiled 16 KB chunks", 4, W, X, sink);
     rc |= run<128, 128, 2, true, false>("tiled 16 KB chunks", 6, W, X, sink);
+    /* one producer warp: a TMA box, 128 bulk copies or 32 cp.async a lane per 16 KB stage */
+    CUtensorMap tmap;
+    if (make_tmap(&tmap, W)) return 1;
+    rc |= run_ring<RING_TMA, 6>("ring: TMA 2-D box a stage", 1, tmap, W, sink);
+    rc |= run_ring<RING_TMA, 4>("ring: TMA 2-D box a stage", 2, tmap, W, sink);
+    rc |= run_ring<RING_TMA, 12>("ring: TMA 2-D box a stage", 1, tmap, W, sink);
+    rc |= run_ring<RING_BULK, 6>("ring: bulk copy a row piece", 1, tmap, W, sink);
+    rc |= run_ring<RING_CPASYNC, 6>("ring: cp.async, one warp", 1, tmap, W, sink);
+    rc |= run_ring<RING_CPASYNC, 4>("ring: cp.async, one warp", 2, tmap, W, sink);
     return rc;
 }
