@@ -1330,9 +1330,10 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
 }
 
 /* The grouped expert GEMM's tile variants (cuda_moe_gemm.cu: DS_CUDA_MOE_GEMM_WN / _STAGES /
- * _BK / _BN / _SKIP) against the defaults (WN 2, 2 stages, BK 32, BN 128), bit for bit: every variant
- * runs the same k = 0, 16, 32, … sequence of MMAs for each output element. Prefill-sized steps
- * only (T > 8); a BK that does not divide a pass's K takes BK 32 for that pass. */
+ * _BK / _BN / _SKIP) against one reference (WN 2, 2 stages, BK 32, BN 128, no skip), bit for
+ * bit: every variant runs the same k = 0, 16, 32, … sequence of MMAs for each output element
+ * it stores. Prefill-sized steps only (T > 8); a BK that does not divide a pass's K takes BK 32
+ * for that pass. */
 static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T) {
 #ifndef DS_HAVE_CUDA
     (void)m, (void)l, (void)xg, (void)T;

@@ -34,17 +34,16 @@ using namespace nvcuda;
 #define GG_BM 64 /* assignments per tile */
 /* Weight rows per tile BN (256 by default since session 24, or 128 with DS_CUDA_MOE_GEMM_BN) and
  * K per pipeline stage BK (64 by default, or 32 / 128 with DS_CUDA_MOE_GEMM_BK) are template
- * parameters. Why BK: a
- * stage reads 2·BK bytes of each of its BN weight rows, rows K·2 bytes apart; at BK = 32 that
- * is 64-byte pieces of 128 (gate_up) or 256 rows, the next piece of each row a stage later, and
- * the kernel stayed at 2.1-2.25 TB/s (session 9) where the expert GEMV, streaming each row in
- * long runs, reaches ~4. 128-byte pieces (BK 64) took a 1024-token prefill from 58.99 / 58.62
- * to 48.37 / 48.48 ms (H100, s19-run1; BK 128: 48.94). Why BN: each block reads its tile's
- * activations once per weight tile, so 256 rows halve those L2 reads (with BK 64: 48.12 ms vs
- * 48.37 / 48.48, s19-run1; 44.05 vs 44.38 / 44.45, s24-run1; 43.91 vs 44.17 / 44.13,
- * s24-run4: small, the same sign three times). BN 64 (256-byte pieces at BK 128 in 70 KB of
- * shared memory, 3 blocks an SM) lost: 49.27 ms at BK 64, 49.53 at BK 128 against 48.65 / 48.63 for BN 128 (H100,
- * s20-run1); removed. */
+ * parameters. Why BK: a stage reads 2·BK bytes of each of its BN weight rows, rows K·2 bytes
+ * apart; at BK = 32 that is 64-byte pieces of 128 (gate_up) or 256 rows, the next piece of each
+ * row a stage later, and the kernel stayed at 2.1-2.25 TB/s (session 9) where the expert GEMV,
+ * streaming each row in long runs, reaches ~4. 128-byte pieces (BK 64) took a 1024-token
+ * prefill from 58.99 / 58.62 to 48.37 / 48.48 ms (H100, s19-run1; BK 128: 48.94). Why BN: each
+ * block reads its tile's activations once per weight tile, so 256 rows halve those L2 reads
+ * (with BK 64: 48.12 ms vs 48.37 / 48.48, s19-run1; 44.05 vs 44.38 / 44.45, s24-run1; 43.91 vs
+ * 44.17 / 44.13, s24-run4: small, the same sign three times; all H100s). BN 64 (256-byte
+ * pieces at BK 128 in 70 KB of shared memory, 3 blocks an SM) lost: 49.27 ms at BK 64, 49.53
+ * at BK 128 against 48.65 / 48.63 for BN 128 (H100, s20-run1); removed. */
 template <int BK> struct gg_pitch {
     /* smem row pitch (bf16): 80, 144 or 272 bytes, so 8 consecutive rows start in 8 distinct
      * 16-byte bank groups (fragment loads without conflicts) */
