@@ -172,24 +172,42 @@ static __device__ __forceinline__ void mb_wait(uint64_t *m, uint32_t parity) {
 
 /* tiles: (expert, 128-row tile) of W [E·R rows, KB bytes]; stage s of a tile = bytes s·128 … of
  * its 128 rows */
-template <int MODE, int ST>
-__global__ void __launch_bounds__(160) ring_pattern(const __grid_constant__ CUtensorMap tmap, const uint8_t *__restrict__ W,
-                                                    unsigned *sink) {
+/* 16-byte rows of four 8×8 bf16 matrices from shared memory (ldmatrix .x4) */
+static __device__ __forceinline__ void ldsm4(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+static __device__ __forceinline__ void mma16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+constexpr int RING_A_PITCH = 144; /* bytes: the 64 × 64 activation tile, padded (ldmatrix without conflicts) */
+
+/* CW consumer warps; MATH: each stage's 128 weight rows (TMA's 128-byte swizzle: 16-byte chunk c
+ * of row n at c ^ (n & 7)) multiplied by a 64-row activation tile on tensor cores, as the
+ * expert GEMM would (mma m16n8k16, fragments by ldmatrix; warp w owns 128 / CW rows) */
+template <int MODE, int ST, int CW = 4, bool MATH = false>
+__global__ void __launch_bounds__((CW + 1) * 32) ring_pattern(const __grid_constant__ CUtensorMap tmap,
+                                                              const uint8_t *__restrict__ W, unsigned *sink) {
     extern __shared__ __align__(1024) uint8_t rs[];
     uint8_t *stage = (uint8_t *)(((uintptr_t)rs + 1023) & ~(uintptr_t)1023); /* swizzle-128B alignment */
-    uint64_t *full = (uint64_t *)(stage + ST * RING_STAGE), *empty = full + ST;
+    uint8_t *atile = stage + ST * RING_STAGE; /* [64][RING_A_PITCH] */
+    uint64_t *full = (uint64_t *)(atile + 64 * RING_A_PITCH), *empty = full + ST;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (threadIdx.x == 0) {
         for (int i = 0; i < ST; i++) {
             asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(su32(&full[i])), "r"(MODE == RING_CPASYNC ? 32 : 1));
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(su32(&empty[i])), "r"(4));
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(su32(&empty[i])), "r"(CW));
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
     constexpr int S = KB / RING_PIECE;        /* stages a tile */
     const int tiles = E * (R / RING_ROWS);
-    if (warp == 4) { /* producer */
+    if (warp == CW) { /* producer */
         int q = 0;
         for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
             const int row0 = t * RING_ROWS; /* tiles in order: expert-major, rows consecutive */
@@ -230,17 +248,46 @@ __global__ void __launch_bounds__(160) ring_pattern(const __grid_constant__ CUte
         }
         return;
     }
-    /* consumers: wait, touch, release */
+    /* consumers: wait, touch (or multiply), release */
+    constexpr int NT8 = RING_ROWS / CW / 8; /* n8 tiles a warp */
+    float d[4][NT8 > 0 ? NT8 : 1][4] = {};
     unsigned acc = 0;
     int q = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x)
         for (int s = 0; s < S; s++, q++) {
             const int b = q % ST;
             mb_wait(&full[b], (q / ST) & 1);
-            acc ^= *(const unsigned *)(stage + b * RING_STAGE + threadIdx.x * 16);
+            if constexpr (MATH) {
+                const uint32_t B = su32(stage + b * RING_STAGE), A = su32(atile);
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) { /* k16 steps of the stage's 64 */
+                    uint32_t a[4][4];
+#pragma unroll
+                    for (int mt = 0; mt < 4; mt++)
+                        ldsm4(a[mt], A + (mt * 16 + (lane & 15)) * RING_A_PITCH + (kk * 2 + (lane >> 4)) * 16);
+#pragma unroll
+                    for (int np = 0; np < NT8 / 2; np++) {
+                        const int n = warp * (RING_ROWS / CW) + np * 16 + ((lane >> 4) & 1) * 8 + (lane & 7);
+                        const int c = kk * 2 + ((lane >> 3) & 1);
+                        uint32_t bf[4];
+                        ldsm4(bf, B + n * RING_PIECE + ((c ^ (n & 7)) * 16));
+#pragma unroll
+                        for (int mt = 0; mt < 4; mt++) {
+                            mma16816(d[mt][2 * np], a[mt], bf[0], bf[1]);
+                            mma16816(d[mt][2 * np + 1], a[mt], bf[2], bf[3]);
+                        }
+                    }
+                }
+            } else {
+                acc ^= *(const unsigned *)(stage + b * RING_STAGE + threadIdx.x * 16);
+            }
             __syncwarp();
             if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(su32(&empty[b])) : "memory");
         }
+    if (MATH)
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < NT8; j++)
+                for (int e = 0; e < 4; e++) acc ^= __float_as_uint(d[i][j][e]);
     if (acc == 0x9e3779b9u) *sink = acc;
 }
 
@@ -269,19 +316,20 @@ static int make_tmap(CUtensorMap *m, const uint8_t *W) {
     return 0;
 }
 
-template <int MODE, int ST>
+template <int MODE, int ST, int CW = 4, bool MATH = false>
 static int run_ring(const char *name, int blocks_per_sm, const CUtensorMap &tmap, const uint8_t *W, unsigned *sink) {
-    auto k = ring_pattern<MODE, ST>;
-    const int smem = ST * RING_STAGE + 2 * ST * 8 + 1024;
+    auto k = ring_pattern<MODE, ST, CW, MATH>;
+    const int smem = ST * RING_STAGE + 64 * RING_A_PITCH + 2 * ST * 8 + 1024;
     CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     int dev, sms;
     CK(cudaGetDevice(&dev));
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     const int grid = sms * blocks_per_sm;
     float best;
-    if (best_ms([&] { k<<<grid, 160, smem>>>(tmap, W, sink); }, &best)) return 1;
+    if (best_ms([&] { k<<<grid, (CW + 1) * 32, smem>>>(tmap, W, sink); }, &best)) return 1;
     CK(cudaGetLastError());
-    printf("%-44s bps %d st %d: %7.1f GB/s  (%.3f ms)\n", name, blocks_per_sm, ST, BYTES / best / 1e6, best);
+    printf("%-44s bps %d st %d cw %d: %7.1f GB/s  (%.3f ms)\n", name, blocks_per_sm, ST, CW, BYTES / best / 1e6,
+           best);
     return 0;
 }
 
@@ -327,5 +375,10 @@ int main() {
     rc |= run_ring<RING_BULK, 6>("ring: bulk copy a row piece", 1, tmap, W, sink);
     rc |= run_ring<RING_CPASYNC, 6>("ring: cp.async, one warp", 1, tmap, W, sink);
     rc |= run_ring<RING_CPASYNC, 4>("ring: cp.async, one warp", 2, tmap, W, sink);
+    /* the same with the consumers' tensor-core work of a 64 × 128 × 64 tile a stage */
+    rc |= run_ring<RING_TMA, 6, 4, true>("ring: TMA box + mma (4 warps)", 1, tmap, W, sink);
+    rc |= run_ring<RING_TMA, 6, 8, true>("ring: TMA box + mma (8 warps)", 1, tmap, W, sink);
+    rc |= run_ring<RING_TMA, 6, 4, true>("ring: TMA box + mma (4 warps)", 2, tmap, W, sink);
+    rc |= run_ring<RING_TMA, 6, 8, true>("ring: TMA box + mma (8 warps)", 2, tmap, W, sink);
     return rc;
 }
