@@ -1340,28 +1340,31 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
 #else
     ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
     const int H = m->cfg.hidden;
-    const int saved[6] = {c->moe_gemm_wn, c->moe_gemm_stages, c->moe_gemm_bk, c->moe_gemm_bn,
-                          c->moe_gemm_down_tiles, c->moe_gemm_skip};
+    const int saved[7] = {c->moe_gemm_wn, c->moe_gemm_stages, c->moe_gemm_bk, c->moe_gemm_bn,
+                          c->moe_gemm_down_tiles, c->moe_gemm_skip, c->moe_gemm_tma};
     static const struct {
         const char *name;
-        int wn, stages, bk, bn, down_tiles, skip;
+        int wn, stages, bk, bn, down_tiles, skip, tma;
     } variants[] = {
-        {"4 warps along N", 4, 2, 32, 128, 1, 0},
-        {"3 stages", 2, 3, 32, 128, 1, 0},
-        {"4 stages", 2, 4, 32, 128, 1, 0},
-        {"BK 64", 2, 2, 64, 128, 1, 0},
-        {"BK 64, 3 stages", 2, 3, 64, 128, 1, 0},
-        {"BK 128", 2, 2, 128, 128, 1, 0},
-        {"BN 256", 2, 2, 32, 256, 1, 0},
-        {"BN 256, BK 64", 2, 2, 64, 256, 1, 0},
-        {"down 2 column tiles a block", 2, 2, 32, 128, 2, 0},
-        {"down 4 column tiles a block", 2, 2, 32, 128, 4, 0},
-        {"down 4 column tiles a block, BK 64", 2, 2, 64, 128, 4, 0},
-        {"down 2 column tiles a block, BN 256", 2, 2, 32, 256, 2, 0},
-        {"padding fragments skipped", 2, 2, 32, 128, 1, 1},
-        {"padding fragments skipped, BK 64", 2, 2, 64, 128, 1, 1},
-        {"padding fragments skipped, BN 256, BK 64", 2, 2, 64, 256, 1, 1},
-        {"padding fragments skipped, down 4 column tiles a block", 2, 2, 32, 128, 4, 1},
+        {"4 warps along N", 4, 2, 32, 128, 1, 0, 0},
+        {"3 stages", 2, 3, 32, 128, 1, 0, 0},
+        {"4 stages", 2, 4, 32, 128, 1, 0, 0},
+        {"BK 64", 2, 2, 64, 128, 1, 0, 0},
+        {"BK 64, 3 stages", 2, 3, 64, 128, 1, 0, 0},
+        {"BK 128", 2, 2, 128, 128, 1, 0, 0},
+        {"BN 256", 2, 2, 32, 256, 1, 0, 0},
+        {"BN 256, BK 64", 2, 2, 64, 256, 1, 0, 0},
+        {"down 2 column tiles a block", 2, 2, 32, 128, 2, 0, 0},
+        {"down 4 column tiles a block", 2, 2, 32, 128, 4, 0, 0},
+        {"down 4 column tiles a block, BK 64", 2, 2, 64, 128, 4, 0, 0},
+        {"down 2 column tiles a block, BN 256", 2, 2, 32, 256, 2, 0, 0},
+        {"padding fragments skipped", 2, 2, 32, 128, 1, 1, 0},
+        {"padding fragments skipped, BK 64", 2, 2, 64, 128, 1, 1, 0},
+        {"padding fragments skipped, BN 256, BK 64", 2, 2, 64, 256, 1, 1, 0},
+        {"padding fragments skipped, down 4 column tiles a block", 2, 2, 32, 128, 4, 1, 0},
+        /* cuda_moe_gemm_tma.cu, where the shape allows it (H % 128, I % 64: the 35B-like
+         * shape; it must then have run) */
+        {"fed by TMA (producer / consumer ring)", 2, 2, 32, 128, 1, 0, 1},
     };
     const size_t n = (size_t)T * H;
     c->moe_gemm_wn = 2;
@@ -1370,6 +1373,7 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
     c->moe_gemm_bn = 128;
     c->moe_gemm_down_tiles = 1;
     c->moe_gemm_skip = 0;
+    c->moe_gemm_tma = 0;
     /* the steps compared must take the grouped GEMM, not the expert GEMV it falls back to */
     assert_true(T > DS_CUDA_GEMV_MAX_ROWS && c->opt.moe_gemm && ds_cuda_moe_gemm_fits(H, m->cfg.moe_inter));
     float *a = moe_run_poisoned(m, l, xg, T);
@@ -1380,9 +1384,16 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
         c->moe_gemm_bn = variants[v].bn;
         c->moe_gemm_down_tiles = variants[v].down_tiles;
         c->moe_gemm_skip = variants[v].skip;
+        c->moe_gemm_tma = variants[v].tma;
+        const long tma_runs = c->moe_gemm_tma_runs;
         float *b = moe_run_poisoned(m, l, xg, T);
         char what[160];
         snprintf(what, sizeof what, "moe grouped GEMM %s", variants[v].name);
+        if (variants[v].tma) {
+            const bool applies = H % 128 == 0 && m->cfg.moe_inter % 64 == 0;
+            printf("  %s: %s\n", what, c->moe_gemm_tma_runs > tma_runs ? "ran" : "not applicable, tiled kernel");
+            assert_true(!applies || c->moe_gemm_tma_runs > tma_runs);
+        }
         assert_bitwise(a, b, n, what, l, T);
         free(b);
     }
@@ -1392,6 +1403,7 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
     c->moe_gemm_bn = saved[3];
     c->moe_gemm_down_tiles = saved[4];
     c->moe_gemm_skip = saved[5];
+    c->moe_gemm_tma = saved[6];
     free(a);
 #endif
 }

@@ -199,6 +199,10 @@ typedef struct ds_cuda_ctx {
     /* the grouped expert GEMM's warps skip their 16-row fragments past the tile's assignments
      * (1, default since session 24; DS_CUDA_MOE_GEMM_SKIP=0: all four): same bits */
     int moe_gemm_skip;
+    /* the grouped expert GEMM fed by TMA into a producer / consumer ring (cuda_moe_gemm_tma.cu;
+     * DS_CUDA_MOE_GEMM_TMA=1; 0, default: the tiled kernel) where it applies: same bits */
+    int moe_gemm_tma;
+    long moe_gemm_tma_runs; /* MoE steps the TMA kernel served (tests check that it ran) */
     /* a cuBLASLt GEMM whose row count is not a multiple of 8 as two, the 8-aligned rows then
      * the rest (1, default: the prefill router GEMM, 1281 rows at 35B-A3B, prefill of 1024
      * tokens 51.87 vs 54.71 ms, s9-run8; DS_CUDA_LT_SPLIT=0: one GEMM; ds_cuda_gemm_lt) */

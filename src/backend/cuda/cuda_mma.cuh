@@ -21,6 +21,18 @@ static __device__ __forceinline__ void mma_bf16_16816(float c[4], uint32_t a0, u
 #endif
 }
 
+/* Four 8×8 bf16 matrices from shared memory: lanes 8i … 8i + 7 give the row addresses (16
+ * bytes each, 16-byte aligned) of matrix i; register i gets matrix i with lane 4g + t holding
+ * (row g, columns 2t, 2t + 1). Rows as m and columns as k: an A fragment quarter of m16n8k16;
+ * rows as n and columns as k (a weight matrix W[n, k], B = Wᵀ): a B fragment half. */
+static __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t smem_addr) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr));
+#endif
+}
+
 /* Four 8×8 bf16 matrices from shared memory, transposed: lanes 8i … 8i + 7 give the row
  * addresses (16 bytes each, 16-byte aligned) of matrix i; register i gets matrix i with lane
  * 4g + t holding (row 2t, column g) and (row 2t + 1, column g). With the rows as k and the

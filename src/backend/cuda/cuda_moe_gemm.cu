@@ -28,6 +28,7 @@
 
 #include "cuda_launch.cuh"
 #include "cuda_moe_gemm.h"
+#include "cuda_moe_tiles.cuh"
 
 using namespace nvcuda;
 
@@ -69,42 +70,13 @@ template <int ST, int BK, int BN> union gg_smem {
     float c[GG_BM][BN + 4]; /* the accumulators, after the main loop */
 };
 
-/* Block x → (active expert index, first assignment row within it); *expert_i = -1 past the end.
- * Warp 0: lane l owns the contiguous experts [l·per, (l+1)·per), loads all their offsets at
- * once and sums their tile counts ⌈(off[i+1] − off[i]) / BM⌉; one warp scan of the lane
- * totals; the lane whose range holds bx walks its experts. (Session 4's version scanned 32
- * experts per round with the rounds chained by their loads — ⌈n / 32⌉ round trips before a
- * late block's first weight load; measured no slower at 256 experts, s7-run3: prefill 1024
- * tokens 77.08 vs 76.91 ms, same tiles bit for bit.) */
+/* Block x → (active expert index, first assignment row within it) in shared memory, by warp 0
+ * (cuda_moe_tiles.cuh); *expert_i = -1 past the end. */
 static __device__ void gg_find_tile(int bx, const ds_moe_groups &g, int *expert_i, int *m0) {
     if (threadIdx.x >= 32) return;
-    const int lane = threadIdx.x;
-    const int n = *g.n_act;
-    if (lane == 0) *expert_i = -1;
-    const int per = DS_DIV_UP(n, 32);
-    const int i0 = min(lane * per, n), i1 = min(i0 + per, n);
-    int tot = 0;
-#pragma unroll 8
-    for (int i = i0; i < i1; i++) tot += DS_DIV_UP(g.off[i + 1] - g.off[i], GG_BM);
-    int incl = tot;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += y;
-    }
-    __syncwarp();
-    if (bx >= incl - tot && bx < incl) { /* one lane at most */
-        int base = incl - tot;
-        for (int i = i0; i < i1; i++) {
-            const int t = DS_DIV_UP(g.off[i + 1] - g.off[i], GG_BM);
-            if (bx < base + t) {
-                *expert_i = i;
-                *m0 = (bx - base) * GG_BM;
-                break;
-            }
-            base += t;
-        }
-    }
+    int ei, r0;
+    moe_tile_lookup<GG_BM>(bx, g, &ei, &r0);
+    if (threadIdx.x == 0) *expert_i = ei, *m0 = r0;
 }
 
 /* Y16 (down pass only): y stored in bf16. A template parameter, not a flag: the flag's extra
@@ -302,6 +274,7 @@ extern "C" void ds_cuda_moe_gemm_init(ds_cuda_ctx *ctx) {
     gemm_init<2, 2, 128, 128>(ctx);
     gemm_init<4, 2, 32, 256>(ctx);
     gemm_init<4, 2, 64, 256>(ctx);
+    ds_cuda_moe_gemm_tma_init(ctx);
 }
 
 /* One pass: gate_up (act [A, I] from x [T, H] and W_gu [E, 2I, H]) or down (y [A, H] fp32 or
@@ -350,6 +323,10 @@ template <bool GATE_UP> static void pass(ds_cuda_ctx *ctx, const ds_moe_gemm_arg
 }
 
 extern "C" void ds_cuda_moe_gemm(ds_cuda_ctx *ctx, const ds_moe_gemm_args *a) {
+    if (ctx->moe_gemm_tma && ds_cuda_moe_gemm_tma(ctx, a)) { /* cuda_moe_gemm_tma.cu */
+        ctx->moe_gemm_tma_runs++;
+        return;
+    }
     pass<true>(ctx, a);
     pass<false>(ctx, a);
 }

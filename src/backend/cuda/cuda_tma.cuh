@@ -1,0 +1,63 @@
+/* cuda_tma.cuh — Hopper (sm_90) asynchronous copies into shared memory signalled on mbarriers:
+ * the tensor memory accelerator's 2-D box loads (cp.async.bulk.tensor), cp.async whose
+ * completion arrives on an mbarrier, and the mbarrier operations a producer / consumer ring
+ * needs. Each phase of a "full" barrier completes when its expected arrivals have happened and
+ * the bytes announced with expect_tx have landed. */
+#ifndef DS_CUDA_TMA_CUH
+#define DS_CUDA_TMA_CUH
+
+#include <cuda.h> /* CUtensorMap (the type only: the encoder is reached through the runtime) */
+#include <stdint.h>
+
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+static __device__ __forceinline__ void mbar_init(uint64_t *m, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(m)), "r"(count) : "memory");
+}
+/* after every mbar_init, before the barriers are used by other threads or the async proxy */
+static __device__ __forceinline__ void mbar_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+/* spins until the phase of parity `parity` has completed (acquire: what the arrivals released,
+ * and the bytes the async copies wrote, are visible after it) */
+static __device__ __forceinline__ void mbar_wait(uint64_t *m, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done)
+                     : "r"(smem_u32(m)), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+static __device__ __forceinline__ void mbar_arrive(uint64_t *m) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(m)) : "memory");
+}
+/* one arrival that also announces `bytes` more to land in this phase */
+static __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *m, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(m)), "r"(bytes) : "memory");
+}
+/* one arrival, made when every cp.async this thread issued before it has landed (.noinc: the
+ * barrier's expected count includes it) */
+static __device__ __forceinline__ void mbar_arrive_cp_async(uint64_t *m) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(m)) : "memory");
+}
+/* box (x, y) of a 2-D tensor map (x the inner, contiguous coordinate) into dst (aligned as the
+ * map's swizzle needs: 1024 bytes for 128-byte swizzle); its bytes complete_tx on *m */
+static __device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, int x, int y, uint64_t *m) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                 ::"r"(smem_u32(dst)), "l"(map), "r"(x), "r"(y), "r"(smem_u32(m))
+                 : "memory");
+}
+#endif
+
+/* Byte offset of 16-byte chunk c (0-7) of row r in a tile of 128-byte rows stored with the
+ * TMA's 128-byte swizzle (chunk c of row r at position c ^ (r mod 8); the tile 1024-byte
+ * aligned): the 8 rows an ldmatrix reads at one chunk fall in 8 distinct bank groups. */
+static __device__ __forceinline__ uint32_t swz128(int r, int c) {
+    return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4));
+}
+
+#endif
