@@ -1397,6 +1397,20 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
         assert_bitwise(a, b, n, what, l, T);
         free(b);
     }
+    { /* the TMA kernel's y in the other format (DS_CUDA_MOE_Y16) against the tiled kernel's */
+        const int y16 = c->moe_y16;
+        c->moe_y16 = !y16;
+        c->moe_gemm_tma = 0;
+        float *ref = moe_run_poisoned(m, l, xg, T);
+        c->moe_gemm_tma = 1;
+        float *b = moe_run_poisoned(m, l, xg, T);
+        char what[160];
+        snprintf(what, sizeof what, "moe grouped GEMM fed by TMA, y in %s, vs the tiled kernel's", c->moe_y16 ? "bf16" : "fp32");
+        assert_bitwise(ref, b, n, what, l, T);
+        free(ref);
+        free(b);
+        c->moe_y16 = y16;
+    }
     c->moe_gemm_wn = saved[0];
     c->moe_gemm_stages = saved[1];
     c->moe_gemm_bk = saved[2];

@@ -37,8 +37,8 @@ bool ds_cuda_moe_gemm_fits(int H, int I);
 void ds_cuda_moe_gemm_init(ds_cuda_ctx *ctx);
 void ds_cuda_moe_gemm(ds_cuda_ctx *ctx, const ds_moe_gemm_args *a);
 /* The TMA-fed kernel (cuda_moe_gemm_tma.cu, DS_CUDA_MOE_GEMM_TMA): its setup (called by
- * ds_cuda_moe_gemm_init), whether it covers these arguments (H % 128, I % 64, fp32 y, a driver
- * with tensor maps), and both passes — false, with nothing launched, where it does not apply. */
+ * ds_cuda_moe_gemm_init), whether it covers these arguments (H % 128, I % 64, a driver with
+ * tensor maps), and both passes — false, with nothing launched, where it does not apply. */
 void ds_cuda_moe_gemm_tma_init(ds_cuda_ctx *ctx);
 bool ds_cuda_moe_gemm_tma_fits(const ds_cuda_ctx *ctx, const ds_moe_gemm_args *a);
 bool ds_cuda_moe_gemm_tma(ds_cuda_ctx *ctx, const ds_moe_gemm_args *a);

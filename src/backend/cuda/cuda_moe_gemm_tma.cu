@@ -133,8 +133,8 @@ static __device__ __forceinline__ void tg_produce(const CUtensorMap *wmap, int N
     }
 }
 
-/* A consumer warp (w = 0 … TG_CW − 1). */
-template <bool GATE_UP>
+/* A consumer warp (w = 0 … TG_CW − 1). Y16 (down): y in bf16, each fp32 sum rounded once. */
+template <bool GATE_UP, bool Y16>
 static __device__ __forceinline__ void tg_consume(int N, int K, void *__restrict__ out, unsigned char *ring,
                                                   tg_tail &tl) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -209,6 +209,11 @@ static __device__ __forceinline__ void tg_consume(int N, int K, void *__restrict
                         }
                         *(uint32_t *)&act[a * N + col] = pack_bf2(v[0], v[1]);
                     }
+                } else if constexpr (Y16) { /* y [A, N] bf16 */
+                    bf16 *y = (bf16 *)out;
+#pragma unroll
+                    for (int n = 0; n < 4; n++)
+                        *(uint32_t *)&y[a * N + n0 + 32 * w + 8 * n + tc] = pack_bf2(acc[mt][n][2 * h], acc[mt][n][2 * h + 1]);
                 } else { /* y [A, N] fp32 */
                     float *y = (float *)out;
 #pragma unroll
@@ -222,8 +227,9 @@ static __device__ __forceinline__ void tg_consume(int N, int K, void *__restrict
 #endif
 
 /* One pass: gate_up (act [A, I] bf16 from x [T, H]; wmap over W_gu as [E·2I, H]) or down (y
- * [A, H] fp32 from act [A, I]; wmap over W_down as [E·H, I]). N output columns, K. */
-template <bool GATE_UP>
+ * [A, H] fp32, or bf16 with Y16, from act [A, I]; wmap over W_down as [E·H, I]). N output
+ * columns, K. */
+template <bool GATE_UP, bool Y16>
 __global__ void __launch_bounds__(TG_THREADS, 2)
     moe_gemm_tma_kernel(const __grid_constant__ CUtensorMap wmap, int N, int K, const bf16 *__restrict__ x,
                         int k_top, ds_moe_groups g, void *__restrict__ out) {
@@ -241,7 +247,7 @@ __global__ void __launch_bounds__(TG_THREADS, 2)
     __syncthreads();
     pdl_enter(); /* cuda_launch.cuh: before any access to global memory */
     if (threadIdx.x >= TG_CW * 32) tg_produce<GATE_UP>(&wmap, N, K, x, k_top, g, ring, tl);
-    else tg_consume<GATE_UP>(N, K, out, ring, tl);
+    else tg_consume<GATE_UP, Y16>(N, K, out, ring, tl);
 #endif
 }
 
@@ -259,8 +265,12 @@ extern "C" void ds_cuda_moe_gemm_tma_init(ds_cuda_ctx *ctx) {
         q != cudaDriverEntryPointSuccess)
         fn = NULL, (void)cudaGetLastError();
     tg_encode = (tg_encode_fn)fn;
-    DS_CU(ctx, cudaFuncSetAttribute(moe_gemm_tma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TG_SMEM));
-    DS_CU(ctx, cudaFuncSetAttribute(moe_gemm_tma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TG_SMEM));
+    DS_CU(ctx, cudaFuncSetAttribute(moe_gemm_tma_kernel<true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)TG_SMEM));
+    DS_CU(ctx, cudaFuncSetAttribute(moe_gemm_tma_kernel<false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)TG_SMEM));
+    DS_CU(ctx, cudaFuncSetAttribute(moe_gemm_tma_kernel<false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)TG_SMEM));
 }
 
 /* The [rows, K] bf16 matrix at w as a tensor map of 64 × 64 boxes, 128-byte swizzle. */
@@ -273,7 +283,7 @@ static bool tg_map(CUtensorMap *m, const void *w, uint64_t rows, uint64_t K) {
 }
 
 extern "C" bool ds_cuda_moe_gemm_tma_fits(const ds_cuda_ctx *ctx, const ds_moe_gemm_args *a) {
-    return tg_encode && ctx->smem_optin >= TG_SMEM && !a->y_bf16 && a->I % (TG_BN / 2) == 0 && a->H % TG_BN == 0 &&
+    return tg_encode && ctx->smem_optin >= TG_SMEM && a->I % (TG_BN / 2) == 0 && a->H % TG_BN == 0 &&
            a->I % TG_BK == 0 && a->H % TG_BK == 0 && ((uintptr_t)a->w_gu & 15) == 0 && ((uintptr_t)a->w_down & 15) == 0;
 }
 
@@ -283,7 +293,10 @@ template <bool GATE_UP> static void tg_launch(ds_cuda_ctx *ctx, const ds_moe_gem
     const int64_t items = (int64_t)(DS_DIV_UP(a->A, TG_BM) + (a->A < a->E ? a->A : a->E)) *
                           (GATE_UP ? N / (TG_BN / 2) : N / TG_BN);
     const int grid = (int)(items < 2 * ctx->sm_count ? items : 2 * ctx->sm_count);
-    ds_launch(ctx, moe_gemm_tma_kernel<GATE_UP>, dim3(grid), dim3(TG_THREADS), TG_SMEM, map, N, K,
+    auto kern = moe_gemm_tma_kernel<GATE_UP, false>;
+    if constexpr (!GATE_UP)
+        if (a->y_bf16) kern = moe_gemm_tma_kernel<false, true>;
+    ds_launch(ctx, kern, dim3(grid), dim3(TG_THREADS), TG_SMEM, map, N, K,
               (const bf16 *)(GATE_UP ? a->x : a->act), a->top_k, a->groups, GATE_UP ? (void *)a->act : a->y);
     DS_CU_LAUNCHED2(ctx, GATE_UP ? "moe_gemm_tma_kernel<gate_up>" : "moe_gemm_tma_kernel<down>", a->A, N);
 }
