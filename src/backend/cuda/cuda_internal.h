@@ -200,7 +200,8 @@ typedef struct ds_cuda_ctx {
      * (1, default since session 24; DS_CUDA_MOE_GEMM_SKIP=0: all four): same bits */
     int moe_gemm_skip;
     /* the grouped expert GEMM fed by TMA into a producer / consumer ring (cuda_moe_gemm_tma.cu;
-     * DS_CUDA_MOE_GEMM_TMA=1; 0, default: the tiled kernel) where it applies: same bits */
+     * 1, default since session 25; DS_CUDA_MOE_GEMM_TMA=0: the tiled kernel) where it
+     * applies: same bits */
     int moe_gemm_tma;
     long moe_gemm_tma_runs; /* MoE steps the TMA kernel served (tests check that it ran) */
     /* a cuBLASLt GEMM whose row count is not a multiple of 8 as two, the 8-aligned rows then
