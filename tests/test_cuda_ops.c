@@ -1411,6 +1411,16 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
         free(b);
         c->moe_y16 = y16;
     }
+    { /* the TMA kernel's two passes in one launch (DS_CUDA_MOE_GEMM_FUSE), down items waiting
+       * on counts of their M tile's gate_up items */
+        const int fuse = c->moe_gemm_fuse;
+        c->moe_gemm_tma = 1;
+        c->moe_gemm_fuse = 1;
+        float *b = moe_run_poisoned(m, l, xg, T);
+        assert_bitwise(a, b, n, "moe grouped GEMM fed by TMA, both passes in one launch", l, T);
+        free(b);
+        c->moe_gemm_fuse = fuse;
+    }
     c->moe_gemm_wn = saved[0];
     c->moe_gemm_stages = saved[1];
     c->moe_gemm_bk = saved[2];

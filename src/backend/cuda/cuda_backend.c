@@ -696,6 +696,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         /* 1 vs 0: prefill of 1024 tokens 40.54 / 40.78 vs 42.93 / 42.90 ms; gate_up 15.6, down
          * 8.3 ms of its eager device time (H100, s25-run2) */
         c->moe_gemm_tma = knob_on("DS_CUDA_MOE_GEMM_TMA");
+        const char *gfu = getenv("DS_CUDA_MOE_GEMM_FUSE");
+        c->moe_gemm_fuse = gfu && atoi(gfu) == 1;
         c->lt_split = knob_on("DS_CUDA_LT_SPLIT");
         c->router_pad = knob_on("DS_CUDA_ROUTER_PAD"); /* cuda_internal.h: their numbers */
         c->moe_y16 = knob_on("DS_CUDA_MOE_Y16");

@@ -203,6 +203,9 @@ typedef struct ds_cuda_ctx {
      * 1, default since session 25; DS_CUDA_MOE_GEMM_TMA=0: the tiled kernel) where it
      * applies: same bits */
     int moe_gemm_tma;
+    /* the TMA kernel's two passes in one launch, a down item waiting for its M tile's gate_up
+     * items (DS_CUDA_MOE_GEMM_FUSE=1; 0, default: two launches) */
+    int moe_gemm_fuse;
     long moe_gemm_tma_runs; /* MoE steps the TMA kernel served (tests check that it ran) */
     /* a cuBLASLt GEMM whose row count is not a multiple of 8 as two, the 8-aligned rows then
      * the rest (1, default: the prefill router GEMM, 1281 rows at 35B-A3B, prefill of 1024

@@ -285,6 +285,7 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
         g.act = sc.h; /* [A, I] of the [A, 2I] buffer */
         g.y = sc.y;
         g.y_bf16 = y16;
+        g.sync = sc.gemm_sync;
         ds_cuda_moe_gemm(ctx, &g);
     } else {
         /* the gate_up blocks' L2 prefetch of their expert's down slice: with DS_OPT_PREFETCH

@@ -26,7 +26,15 @@ typedef struct ds_moe_gemm_args {
     void *act;             /* out of gate_up, in of down: [A, I] bf16, SiLU(g)·u */
     void *y;               /* [A, H] per-assignment expert outputs: fp32, or bf16 with y_bf16 */
     int y_bf16;            /* ctx->moe_y16 (DS_CUDA_MOE_Y16): y rounded to bf16, half the bytes */
+    int32_t *sync;         /* [DS_MOE_GEMM_SYNC_INTS(A, E)] device scratch of the TMA kernel
+                              (work tickets, per-M-tile counts; it zeroes them itself) */
 } ds_moe_gemm_args;
+
+/* The grouped GEMMs' M tiles (64 assignment rows, each expert's rows padded to a whole
+ * tile) number at most ⌈A / 64⌉ + min(E, A); the TMA kernel's sync scratch holds two tickets
+ * and one count per M tile. */
+#define DS_MOE_GEMM_MAX_MTILES(A, E) (((A) + 63) / 64 + ((A) < (E) ? (A) : (E)))
+#define DS_MOE_GEMM_SYNC_INTS(A, E) (2 + DS_MOE_GEMM_MAX_MTILES(A, E))
 
 #ifdef __cplusplus
 extern "C" {

@@ -59,7 +59,8 @@ constexpr int TG_STAGE_BYTES = TG_B_BYTES + TG_A_BYTES;
 static_assert(TG_STAGE_BYTES % 1024 == 0 && (TG_B_BYTES / 2) % 1024 == 0, "128-byte swizzle alignment");
 
 struct tg_slot {
-    int n0, rows, end, pad_;
+    int down, n0, rows, mt; /* pass (0 gate_up, 1 down), first column, tile rows, M tile */
+    int end, pad_[3];
     int asg[TG_BM]; /* assignment index of each tile row, -1 past the tile's rows */
 };
 struct tg_tail {
@@ -72,49 +73,90 @@ constexpr size_t TG_SMEM = 1024 + (size_t)TG_ST * TG_STAGE_BYTES + sizeof(tg_tai
  * expect_tx */
 #define TG_FULL_ARRIVALS 33
 
+/* Both passes' arguments. Work items, numbered t: gate_up items t < MT·NGU (M tile t / NGU,
+ * column tile t % NGU, NGU = I / 64), then down items (MT·NDN of them, NDN = H / 128); MT, the
+ * number of M tiles, is counted on the device. A launch serves `passes` (1 gate_up, 2 down, 3
+ * both) and hands its items out by ticket (sync[0], or sync[1] for a down-only launch), so a
+ * taken item always belongs to a running block. With both passes in one launch, a down item
+ * waits until the 4 consumer warps of each of its M tile's NGU gate_up items have counted
+ * themselves done in sync[2 + mt]: all gate_up tickets come before the first down ticket and
+ * each taken gate_up item is finished without waiting on anything, so the wait always ends. */
+struct tg_params {
+    int H, I, k_top, passes;
+    const bf16 *x;  /* [T, H] */
+    bf16 *act;      /* [A, I]: gate_up's output, down's input */
+    void *y;        /* [A, H] fp32, or bf16 (Y16) */
+    ds_moe_groups g;
+    int32_t *sync;  /* [DS_MOE_GEMM_SYNC_INTS(A, E)], zero before the first launch */
+};
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+/* a load that later loads (the act rows' cp.async) cannot pass, seeing what was released before
+ * the value it reads (the gate_up warps' fence + count) */
+static __device__ __forceinline__ int ld_acquire_gpu(const int32_t *p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
 /* The producer warp. */
-template <bool GATE_UP>
-static __device__ __forceinline__ void tg_produce(const CUtensorMap *wmap, int N, int K, const bf16 *__restrict__ x,
-                                                  int k_top, const ds_moe_groups &g, unsigned char *ring, tg_tail &tl) {
+static __device__ __forceinline__ void tg_produce(const CUtensorMap *wgu, const CUtensorMap *wdn, const tg_params &p,
+                                                  unsigned char *ring, tg_tail &tl) {
     const int lane = threadIdx.x & 31;
-    const int NTN = GATE_UP ? N / (TG_BN / 2) : N / TG_BN, S = K / TG_BK;
+    const int MT = moe_tile_count<TG_BM>(p.g);
+    const int NGU = p.I / (TG_BN / 2), NDN = p.H / TG_BN;
+    const int first = p.passes == 2 ? MT * NGU : 0, last = p.passes == 1 ? MT * NGU : MT * (NGU + NDN);
+    int32_t *ticket = &p.sync[p.passes == 2 ? 1 : 0];
     int q = 0, last_mt = -1, ei = -1, m0 = 0;
-    for (int t = blockIdx.x, j = 0;; t += gridDim.x, j++) {
-        const int mt = t / NTN, nt = t % NTN;
-        if (mt != last_mt) moe_tile_lookup<TG_BM>(mt, g, &ei, &m0), last_mt = mt;
+    for (int j = 0;; j++) {
+        int t = 0;
+        if (lane == 0) t = first + atomicAdd(ticket, 1);
+        t = __shfl_sync(0xffffffffu, t, 0);
+        const bool down = t >= MT * NGU;
+        const int u = down ? t - MT * NGU : t, NT = down ? NDN : NGU;
+        const int mt = u / NT, nt = u % NT;
+        if (t < last && mt != last_mt) moe_tile_lookup<TG_BM>(mt, p.g, &ei, &m0), last_mt = mt;
         tg_slot &sl = tl.slot[j % TG_SLOTS];
         int b = q % TG_ST;
         if (q >= TG_ST) mbar_wait(&tl.empty[b], ((q / TG_ST) - 1) & 1);
-        if (ei < 0) { /* past the last item: the consumers stop at this stage */
+        if (t >= last || ei < 0) { /* past the last item: the consumers stop at this stage */
             if (lane == 0) sl.end = 1;
             __syncwarp();
             mbar_arrive(&tl.full[b]);
             if (lane == 0) mbar_arrive(&tl.full[b]);
             return;
         }
-        const int e = g.act[ei];
-        const int a0 = g.off[ei] + m0;
-        const int rows = min(TG_BM, g.off[ei + 1] - a0);
-        const int n0 = nt * (GATE_UP ? TG_BN / 2 : TG_BN);
-        const int alo = lane < rows ? g.sorted[a0 + lane] : -1;
-        const int ahi = lane + 32 < rows ? g.sorted[a0 + lane + 32] : -1;
+        const int e = p.g.act[ei];
+        const int a0 = p.g.off[ei] + m0;
+        const int rows = min(TG_BM, p.g.off[ei + 1] - a0);
+        const int n0 = nt * (down ? TG_BN : TG_BN / 2);
+        const int alo = lane < rows ? p.g.sorted[a0 + lane] : -1;
+        const int ahi = lane + 32 < rows ? p.g.sorted[a0 + lane + 32] : -1;
         sl.asg[lane] = alo;
         sl.asg[lane + 32] = ahi;
-        if (lane == 0) sl.n0 = n0, sl.rows = rows, sl.end = 0;
+        if (lane == 0) sl.down = down, sl.n0 = n0, sl.rows = rows, sl.mt = mt, sl.end = 0;
         __syncwarp(); /* the slot before the first stage's arrivals */
-        /* this lane's activation copies: chunk lane % 8 of rows lane / 8 + 4i */
+        const int K = down ? p.I : p.H;
+        /* this lane's activation copies: chunk lane % 8 of rows lane / 8 + 4i; gate_up reads
+         * x[token] (assignment a = token · k_top + slot), down act[a] */
         const bf16 *asrc[TG_BM / 4];
 #pragma unroll
         for (int i = 0; i < TG_BM / 4; i++) {
             const int r = (lane >> 3) + 4 * i;
             const int a = __shfl_sync(0xffffffffu, i < 8 ? alo : ahi, r & 31);
-            asrc[i] = a < 0 ? nullptr : x + (int64_t)(GATE_UP ? a / k_top : a) * K + (lane & 7) * 8;
+            asrc[i] = a < 0 ? nullptr : (down ? p.act + (int64_t)a * K : p.x + (int64_t)(a / p.k_top) * K) + (lane & 7) * 8;
+        }
+        if (down && p.passes == 3) { /* act rows of this M tile: all its gate_up items done */
+            if (lane == 0)
+                while (ld_acquire_gpu(&p.sync[2 + mt]) < NGU * TG_CW) __nanosleep(100);
+            __syncwarp();
         }
         /* weight rows of the two boxes: gate rows n0 … and up rows I + n0 … of expert e's [2I, H];
          * or rows n0 … and n0 + 64 … of its [H, I] */
-        const int wrow = e * (GATE_UP ? 2 * N : N) + n0;
-        const int wrow2 = wrow + (GATE_UP ? N : TG_BOX_ROWS);
+        const CUtensorMap *wmap = down ? wdn : wgu;
+        const int wrow = e * (down ? p.H : 2 * p.I) + n0;
+        const int wrow2 = wrow + (down ? TG_BOX_ROWS : p.I);
+        const int S = K / TG_BK;
         for (int s = 0; s < S; s++, q++) {
             b = q % TG_ST;
             if (s > 0 && q >= TG_ST) mbar_wait(&tl.empty[b], ((q / TG_ST) - 1) & 1);
@@ -133,14 +175,10 @@ static __device__ __forceinline__ void tg_produce(const CUtensorMap *wmap, int N
     }
 }
 
-/* A consumer warp (w = 0 … TG_CW − 1). Y16 (down): y in bf16, each fp32 sum rounded once. */
-template <bool GATE_UP, bool Y16>
-static __device__ __forceinline__ void tg_consume(int N, int K, void *__restrict__ out, unsigned char *ring,
-                                                  tg_tail &tl) {
+/* A consumer warp (w = 0 … TG_CW − 1). Y16: y in bf16, each fp32 sum rounded once. */
+template <bool Y16>
+static __device__ __forceinline__ void tg_consume(const tg_params &p, unsigned char *ring, tg_tail &tl) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const int S = K / TG_BK;
-    /* the warp's two 16-row groups of the stage's weight rows */
-    const int nb0 = GATE_UP ? 16 * w : 32 * w, nb1 = GATE_UP ? TG_BN / 2 + 16 * w : 32 * w + 16;
     /* ldmatrix row addresses: B, rows nb + (lane / 16) · 8 + lane % 8 at chunk (lane / 8) % 2 of
      * each k16 (matrices: n8 tile 0's k 0-7, k 8-15, n8 tile 1's); A, rows lane % 16 at chunk
      * lane / 16 (rows 0-7, 8-15 at k 0-7, then at k 8-15) */
@@ -152,8 +190,13 @@ static __device__ __forceinline__ void tg_consume(int N, int K, void *__restrict
         mbar_wait(&tl.full[b], (q / TG_ST) & 1);
         const tg_slot &sl = tl.slot[j % TG_SLOTS];
         if (sl.end) return;
+        const bool down = sl.down;
         const int rows = sl.rows, n0 = sl.n0;
         const int mtc = min(TG_BM / 16, DS_DIV_UP(rows, 16)); /* 16-row fragments holding assignments */
+        /* the warp's two 16-row groups of the stage's weight rows: gate rows 16w … and the
+         * matching up rows (so that the epilogue has both in one thread); down rows 32w … */
+        const int nb0 = down ? 32 * w : 16 * w, nb1 = down ? 32 * w + 16 : TG_BN / 2 + 16 * w;
+        const int S = (down ? p.I : p.H) / TG_BK;
         float acc[TG_BM / 16][4][4]; /* [m fragment][n8 tile: group 0's two, group 1's two][c0-c3] */
 #pragma unroll
         for (int i = 0; i < TG_BM / 16; i++)
@@ -195,11 +238,9 @@ static __device__ __forceinline__ void tg_consume(int N, int K, void *__restrict
                 const int r = mt * 16 + h * 8 + gr;
                 if (r >= rows) continue;
                 const int64_t a = sl.asg[r];
-                if constexpr (GATE_UP) { /* act [A, N]: SiLU(g)·u of g and u rounded to bf16, as the tiled kernel */
-                    bf16 *act = (bf16 *)out;
+                if (!down) { /* act [A, I]: SiLU(g)·u of g and u rounded to bf16, as the tiled kernel */
 #pragma unroll
                     for (int n = 0; n < 2; n++) {
-                        const int col = n0 + 16 * w + 8 * n + tc;
                         float v[2];
 #pragma unroll
                         for (int c = 0; c < 2; c++) {
@@ -207,32 +248,39 @@ static __device__ __forceinline__ void tg_consume(int N, int K, void *__restrict
                             const float uv = __bfloat162float(__float2bfloat16_rn(acc[mt][n + 2][2 * h + c]));
                             v[c] = silu_f(gv) * uv;
                         }
-                        *(uint32_t *)&act[a * N + col] = pack_bf2(v[0], v[1]);
+                        *(uint32_t *)&p.act[a * p.I + n0 + 16 * w + 8 * n + tc] = pack_bf2(v[0], v[1]);
                     }
-                } else if constexpr (Y16) { /* y [A, N] bf16 */
-                    bf16 *y = (bf16 *)out;
+                } else if constexpr (Y16) { /* y [A, H] bf16 */
+                    bf16 *y = (bf16 *)p.y;
 #pragma unroll
                     for (int n = 0; n < 4; n++)
-                        *(uint32_t *)&y[a * N + n0 + 32 * w + 8 * n + tc] = pack_bf2(acc[mt][n][2 * h], acc[mt][n][2 * h + 1]);
-                } else { /* y [A, N] fp32 */
-                    float *y = (float *)out;
+                        *(uint32_t *)&y[a * p.H + n0 + 32 * w + 8 * n + tc] = pack_bf2(acc[mt][n][2 * h], acc[mt][n][2 * h + 1]);
+                } else { /* y [A, H] fp32 */
+                    float *y = (float *)p.y;
 #pragma unroll
                     for (int n = 0; n < 4; n++)
-                        *(float2 *)&y[a * N + n0 + 32 * w + 8 * n + tc] = make_float2(acc[mt][n][2 * h], acc[mt][n][2 * h + 1]);
+                        *(float2 *)&y[a * p.H + n0 + 32 * w + 8 * n + tc] = make_float2(acc[mt][n][2 * h], acc[mt][n][2 * h + 1]);
                 }
+            }
+        }
+        if (!down && p.passes == 3) { /* this warp's share of the M tile's act rows is written */
+            __threadfence(); /* each lane's stores, then the count (released again by lane 0) */
+            __syncwarp();
+            if (lane == 0) {
+                __threadfence();
+                atomicAdd(&p.sync[2 + sl.mt], 1);
             }
         }
     }
 }
 #endif
 
-/* One pass: gate_up (act [A, I] bf16 from x [T, H]; wmap over W_gu as [E·2I, H]) or down (y
- * [A, H] fp32, or bf16 with Y16, from act [A, I]; wmap over W_down as [E·H, I]). N output
- * columns, K. */
-template <bool GATE_UP, bool Y16>
+/* Both passes or one (p.passes): gate_up (act [A, I] bf16 from x [T, H]; wgu over W_gu as
+ * [E·2I, H]) and down (y [A, H] fp32, or bf16 with Y16, from act; wdn over W_down as [E·H, I]). */
+template <bool Y16>
 __global__ void __launch_bounds__(TG_THREADS, 2)
-    moe_gemm_tma_kernel(const __grid_constant__ CUtensorMap wmap, int N, int K, const bf16 *__restrict__ x,
-                        int k_top, ds_moe_groups g, void *__restrict__ out) {
+    moe_gemm_tma_kernel(const __grid_constant__ CUtensorMap wgu, const __grid_constant__ CUtensorMap wdn,
+                        const tg_params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(1024) unsigned char tg_dyn[];
     unsigned char *ring = (unsigned char *)(((uintptr_t)tg_dyn + 1023) & ~(uintptr_t)1023);
@@ -246,8 +294,8 @@ __global__ void __launch_bounds__(TG_THREADS, 2)
     }
     __syncthreads();
     pdl_enter(); /* cuda_launch.cuh: before any access to global memory */
-    if (threadIdx.x >= TG_CW * 32) tg_produce<GATE_UP>(&wmap, N, K, x, k_top, g, ring, tl);
-    else tg_consume<GATE_UP, Y16>(N, K, out, ring, tl);
+    if (threadIdx.x >= TG_CW * 32) tg_produce(&wgu, &wdn, p, ring, tl);
+    else tg_consume<Y16>(p, ring, tl);
 #endif
 }
 
@@ -265,11 +313,9 @@ extern "C" void ds_cuda_moe_gemm_tma_init(ds_cuda_ctx *ctx) {
         q != cudaDriverEntryPointSuccess)
         fn = NULL, (void)cudaGetLastError();
     tg_encode = (tg_encode_fn)fn;
-    DS_CU(ctx, cudaFuncSetAttribute(moe_gemm_tma_kernel<true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    DS_CU(ctx, cudaFuncSetAttribute(moe_gemm_tma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)TG_SMEM));
-    DS_CU(ctx, cudaFuncSetAttribute(moe_gemm_tma_kernel<false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)TG_SMEM));
-    DS_CU(ctx, cudaFuncSetAttribute(moe_gemm_tma_kernel<false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    DS_CU(ctx, cudaFuncSetAttribute(moe_gemm_tma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)TG_SMEM));
 }
 
@@ -283,31 +329,35 @@ static bool tg_map(CUtensorMap *m, const void *w, uint64_t rows, uint64_t K) {
 }
 
 extern "C" bool ds_cuda_moe_gemm_tma_fits(const ds_cuda_ctx *ctx, const ds_moe_gemm_args *a) {
-    return tg_encode && ctx->smem_optin >= TG_SMEM && a->I % (TG_BN / 2) == 0 && a->H % TG_BN == 0 &&
-           a->I % TG_BK == 0 && a->H % TG_BK == 0 && ((uintptr_t)a->w_gu & 15) == 0 && ((uintptr_t)a->w_down & 15) == 0;
-}
-
-template <bool GATE_UP> static void tg_launch(ds_cuda_ctx *ctx, const ds_moe_gemm_args *a, const CUtensorMap &map) {
-    const int N = GATE_UP ? a->I : a->H, K = GATE_UP ? a->H : a->I;
-    /* work items: at most (⌈A / 64⌉ + min(E, A)) M tiles × the column tiles */
-    const int64_t items = (int64_t)(DS_DIV_UP(a->A, TG_BM) + (a->A < a->E ? a->A : a->E)) *
-                          (GATE_UP ? N / (TG_BN / 2) : N / TG_BN);
-    const int grid = (int)(items < 2 * ctx->sm_count ? items : 2 * ctx->sm_count);
-    auto kern = moe_gemm_tma_kernel<GATE_UP, false>;
-    if constexpr (!GATE_UP)
-        if (a->y_bf16) kern = moe_gemm_tma_kernel<false, true>;
-    ds_launch(ctx, kern, dim3(grid), dim3(TG_THREADS), TG_SMEM, map, N, K,
-              (const bf16 *)(GATE_UP ? a->x : a->act), a->top_k, a->groups, GATE_UP ? (void *)a->act : a->y);
-    DS_CU_LAUNCHED2(ctx, GATE_UP ? "moe_gemm_tma_kernel<gate_up>" : "moe_gemm_tma_kernel<down>", a->A, N);
+    return tg_encode && ctx->smem_optin >= TG_SMEM && a->sync && a->I % (TG_BN / 2) == 0 && a->H % TG_BN == 0 &&
+           a->I % TG_BK == 0 && a->H % TG_BK == 0 && ((uintptr_t)a->w_gu & 15) == 0 &&
+           ((uintptr_t)a->w_down & 15) == 0;
 }
 
 extern "C" bool ds_cuda_moe_gemm_tma(ds_cuda_ctx *ctx, const ds_moe_gemm_args *a) {
     if (!ds_cuda_moe_gemm_tma_fits(ctx, a)) return false;
-    CUtensorMap gu, down; /* both before either launch: a refusal leaves both passes to the tiled kernel */
+    CUtensorMap gu, down; /* both before any launch: a refusal leaves both passes to the tiled kernel */
     if (!tg_map(&gu, a->w_gu, (uint64_t)a->E * 2 * a->I, (uint64_t)a->H) ||
         !tg_map(&down, a->w_down, (uint64_t)a->E * a->H, (uint64_t)a->I))
         return false;
-    tg_launch<true>(ctx, a, gu);
-    tg_launch<false>(ctx, a, down);
+    /* the tickets and the per-M-tile counts start at zero (a memset node in a captured graph) */
+    DS_CU(ctx, cudaMemsetAsync(a->sync, 0, sizeof(int32_t) * DS_MOE_GEMM_SYNC_INTS(a->A, a->E), ctx->stream));
+    tg_params p = {a->H, a->I, a->top_k, 3, (const bf16 *)a->x, (bf16 *)a->act, a->y, a->groups, a->sync};
+    /* work items: at most (⌈A / 64⌉ + min(E, A)) M tiles × the column tiles of the passes run */
+    const int64_t mts = DS_DIV_UP(a->A, TG_BM) + (a->A < a->E ? a->A : a->E);
+    const int ngu = a->I / (TG_BN / 2), ndn = a->H / TG_BN;
+    auto kern = a->y_bf16 ? moe_gemm_tma_kernel<true> : moe_gemm_tma_kernel<false>;
+    const int passes[2] = {ctx->moe_gemm_fuse ? 3 : 1, 2};
+    for (int i = 0; i < (ctx->moe_gemm_fuse ? 1 : 2); i++) {
+        p.passes = passes[i];
+        const int64_t items = mts * (p.passes == 1 ? ngu : p.passes == 2 ? ndn : ngu + ndn);
+        const int grid = (int)(items < 2 * ctx->sm_count ? items : 2 * ctx->sm_count);
+        ds_launch(ctx, kern, dim3(grid), dim3(TG_THREADS), TG_SMEM, gu, down, p);
+        DS_CU_LAUNCHED2(ctx,
+                        p.passes == 3   ? "moe_gemm_tma_kernel<gate_up+down>"
+                        : p.passes == 1 ? "moe_gemm_tma_kernel<gate_up>"
+                                        : "moe_gemm_tma_kernel<down>",
+                        a->A, p.passes == 2 ? a->H : a->I);
+    }
     return true;
 }

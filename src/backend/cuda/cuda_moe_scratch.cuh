@@ -6,6 +6,7 @@
 #define DS_CUDA_MOE_SCRATCH_CUH
 
 #include "cuda_common.cuh"
+#include "cuda_moe_gemm.h"
 
 #define MOE_MAX_E 1024
 
@@ -23,6 +24,7 @@ typedef struct moe_scratch {
     bf16 *h;         /* [A, 2I] */
     float *y;        /* [A, H] */
     float *ysh;      /* [T, H] */
+    int32_t *gemm_sync; /* [DS_MOE_GEMM_SYNC_INTS(A, E)]: the TMA-fed grouped GEMM's tickets, counts */
 } moe_scratch;
 
 static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
@@ -55,6 +57,7 @@ static size_t moe_layout(char *base, int T, int H, int E, int k, int I, int Is, 
     TAKE(h, bf16, A * 2 * (size_t)I);
     TAKE(y, float, A * (size_t)H);
     TAKE(ysh, float, (size_t)T * H);
+    TAKE(gemm_sync, int32_t, DS_MOE_GEMM_SYNC_INTS(A, (size_t)E));
 #undef TAKE
     return off;
 }

@@ -50,4 +50,16 @@ static __device__ __forceinline__ void moe_tile_lookup(int bx, const ds_moe_grou
     *m0 = hit ? __shfl_sync(0xffffffffu, r0, src) : 0;
 }
 
+/* The number of M tiles, Σ ⌈(off[i+1] − off[i]) / BM⌉ over the active experts, in every lane of
+ * the calling warp. */
+template <int BM> static __device__ __forceinline__ int moe_tile_count(const ds_moe_groups &g) {
+    const int lane = threadIdx.x & 31;
+    const int n = *g.n_act;
+    int tot = 0;
+    for (int i = lane; i < n; i += 32) tot += DS_DIV_UP(g.off[i + 1] - g.off[i], BM);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) tot += __shfl_xor_sync(0xffffffffu, tot, o);
+    return tot;
+}
+
 #endif
