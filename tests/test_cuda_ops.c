@@ -1411,15 +1411,22 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
         free(b);
         c->moe_y16 = y16;
     }
-    { /* the TMA kernel's two passes in one launch (DS_CUDA_MOE_GEMM_FUSE), down items waiting
-       * on counts of their M tile's gate_up items */
-        const int fuse = c->moe_gemm_fuse;
+    { /* the TMA kernel's passes in one launch or two (DS_CUDA_MOE_GEMM_FUSE: in one, down items
+       * wait on counts of their M tile's gate_up items; the variant above ran the default), and
+       * its weights read with an L2 evict-first policy (DS_CUDA_MOE_GEMM_EVICT) */
+        const int fuse = c->moe_gemm_fuse, evict = c->moe_gemm_evict;
         c->moe_gemm_tma = 1;
-        c->moe_gemm_fuse = 1;
+        c->moe_gemm_fuse = !fuse;
         float *b = moe_run_poisoned(m, l, xg, T);
-        assert_bitwise(a, b, n, "moe grouped GEMM fed by TMA, both passes in one launch", l, T);
+        assert_bitwise(a, b, n, c->moe_gemm_fuse ? "moe grouped GEMM fed by TMA, both passes in one launch"
+                                                 : "moe grouped GEMM fed by TMA, a launch a pass", l, T);
         free(b);
         c->moe_gemm_fuse = fuse;
+        c->moe_gemm_evict = !evict;
+        b = moe_run_poisoned(m, l, xg, T);
+        assert_bitwise(a, b, n, "moe grouped GEMM fed by TMA, weights evict-first (or not) in L2", l, T);
+        free(b);
+        c->moe_gemm_evict = evict;
     }
     c->moe_gemm_wn = saved[0];
     c->moe_gemm_stages = saved[1];

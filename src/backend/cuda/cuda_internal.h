@@ -204,8 +204,11 @@ typedef struct ds_cuda_ctx {
      * applies: same bits */
     int moe_gemm_tma;
     /* the TMA kernel's two passes in one launch, a down item waiting for its M tile's gate_up
-     * items (DS_CUDA_MOE_GEMM_FUSE=1; 0, default: two launches) */
+     * items (1, default since session 25; DS_CUDA_MOE_GEMM_FUSE=0: two launches): same bits */
     int moe_gemm_fuse;
+    /* the TMA kernel's weight boxes read with an L2 evict-first policy, so that the
+     * activations and outputs (re-read) stay in L2 (DS_CUDA_MOE_GEMM_EVICT=1; 0, default) */
+    int moe_gemm_evict;
     long moe_gemm_tma_runs; /* MoE steps the TMA kernel served (tests check that it ran) */
     /* a cuBLASLt GEMM whose row count is not a multiple of 8 as two, the 8-aligned rows then
      * the rest (1, default: the prefill router GEMM, 1281 rows at 35B-A3B, prefill of 1024

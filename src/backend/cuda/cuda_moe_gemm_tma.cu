@@ -83,6 +83,7 @@ constexpr size_t TG_SMEM = 1024 + (size_t)TG_ST * TG_STAGE_BYTES + sizeof(tg_tai
  * each taken gate_up item is finished without waiting on anything, so the wait always ends. */
 struct tg_params {
     int H, I, k_top, passes;
+    int evict_first; /* the weight boxes with an L2 evict-first policy (DS_CUDA_MOE_GEMM_EVICT) */
     const bf16 *x;  /* [T, H] */
     bf16 *act;      /* [A, I]: gate_up's output, down's input */
     void *y;        /* [A, H] fp32, or bf16 (Y16) */
@@ -107,6 +108,7 @@ static __device__ __forceinline__ void tg_produce(const CUtensorMap *wgu, const 
     const int NGU = p.I / (TG_BN / 2), NDN = p.H / TG_BN;
     const int first = p.passes == 2 ? MT * NGU : 0, last = p.passes == 1 ? MT * NGU : MT * (NGU + NDN);
     int32_t *ticket = &p.sync[p.passes == 2 ? 1 : 0];
+    const uint64_t policy = l2_policy_evict_first();
     int q = 0, last_mt = -1, ei = -1, m0 = 0;
     for (int j = 0;; j++) {
         int t = 0;
@@ -163,8 +165,13 @@ static __device__ __forceinline__ void tg_produce(const CUtensorMap *wgu, const 
             unsigned char *st = ring + b * TG_STAGE_BYTES;
             if (lane == 0) {
                 mbar_arrive_expect_tx(&tl.full[b], TG_B_BYTES);
-                tma_load_2d(st, wmap, s * TG_BK, wrow, &tl.full[b]);
-                tma_load_2d(st + TG_B_BYTES / 2, wmap, s * TG_BK, wrow2, &tl.full[b]);
+                if (p.evict_first) {
+                    tma_load_2d_hint(st, wmap, s * TG_BK, wrow, &tl.full[b], policy);
+                    tma_load_2d_hint(st + TG_B_BYTES / 2, wmap, s * TG_BK, wrow2, &tl.full[b], policy);
+                } else {
+                    tma_load_2d(st, wmap, s * TG_BK, wrow, &tl.full[b]);
+                    tma_load_2d(st + TG_B_BYTES / 2, wmap, s * TG_BK, wrow2, &tl.full[b]);
+                }
             }
             unsigned char *as = st + TG_B_BYTES;
 #pragma unroll
@@ -342,7 +349,7 @@ extern "C" bool ds_cuda_moe_gemm_tma(ds_cuda_ctx *ctx, const ds_moe_gemm_args *a
         return false;
     /* the tickets and the per-M-tile counts start at zero (a memset node in a captured graph) */
     DS_CU(ctx, cudaMemsetAsync(a->sync, 0, sizeof(int32_t) * DS_MOE_GEMM_SYNC_INTS(a->A, a->E), ctx->stream));
-    tg_params p = {a->H, a->I, a->top_k, 3, (const bf16 *)a->x, (bf16 *)a->act, a->y, a->groups, a->sync};
+    tg_params p = {a->H, a->I, a->top_k, 3, ctx->moe_gemm_evict, (const bf16 *)a->x, (bf16 *)a->act, a->y, a->groups, a->sync};
     /* work items: at most (⌈A / 64⌉ + min(E, A)) M tiles × the column tiles of the passes run */
     const int64_t mts = DS_DIV_UP(a->A, TG_BM) + (a->A < a->E ? a->A : a->E);
     const int ngu = a->I / (TG_BN / 2), ndn = a->H / TG_BN;

@@ -51,6 +51,19 @@ static __device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap 
                  ::"r"(smem_u32(dst)), "l"(map), "r"(x), "r"(y), "r"(smem_u32(m))
                  : "memory");
 }
+/* the same with an L2 cache policy (createpolicy: e.g. evict_first for data read once) */
+static __device__ __forceinline__ void tma_load_2d_hint(void *dst, const CUtensorMap *map, int x, int y, uint64_t *m,
+                                                        uint64_t policy) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+                 " [%0], [%1, {%2, %3}], [%4], %5;"
+                 ::"r"(smem_u32(dst)), "l"(map), "r"(x), "r"(y), "r"(smem_u32(m)), "l"(policy)
+                 : "memory");
+}
+static __device__ __forceinline__ uint64_t l2_policy_evict_first() {
+    uint64_t pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    return pol;
+}
 #endif
 
 /* Byte offset of 16-byte chunk c (0-7) of row r in a tile of 128-byte rows stored with the
