@@ -1476,6 +1476,28 @@ static void moe_prefill_knobs_vs_cpu(tmodel *m, int l, const pair *o, const ds_t
 #endif
 }
 
+/* Decode-sized steps (2 … 8 tokens) through the grouped GEMM (DS_CUDA_MOE_GEMM_MIN_T=2) instead
+ * of the expert GEMVs, against the CPU: the shared expert's down then runs on its own. */
+static void moe_gemm_small_t_vs_cpu(tmodel *m, int l, const pair *o, const ds_tensor *xg, const char *name) {
+#ifndef DS_HAVE_CUDA
+    (void)m, (void)l, (void)o, (void)xg, (void)name;
+#else
+    ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
+    const int saved = c->moe_gemm_min_t;
+    const long gemm_runs = c->moe_gemm_tma_runs;
+    ds_tensor og = tcuda(o, DS_DTYPE_BF16);
+    c->moe_gemm_min_t = 2;
+    poison_moe_scratch(c);
+    assert_int_equal(cudaMemsetAsync(o->cuda, 0xff, (size_t)(o->rows * o->cols) * 2, c->stream), cudaSuccess);
+    g_cuda->ops->moe(g_cuda, &m->cfg, &m->dev_cuda.layers[l].moe, xg, &og);
+    char what[160];
+    snprintf(what, sizeof what, "%s, grouped GEMM (%s)", name,
+             c->moe_gemm_tma_runs > gemm_runs ? "TMA-fed" : "tiled or GEMV fallback");
+    compare(what, o, DS_DTYPE_BF16, TOL_FUSED);
+    c->moe_gemm_min_t = saved;
+#endif
+}
+
 /* Expert widths the grouped tensor-core GEMM (cuda_moe_gemm.cu) is not built for: its K of both
  * passes must be a multiple of 32. With I = 24 a prefill-sized step (T = 37, 300) falls back to
  * the expert GEMV; the results must still match the CPU. The second shape's shared expert is
@@ -1544,6 +1566,7 @@ static void test_moe(void **state) {
                 snprintf(name, sizeof name, "moe %s layer %d T=%d", SHAPES[si].name, l, T);
                 compare(name, &o, DS_DTYPE_BF16, TOL_FUSED);
                 if (T > 8) moe_prefill_knobs_vs_cpu(m, l, &o, &xg, name);
+                if (T > 1 && T <= 8) moe_gemm_small_t_vs_cpu(m, l, &o, &xg, name);
                 moe_norm_fused_vs_pair(m, l, &xg, T, &r);
 #ifdef DS_HAVE_CUDA
                 if (T > 8) { /* the combine + norm kernel reading y in the other format too */

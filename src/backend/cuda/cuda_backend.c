@@ -699,6 +699,9 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         /* 1 vs 0: prefill of 1024 tokens 40.03 / 39.80 vs 40.82 / 40.66 ms, 8192 tokens 264.9 vs
          * 267.0 (H100, s25-run3) */
         c->moe_gemm_fuse = knob_on("DS_CUDA_MOE_GEMM_FUSE");
+        const char *gmt = getenv("DS_CUDA_MOE_GEMM_MIN_T");
+        c->moe_gemm_min_t = gmt && atoi(gmt) >= 2 && atoi(gmt) <= DS_CUDA_GEMV_MAX_ROWS ? atoi(gmt)
+                                                                                      : DS_CUDA_GEMV_MAX_ROWS + 1;
         const char *gev = getenv("DS_CUDA_MOE_GEMM_EVICT");
         c->moe_gemm_evict = gev && atoi(gev) == 1;
         c->lt_split = knob_on("DS_CUDA_LT_SPLIT");

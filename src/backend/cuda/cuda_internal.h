@@ -206,6 +206,9 @@ typedef struct ds_cuda_ctx {
     /* the TMA kernel's two passes in one launch, a down item waiting for its M tile's gate_up
      * items (1, default since session 25; DS_CUDA_MOE_GEMM_FUSE=0: two launches): same bits */
     int moe_gemm_fuse;
+    /* the fewest tokens a step's routed experts take the grouped GEMM at (DS_CUDA_MOE_GEMM_MIN_T,
+     * 2 … DS_CUDA_GEMV_MAX_ROWS + 1, the default: decode-sized steps take the expert GEMVs) */
+    int moe_gemm_min_t;
     /* the TMA kernel's weight boxes read with an L2 evict-first policy, so that the
      * activations and outputs (re-read) stay in L2 (DS_CUDA_MOE_GEMM_EVICT=1; 0, default) */
     int moe_gemm_evict;

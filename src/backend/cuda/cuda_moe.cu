@@ -235,7 +235,9 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
      * dynamic shared memory */
     const bool pf_on = ds_prefetch_on(ctx) && T <= DS_CUDA_GEMV_MAX_ROWS;
     const moe_prefetch pf_gu = {pf_on ? (const bf16 *)a->w_gu : NULL, 2 * (int64_t)I * H * 2};
-    const bool use_gemm = T > DS_CUDA_GEMV_MAX_ROWS && ctx->opt.moe_gemm && ds_cuda_moe_gemm_fits(H, I);
+    /* the grouped GEMM from ctx->moe_gemm_min_t tokens (DS_CUDA_MOE_GEMM_MIN_T, default
+     * DS_CUDA_GEMV_MAX_ROWS + 1; never one-token steps, which have their own down + combine) */
+    const bool use_gemm = T > 1 && T >= ctx->moe_gemm_min_t && ctx->opt.moe_gemm && ds_cuda_moe_gemm_fits(H, I);
     /* one-token steps: routing and grouping inside the gate_up launch (moe_gate_up_routed_kernel).
      * Only T = 1: every gate_up block repeats the routing, and at T = 4 / 8 (32 / 64 expert
      * columns of blocks, each routing T tokens) that cost 5.878 vs 5.178 and 9.835 vs 7.745 ms
@@ -276,7 +278,7 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
     const int nblk = A < E ? A : E;
     /* the grouped GEMM's y in bf16 (ctx->moe_y16), read so by the combine below */
     const bool y16 = use_gemm && ctx->moe_y16;
-    const bool fuse_sh = Is > 0 && T <= DS_CUDA_GEMV_MAX_ROWS && ctx->opt.moe_fuse_shared;
+    const bool fuse_sh = Is > 0 && T <= DS_CUDA_GEMV_MAX_ROWS && ctx->opt.moe_fuse_shared && !use_gemm;
     if (use_gemm) {
         ds_moe_gemm_args g = {};
         g.A = A, g.E = E, g.H = H, g.I = I, g.top_k = k;
