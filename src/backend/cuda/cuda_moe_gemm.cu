@@ -23,7 +23,11 @@
  *            or rounded to bf16 (DS_CUDA_MOE_Y16): at 1024 tokens of 35B-A3B y is 64 MB a
  *            layer in fp32, written here and read by the combine, against ~400 MB of weights
  *            (written in session 22 without a GPU: not yet measured, off by default).
- * Deterministic: no atomics; each output element is one tile's fp32 accumulation. */
+ * Deterministic: no atomics; each output element is one tile's fp32 accumulation.
+ *
+ * Since session 25 the default is cuda_moe_gemm_tma.cu (the same results, its weights fed by TMA
+ * into persistent blocks), where it applies; this kernel serves the rest (H not a multiple of
+ * 128 or I of 64, a driver without tensor maps) and DS_CUDA_MOE_GEMM_TMA=0. */
 #include <mma.h>
 
 #include "cuda_launch.cuh"

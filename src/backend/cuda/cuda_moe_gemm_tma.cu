@@ -1,6 +1,7 @@
 /* cuda_moe_gemm_tma.cu — the grouped expert GEMM of prefill-sized MoE steps (the same two
  * passes and results as cuda_moe_gemm.cu's tiled kernel, bit for bit) with its weights fed by
- * the tensor memory accelerator into a ring of stages that never drains (DS_CUDA_MOE_GEMM_TMA).
+ * the tensor memory accelerator into a ring of stages that never drains, both passes in one
+ * launch (DS_CUDA_MOE_GEMM_TMA, DS_CUDA_MOE_GEMM_FUSE; both on by default since session 25).
  *
  * Why: the tiled kernel reads its weights at ~3.1 TB/s (gate_up) and ~2.8 TB/s (down) on an
  * H200 (s25-run1 profile: 13.7 + 7.6 ms of a 1024-token prefill's ~39 ms of device time) where a
@@ -12,11 +13,14 @@
  * ldmatrix + mma work on it, two blocks an SM) streamed at 4.27 TB/s (s25-run1).
  * Session 24's persistent version lost 4× because its producer issued one bulk copy per
  * 128-byte row piece (the probe: 0.57 TB/s); here a stage is two TMA boxes.
+ * Measured (H100s): prefill of 1024 tokens 40.54 / 40.78 vs 42.93 / 42.90 ms with a launch a
+ * pass (s25-run2); one launch 40.03 / 39.80 vs 40.82 / 40.66 (s25-run3); the defaults 39.74 /
+ * 39.94 vs 43.05 / 42.95 with the tiled kernel, 8192 tokens 264.8 vs 288.9 ms (s25-run4).
  *
- * Block: one producer warp and four consumer warps, persistent (two blocks an SM), walking the
- * work items t = blockIdx.x, + gridDim.x, … — (M tile, column tile) pairs, column tiles of one
- * M tile adjacent so that the M tiles of one expert run at about the same time and share its
- * weight tiles in L2.
+ * Block: one producer warp and four consumer warps, persistent (two blocks an SM), taking work
+ * items by ticket (tg_params below) — (pass, M tile, column tile), column tiles of one M tile
+ * adjacent so that the M tiles of one expert run at about the same time and share its weight
+ * tiles in L2.
  *   producer: per item, the M tile's expert and rows (cuda_moe_tiles.cuh), the tile's
  *     assignment indices into a slot (TG_SLOTS of them, see below); per stage (64 of K), waits
  *     for the stage to be empty, then two TMA boxes of 64 weight rows × 64 k (gate_up: the 64
