@@ -24,6 +24,10 @@
 #include <cuda.h> /* CUtensorMap (the driver entry point is taken through the runtime) */
 #include <cuda_runtime.h>
 
+/* the engine's mbarrier / TMA and mma primitives (header-only, no other engine headers) */
+#include "../../src/backend/cuda/cuda_mma.cuh"
+#include "../../src/backend/cuda/cuda_tma.cuh"
+
 #define CK(x)                                                                                  \
     do {                                                                                       \
         cudaError_t e_ = (x);                                                                  \
@@ -159,31 +163,8 @@ static int run(const char *name, int blocks_per_sm, const uint8_t *W, const uint
 enum { RING_TMA = 0, RING_BULK = 1, RING_CPASYNC = 2 };
 constexpr int RING_ROWS = 128, RING_PIECE = 128, RING_STAGE = RING_ROWS * RING_PIECE; /* 16 KB */
 
-static __device__ __forceinline__ uint32_t su32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-static __device__ __forceinline__ void mb_wait(uint64_t *m, uint32_t parity) {
-    uint32_t done;
-    do {
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done)
-                     : "r"(su32(m)), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
-
 /* tiles: (expert, 128-row tile) of W [E·R rows, KB bytes]; stage s of a tile = bytes s·128 … of
  * its 128 rows */
-/* 16-byte rows of four 8×8 bf16 matrices from shared memory (ldmatrix .x4) */
-static __device__ __forceinline__ void ldsm4(uint32_t r[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-static __device__ __forceinline__ void mma16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 constexpr int RING_A_PITCH = 144; /* bytes: the 64 × 64 activation tile, padded (ldmatrix without conflicts) */
 
 /* CW consumer warps; MATH: each stage's 128 weight rows (TMA's 128-byte swizzle: 16-byte chunk c
@@ -199,10 +180,10 @@ __global__ void __launch_bounds__((CW + 1) * 32) ring_pattern(const __grid_const
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (threadIdx.x == 0) {
         for (int i = 0; i < ST; i++) {
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(su32(&full[i])), "r"(MODE == RING_CPASYNC ? 32 : 1));
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(su32(&empty[i])), "r"(CW));
+            mbar_init(&full[i], MODE == RING_CPASYNC ? 32 : 1);
+            mbar_init(&empty[i], CW);
         }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        mbar_init_fence();
     }
     __syncthreads();
     constexpr int S = KB / RING_PIECE;        /* stages a tile */
@@ -213,27 +194,21 @@ __global__ void __launch_bounds__((CW + 1) * 32) ring_pattern(const __grid_const
             const int row0 = t * RING_ROWS; /* tiles in order: expert-major, rows consecutive */
             for (int s = 0; s < S; s++, q++) {
                 const int b = q % ST;
-                if (q >= ST) mb_wait(&empty[b], ((q / ST) - 1) & 1);
+                if (q >= ST) mbar_wait(&empty[b], ((q / ST) - 1) & 1);
                 uint8_t *dst = stage + b * RING_STAGE;
                 if (MODE == RING_TMA) {
                     if (lane == 0) {
-                        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(su32(&full[b])),
-                                     "r"(RING_STAGE) : "memory");
-                        asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                                     " [%0], [%1, {%2, %3}], [%4];" ::"r"(su32(dst)),
-                                     "l"(&tmap), "r"(s * (RING_PIECE / 2)), "r"(row0), "r"(su32(&full[b]))
-                                     : "memory");
+                        mbar_arrive_expect_tx(&full[b], RING_STAGE);
+                        tma_load_2d(dst, &tmap, s * (RING_PIECE / 2), row0, &full[b]);
                     }
                 } else if (MODE == RING_BULK) {
-                    if (lane == 0)
-                        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(su32(&full[b])),
-                                     "r"(RING_STAGE) : "memory");
+                    if (lane == 0) mbar_arrive_expect_tx(&full[b], RING_STAGE);
                     __syncwarp();
                     for (int j = 0; j < RING_ROWS / 32; j++) {
                         const int r = lane + 32 * j;
                         asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                                     ::"r"(su32(dst + r * RING_PIECE)), "l"(W + (int64_t)(row0 + r) * KB + s * RING_PIECE),
-                                     "r"(RING_PIECE), "r"(su32(&full[b])) : "memory");
+                                     ::"r"(smem_u32(dst + r * RING_PIECE)), "l"(W + (int64_t)(row0 + r) * KB + s * RING_PIECE),
+                                     "r"(RING_PIECE), "r"(smem_u32(&full[b])) : "memory");
                     }
                 } else {
                     const int cc = (lane & 7) * 16, r0 = lane >> 3;
@@ -242,7 +217,7 @@ __global__ void __launch_bounds__((CW + 1) * 32) ring_pattern(const __grid_const
                         const int r = r0 + 4 * j;
                         cp16(dst + r * RING_PIECE + cc, W + (int64_t)(row0 + r) * KB + s * RING_PIECE + cc);
                     }
-                    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(su32(&full[b])) : "memory");
+                    mbar_arrive_cp_async(&full[b]);
                 }
             }
         }
@@ -256,25 +231,25 @@ __global__ void __launch_bounds__((CW + 1) * 32) ring_pattern(const __grid_const
     for (int t = blockIdx.x; t < tiles; t += gridDim.x)
         for (int s = 0; s < S; s++, q++) {
             const int b = q % ST;
-            mb_wait(&full[b], (q / ST) & 1);
+            mbar_wait(&full[b], (q / ST) & 1);
             if constexpr (MATH) {
-                const uint32_t B = su32(stage + b * RING_STAGE), A = su32(atile);
+                const uint32_t B = smem_u32(stage + b * RING_STAGE), A = smem_u32(atile);
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++) { /* k16 steps of the stage's 64 */
                     uint32_t a[4][4];
 #pragma unroll
                     for (int mt = 0; mt < 4; mt++)
-                        ldsm4(a[mt], A + (mt * 16 + (lane & 15)) * RING_A_PITCH + (kk * 2 + (lane >> 4)) * 16);
+                        ldmatrix_x4(a[mt], A + (mt * 16 + (lane & 15)) * RING_A_PITCH + (kk * 2 + (lane >> 4)) * 16);
 #pragma unroll
                     for (int np = 0; np < NT8 / 2; np++) {
                         const int n = warp * (RING_ROWS / CW) + np * 16 + ((lane >> 4) & 1) * 8 + (lane & 7);
                         const int c = kk * 2 + ((lane >> 3) & 1);
                         uint32_t bf[4];
-                        ldsm4(bf, B + n * RING_PIECE + ((c ^ (n & 7)) * 16));
+                        ldmatrix_x4(bf, B + n * RING_PIECE + ((c ^ (n & 7)) * 16));
 #pragma unroll
                         for (int mt = 0; mt < 4; mt++) {
-                            mma16816(d[mt][2 * np], a[mt], bf[0], bf[1]);
-                            mma16816(d[mt][2 * np + 1], a[mt], bf[2], bf[3]);
+                            mma_bf16_16816(d[mt][2 * np], a[mt][0], a[mt][1], a[mt][2], a[mt][3], bf[0], bf[1]);
+                            mma_bf16_16816(d[mt][2 * np + 1], a[mt][0], a[mt][1], a[mt][2], a[mt][3], bf[2], bf[3]);
                         }
                     }
                 }
@@ -282,7 +257,7 @@ __global__ void __launch_bounds__((CW + 1) * 32) ring_pattern(const __grid_const
                 acc ^= *(const unsigned *)(stage + b * RING_STAGE + threadIdx.x * 16);
             }
             __syncwarp();
-            if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(su32(&empty[b])) : "memory");
+            if (lane == 0) mbar_arrive(&empty[b]);
         }
     if (MATH)
         for (int i = 0; i < 4; i++)

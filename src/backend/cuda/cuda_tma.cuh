@@ -13,17 +13,27 @@ static __device__ __forceinline__ uint32_t smem_u32(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
 
+/* Each body is for sm_90 only (empty in the host pass and for older targets, as cuda_mma.cuh's):
+ * callers run them in kernels built for sm_90. */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define DS_SM90_ASM 1
+#endif
+
 static __device__ __forceinline__ void mbar_init(uint64_t *m, unsigned count) {
+#ifdef DS_SM90_ASM
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(m)), "r"(count) : "memory");
+#endif
 }
 /* after every mbar_init, before the barriers are used by other threads or the async proxy */
 static __device__ __forceinline__ void mbar_init_fence() {
+#ifdef DS_SM90_ASM
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
 }
 /* spins until the phase of parity `parity` has completed (acquire: what the arrivals released,
  * and the bytes the async copies wrote, are visible after it) */
 static __device__ __forceinline__ void mbar_wait(uint64_t *m, uint32_t parity) {
+#ifdef DS_SM90_ASM
     uint32_t done;
     do {
         asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
@@ -31,40 +41,52 @@ static __device__ __forceinline__ void mbar_wait(uint64_t *m, uint32_t parity) {
                      : "r"(smem_u32(m)), "r"(parity)
                      : "memory");
     } while (!done);
+#endif
 }
 static __device__ __forceinline__ void mbar_arrive(uint64_t *m) {
+#ifdef DS_SM90_ASM
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(m)) : "memory");
+#endif
 }
 /* one arrival that also announces `bytes` more to land in this phase */
 static __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *m, uint32_t bytes) {
+#ifdef DS_SM90_ASM
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(m)), "r"(bytes) : "memory");
+#endif
 }
 /* one arrival, made when every cp.async this thread issued before it has landed (.noinc: the
  * barrier's expected count includes it) */
 static __device__ __forceinline__ void mbar_arrive_cp_async(uint64_t *m) {
+#ifdef DS_SM90_ASM
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(m)) : "memory");
+#endif
 }
 /* box (x, y) of a 2-D tensor map (x the inner, contiguous coordinate) into dst (aligned as the
  * map's swizzle needs: 1024 bytes for 128-byte swizzle); its bytes complete_tx on *m */
 static __device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, int x, int y, uint64_t *m) {
+#ifdef DS_SM90_ASM
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
                  ::"r"(smem_u32(dst)), "l"(map), "r"(x), "r"(y), "r"(smem_u32(m))
                  : "memory");
+#endif
 }
 /* the same with an L2 cache policy (createpolicy: e.g. evict_first for data read once) */
 static __device__ __forceinline__ void tma_load_2d_hint(void *dst, const CUtensorMap *map, int x, int y, uint64_t *m,
                                                         uint64_t policy) {
+#ifdef DS_SM90_ASM
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
                  " [%0], [%1, {%2, %3}], [%4], %5;"
                  ::"r"(smem_u32(dst)), "l"(map), "r"(x), "r"(y), "r"(smem_u32(m)), "l"(policy)
                  : "memory");
+#endif
 }
 static __device__ __forceinline__ uint64_t l2_policy_evict_first() {
-    uint64_t pol;
+    uint64_t pol = 0;
+#ifdef DS_SM90_ASM
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+#endif
     return pol;
 }
-#endif
 
 /* Byte offset of 16-byte chunk c (0-7) of row r in a tile of 128-byte rows stored with the
  * TMA's 128-byte swizzle (chunk c of row r at position c ^ (r mod 8); the tile 1024-byte
