@@ -212,6 +212,9 @@ typedef struct ds_cuda_ctx {
     /* the TMA kernel's weight boxes read with an L2 evict-first policy, so that the
      * activations and outputs (re-read) stay in L2 (DS_CUDA_MOE_GEMM_EVICT=1; 0, default) */
     int moe_gemm_evict;
+    /* the TMA kernel can run here (a tensor-map encoder, its shared memory, sm_90 code for this
+     * device): set by ds_cuda_moe_gemm_tma_init */
+    int moe_gemm_tma_ok;
     long moe_gemm_tma_runs; /* MoE steps the TMA kernel served (tests check that it ran) */
     /* a cuBLASLt GEMM whose row count is not a multiple of 8 as two, the 8-aligned rows then
      * the rest (1, default: the prefill router GEMM, 1281 rows at 35B-A3B, prefill of 1024

@@ -324,6 +324,13 @@ extern "C" void ds_cuda_moe_gemm_tma_init(ds_cuda_ctx *ctx) {
         q != cudaDriverEntryPointSuccess)
         fn = NULL, (void)cudaGetLastError();
     tg_encode = (tg_encode_fn)fn;
+    /* the code that runs on this device must be sm_90's: a build for older targets compiles
+     * the kernel's body away (PTX of them JIT-compiled here would run an empty kernel) */
+    cudaFuncAttributes fa;
+    ctx->moe_gemm_tma_ok = tg_encode && ctx->smem_optin >= TG_SMEM &&
+                           cudaFuncGetAttributes(&fa, moe_gemm_tma_kernel<false>) == cudaSuccess && fa.binaryVersion >= 90;
+    (void)cudaGetLastError();
+    if (!ctx->moe_gemm_tma_ok) return;
     DS_CU(ctx, cudaFuncSetAttribute(moe_gemm_tma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)TG_SMEM));
     DS_CU(ctx, cudaFuncSetAttribute(moe_gemm_tma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -340,7 +347,7 @@ static bool tg_map(CUtensorMap *m, const void *w, uint64_t rows, uint64_t K) {
 }
 
 extern "C" bool ds_cuda_moe_gemm_tma_fits(const ds_cuda_ctx *ctx, const ds_moe_gemm_args *a) {
-    return tg_encode && ctx->smem_optin >= TG_SMEM && a->sync && a->I % (TG_BN / 2) == 0 && a->H % TG_BN == 0 &&
+    return ctx->moe_gemm_tma_ok && a->sync && a->I % (TG_BN / 2) == 0 && a->H % TG_BN == 0 &&
            a->I % TG_BK == 0 && a->H % TG_BK == 0 && ((uintptr_t)a->w_gu & 15) == 0 &&
            ((uintptr_t)a->w_down & 15) == 0;
 }
