@@ -7,6 +7,20 @@
 #include "cuda_common.cuh"
 #include "cuda_moe_gemm.h"
 
+/* This lane's share of the active experts, [*i0, *i1), and the sum of their tile counts. */
+template <int BM>
+static __device__ __forceinline__ int moe_lane_tiles(const ds_moe_groups &g, int *i0, int *i1) {
+    const int lane = threadIdx.x & 31;
+    const int n = *g.n_act;
+    const int per = DS_DIV_UP(n, 32);
+    *i0 = min(lane * per, n);
+    *i1 = min(*i0 + per, n);
+    int tot = 0;
+#pragma unroll 8
+    for (int i = *i0; i < *i1; i++) tot += DS_DIV_UP(g.off[i + 1] - g.off[i], BM);
+    return tot;
+}
+
 /* Tile bx (tiles of BM assignment rows, expert after expert in g.act order) → *expert_i (index
  * into g.act / g.off, -1 past the last tile) and *m0 (its first row within the expert), in every
  * lane of the calling warp (all 32 lanes must call). Lane l owns the contiguous experts
@@ -19,12 +33,8 @@
 template <int BM>
 static __device__ __forceinline__ void moe_tile_lookup(int bx, const ds_moe_groups &g, int *expert_i, int *m0) {
     const int lane = threadIdx.x & 31;
-    const int n = *g.n_act;
-    const int per = DS_DIV_UP(n, 32);
-    const int i0 = min(lane * per, n), i1 = min(i0 + per, n);
-    int tot = 0;
-#pragma unroll 8
-    for (int i = i0; i < i1; i++) tot += DS_DIV_UP(g.off[i + 1] - g.off[i], BM);
+    int i0, i1;
+    const int tot = moe_lane_tiles<BM>(g, &i0, &i1);
     int incl = tot;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
@@ -53,10 +63,8 @@ static __device__ __forceinline__ void moe_tile_lookup(int bx, const ds_moe_grou
 /* The number of M tiles, Σ ⌈(off[i+1] − off[i]) / BM⌉ over the active experts, in every lane of
  * the calling warp. */
 template <int BM> static __device__ __forceinline__ int moe_tile_count(const ds_moe_groups &g) {
-    const int lane = threadIdx.x & 31;
-    const int n = *g.n_act;
-    int tot = 0;
-    for (int i = lane; i < n; i += 32) tot += DS_DIV_UP(g.off[i + 1] - g.off[i], BM);
+    int i0, i1;
+    int tot = moe_lane_tiles<BM>(g, &i0, &i1);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) tot += __shfl_xor_sync(0xffffffffu, tot, o);
     return tot;
