@@ -1428,6 +1428,15 @@ static void moe_gemm_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, 
         free(b);
         c->moe_gemm_evict = evict;
     }
+    { /* the routing's loads one element at a time (DS_CUDA_ROUTE_BATCHED=0; at T > 128 the
+       * prefill route and group kernels, below it the fast routing kernel) */
+        const int batched = c->route_batched;
+        c->route_batched = !batched;
+        float *b = moe_run_poisoned(m, l, xg, T);
+        assert_bitwise(a, b, n, "moe routing loads one at a time (or batched)", l, T);
+        free(b);
+        c->route_batched = batched;
+    }
     c->moe_gemm_wn = saved[0];
     c->moe_gemm_stages = saved[1];
     c->moe_gemm_bk = saved[2];

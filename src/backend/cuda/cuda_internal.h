@@ -249,9 +249,9 @@ typedef struct ds_cuda_ctx {
     /* tensor-core GEMVs for one-sequence steps too (DS_CUDA_TC_ONE_SEQ=1; default 0: CUDA cores,
      * cuda_gemv.cu ds_cuda_gemv) */
     int tc_one_seq;
-    /* the batched routing kernel stages the shared expert's activations with all loads in
-     * flight (1, default) or one element at a time (DS_CUDA_ROUTE_BATCHED=0, for before/after
-     * runs) */
+    /* the routing kernels stage the shared expert's activations with all loads in flight (1,
+     * default) or one element at a time (DS_CUDA_ROUTE_BATCHED=0, for before/after runs); since
+     * session 26 also the prefill route kernel, and the prefill group kernel's copy of the ids */
     int route_batched;
     /* decode routing (E ≤ 256) with each lane's probabilities in registers (1, default;
      * DS_CUDA_ROUTE_REGS=0: rescanned from shared memory every argmax round, for before/after

@@ -267,9 +267,9 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
             return;
         }
         ds_launch(ctx, moe_route_kernel, DS_DIV_UP(T, ROUTE_WARPS), ROUTE_WARPS * 32, 0, T, E, k,
-                  Is, (int)a->norm_topk, sc, ds_cuda_route_mode(ctx));
+                  Is, (int)a->norm_topk, sc, ds_cuda_route_mode(ctx), ctx->route_batched);
         DS_CU_LAUNCHED2(ctx, "moe_route_kernel", T, E);
-        ds_launch(ctx, moe_group_kernel, 1, 1024, smem, A, E, PW, sc);
+        ds_launch(ctx, moe_group_kernel, 1, 1024, smem, A, E, PW, sc, ctx->route_batched);
         DS_CU_LAUNCHED2(ctx, "moe_group_kernel", A, E);
     }
     /* 4. gate_up, 5. down (+ 6. the shared expert's down in the same launch for GEMV-sized

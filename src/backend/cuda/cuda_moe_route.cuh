@@ -156,16 +156,37 @@ static __device__ void route_from_shared(int t, int E, int k, int norm_topk, con
 /* Token t with one warp: its router logits from global memory into pr, routed (regs as
  * route_from_shared's); the shared expert's SiLU(g)·u and sigmoid gate. */
 static __device__ void route_token(int t, int E, int k, int Is, int norm_topk, const moe_scratch &sc,
-                                   float *pr, int32_t *ids_s, int regs = 0) {
+                                   float *pr, int32_t *ids_s, int regs = 0, int batched = 1) {
     const int lane = threadIdx.x & 31;
     const float *Lr = sc.L + (int64_t)t * moe_ldl(E, Is);
     for (int e = lane; e < E; e += 32) pr[e] = Lr[e];
     __syncwarp();
     route_from_shared(t, E, k, norm_topk, sc, pr, ids_s, true, regs);
-    if (Is > 0) {
+    if (Is > 0 && !batched) { /* measurement only (DS_CUDA_ROUTE_BATCHED=0): before session 26 */
         for (int i = lane; i < Is; i += 32)
             sc.sh_act[(int64_t)t * Is + i] = __float2bfloat16_rn(silu_f(Lr[E + i]) * Lr[E + Is + i]);
         if (lane == 0) sc.sg[t] = sigmoid_f(Lr[E + 2 * Is]);
+    } else if (Is > 0) {
+        /* SH_BATCH elements a lane, every load issued before the first store: a load of sc.L
+         * cannot move past a store to sc.sh_act (both global, may alias), so the plain loop
+         * paid one L2 round trip an element (16 at Is = 512). Same values. */
+        constexpr int SH_BATCH = 8;
+        const float gate = lane == 0 ? Lr[E + 2 * Is] : 0.f;
+        for (int i0 = lane; i0 < Is; i0 += 32 * SH_BATCH) {
+            float g[SH_BATCH], u[SH_BATCH];
+#pragma unroll
+            for (int q = 0; q < SH_BATCH; q++) {
+                const int i = i0 + 32 * q;
+                g[q] = i < Is ? Lr[E + i] : 0.f;
+                u[q] = i < Is ? Lr[E + Is + i] : 0.f;
+            }
+#pragma unroll
+            for (int q = 0; q < SH_BATCH; q++) {
+                const int i = i0 + 32 * q;
+                if (i < Is) sc.sh_act[(int64_t)t * Is + i] = __float2bfloat16_rn(silu_f(g[q]) * u[q]);
+            }
+        }
+        if (lane == 0) sc.sg[t] = sigmoid_f(gate);
     }
 }
 
@@ -174,13 +195,13 @@ static __device__ void route_token(int t, int E, int k, int Is, int norm_topk, c
  * weights either way, tested bit for bit by test_cuda_ops' moe variants at T = 300 of the
  * 35B-like shape, the step there with more than MOE_FUSED_A assignments). */
 __global__ void __launch_bounds__(ROUTE_WARPS * 32)
-    moe_route_kernel(int T, int E, int k, int Is, int norm_topk, moe_scratch sc, int regs) {
+    moe_route_kernel(int T, int E, int k, int Is, int norm_topk, moe_scratch sc, int regs, int batched) {
     __shared__ float prob[ROUTE_WARPS][MOE_MAX_E];
     pdl_enter(); /* cuda_launch.cuh: before any access */
     const int warp = threadIdx.x >> 5;
     const int t = blockIdx.x * ROUTE_WARPS + warp;
     if (t >= T) return;
-    route_token(t, E, k, Is, norm_topk, sc, prob[warp], NULL, regs);
+    route_token(t, E, k, Is, norm_topk, sc, prob[warp], NULL, regs, batched);
 }
 
 /* ---- 3. group assignments by expert (one block) ------------------------------------------ */
@@ -296,13 +317,31 @@ static __device__ void group_from_shared(int A, int E, const int32_t *ids_s, int
  * PW warps place the assignments, warp w the w-th of PW equal slices, each from its own cursors
  * (cw[w][e] = expert e's offset + its assignments in earlier slices): the same order as one warp
  * placing all A (session 4's kernel, 66 µs a layer at A = 8192 by ncu in s9-run4). */
-__global__ void __launch_bounds__(1024) moe_group_kernel(int A, int E, int PW, moe_scratch sc) {
+__global__ void __launch_bounds__(1024) moe_group_kernel(int A, int E, int PW, moe_scratch sc, int batched) {
     extern __shared__ int32_t ids_dyn[]; /* [A] ids, then [PW][E] cursors */
     __shared__ int cnt[MOE_MAX_E];
     __shared__ int wsum[32];
     pdl_enter(); /* cuda_launch.cuh: before any access */
     int *cw = ids_dyn + A;
-    for (int a = threadIdx.x; a < A; a += blockDim.x) ids_dyn[a] = sc.ids[a];
+    if (!batched) { /* measurement only (DS_CUDA_ROUTE_BATCHED=0): before session 26 */
+        for (int a = threadIdx.x; a < A; a += blockDim.x) ids_dyn[a] = sc.ids[a];
+    } else { /* IDS_BATCH loads a thread in flight before their stores (one round trip, not
+              * eight, at A = 8192) */
+        constexpr int IDS_BATCH = 8;
+        for (int a0 = threadIdx.x; a0 < A; a0 += IDS_BATCH * blockDim.x) {
+            int32_t v[IDS_BATCH];
+#pragma unroll
+            for (int q = 0; q < IDS_BATCH; q++) {
+                const int a = a0 + q * blockDim.x;
+                v[q] = a < A ? sc.ids[a] : 0;
+            }
+#pragma unroll
+            for (int q = 0; q < IDS_BATCH; q++) {
+                const int a = a0 + q * blockDim.x;
+                if (a < A) ids_dyn[a] = v[q];
+            }
+        }
+    }
     for (int i = threadIdx.x; i < PW * E; i += blockDim.x) cw[i] = 0;
     __syncthreads();
     const moe_groups_out out = groups_of(sc);
