@@ -1717,26 +1717,29 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
  * is the defaults (session 24); the attention rows keep its GDN setting, the last row is the
  * GDN's other one. */
 typedef struct {
-    int pipe, pv16, smr, p1, gdn_tf32;
+    int pipe, pv16, smr, p1, gdn_tf32, gdn_preload;
 } prefill_variant;
 static const prefill_variant PREFILL_VARIANTS[] = {
-    {1, 1, 1, 1, 1}, {0, 0, 0, 0, 1}, {1, 0, 0, 0, 1},
-    {1, 1, 0, 0, 1}, {1, 1, 1, 0, 1}, {1, 1, 1, 1, 0}};
+    {1, 1, 1, 1, 1, 1}, {0, 0, 0, 0, 1, 1}, {1, 0, 0, 0, 1, 1},
+    {1, 1, 0, 0, 1, 1}, {1, 1, 1, 0, 1, 1}, {1, 1, 1, 1, 0, 1},
+    {1, 1, 1, 1, 1, 0}}; /* the GDN prep's inputs token by token (DS_CUDA_GDN_PREP_PRELOAD=0) */
 #define N_PREFILL_VARIANTS (int)(sizeof PREFILL_VARIANTS / sizeof PREFILL_VARIANTS[0])
 
 /* variant v, or (v < 0) the context's own values again */
 static void prefill_variant_set(int v) {
 #ifdef DS_HAVE_CUDA
     ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
-    static prefill_variant saved = {-1, -1, -1, -1, -1};
+    static prefill_variant saved = {-1, -1, -1, -1, -1, -1};
     if (saved.pipe < 0)
-        saved = (prefill_variant){c->attn_pf_pipe, c->attn_pf_pv16, c->attn_pf_smr, c->attn_pf_p1, c->gdn_tf32};
+        saved = (prefill_variant){c->attn_pf_pipe, c->attn_pf_pv16, c->attn_pf_smr, c->attn_pf_p1, c->gdn_tf32,
+                                  c->gdn_prep_preload};
     const prefill_variant pv = v < 0 ? saved : PREFILL_VARIANTS[v];
     c->attn_pf_pipe = pv.pipe;
     c->attn_pf_pv16 = pv.pv16;
     c->attn_pf_smr = pv.smr;
     c->attn_pf_p1 = pv.p1;
     c->gdn_tf32 = pv.gdn_tf32;
+    c->gdn_prep_preload = pv.gdn_preload;
 #else
     (void)v;
 #endif
@@ -1754,9 +1757,9 @@ static void test_mixers(void **state) {
 static void mixers_check(int variant) {
     prefill_variant_set(variant);
     printf("  (prefill attention: pipe %d, P·V in bf16 pairs %d, softmax in registers %d, P one bf16 %d;"
-           " chunked GDN in one tf32 pass %d)\n",
+           " chunked GDN in one tf32 pass %d, GDN prep inputs preloaded %d)\n",
            PREFILL_VARIANTS[variant].pipe, PREFILL_VARIANTS[variant].pv16, PREFILL_VARIANTS[variant].smr,
-           PREFILL_VARIANTS[variant].p1, PREFILL_VARIANTS[variant].gdn_tf32);
+           PREFILL_VARIANTS[variant].p1, PREFILL_VARIANTS[variant].gdn_tf32, PREFILL_VARIANTS[variant].gdn_preload);
     for (size_t si = 0; si < sizeof SHAPES / sizeof SHAPES[0]; si++) {
         test_rng r = {55 + si};
         tmodel *m = calloc(1, sizeof *m);
@@ -2271,8 +2274,9 @@ static void test_bench(void **state) {
         fflush(stdout);
         prefill_variant_set(-1); /* saves the context's values */
         for (int v = 0; v < N_PREFILL_VARIANTS; v++) {
-            if (PREFILL_VARIANTS[v].gdn_tf32 != PREFILL_VARIANTS[0].gdn_tf32)
-                continue; /* the same attention: timed with the GDN below */
+            if (PREFILL_VARIANTS[v].gdn_tf32 != PREFILL_VARIANTS[0].gdn_tf32 ||
+                PREFILL_VARIANTS[v].gdn_preload != PREFILL_VARIANTS[0].gdn_preload)
+                continue; /* the same attention: the GDN variants are timed below */
             prefill_variant_set(v);
             printf("  attention prefill 2048 tokens (pipe %d, P·V bf16 %d, softmax in registers %d, P one bf16 %d): %.3f ms\n",
                    PREFILL_VARIANTS[v].pipe, PREFILL_VARIANTS[v].pv16, PREFILL_VARIANTS[v].smr,
@@ -2295,6 +2299,11 @@ static void test_bench(void **state) {
                 printf("  gdn prefill 2048 tokens (chunked, products %s): %.3f ms\n",
                        cc->gdn_tf32 ? "one tf32 pass" : "3xTF32", time_ms(op_call, &a, quick ? 1 : 3));
             cc->gdn_tf32 = saved_tf32;
+            const int saved_pre = cc->gdn_prep_preload;
+            cc->gdn_prep_preload = !saved_pre;
+            printf("  gdn prefill 2048 tokens (prep inputs %s): %.3f ms\n",
+                   cc->gdn_prep_preload ? "preloaded" : "token by token", time_ms(op_call, &a, quick ? 1 : 3));
+            cc->gdn_prep_preload = saved_pre;
         }
 #endif
         for (int ctx = 2048; ctx <= 2048; ctx *= 2) {

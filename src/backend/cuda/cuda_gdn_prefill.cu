@@ -46,7 +46,13 @@ extern "C" size_t ds_cuda_gdn_prefill_scratch_bytes(int hk, int hv, int dk, int 
  * new load a token while the tokens stay in one sequence) and keeps its outputs until one
  * barrier has the q / k norms of every token (s9-run4: one token a block, 125 µs a layer at
  * 1024 tokens, its time in per-token index math, four loads and a barrier). Same arithmetic
- * in the same order as one token a block. */
+ * in the same order as one token a block.
+ * PRE (ctx->gdn_prep_preload, DS_CUDA_GDN_PREP_PRELOAD): the channel's inputs of the block's
+ * tokens and of the KC − 1 before them, and the tokens' sequence ids, all loaded before the
+ * token loop — ncu's source view (s26-run2, H100) had the warps waiting at each token's bf16 →
+ * fp32 conversion in turn, the loads issued one token at a time behind the window branch and
+ * the q/k warp sums. The same values into the same arithmetic: the same bits. */
+template <bool PRE>
 __global__ void __launch_bounds__(GP_PREP_THREADS)
     gdn_prep_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
     constexpr int DK = GP_DK, KC = GP_KC, NCH = 3 * GP_DK; /* history channels per value head */
@@ -63,6 +69,11 @@ __global__ void __launch_bounds__(GP_PREP_THREADS)
     const bf16 *proj = (const bf16 *)a.proj;
     const int nch = 2 * DK + G * DK;
     float y[CPT][TT];
+    int seq[TT]; /* (PRE) the tokens' sequences, -1 past the step */
+    if (PRE) {
+#pragma unroll
+        for (int tt = 0; tt < TT; tt++) seq[tt] = tt < tn ? b.tok_seq[t0 + tt] : -1;
+    }
 #pragma unroll
     for (int ci = 0; ci < CPT; ci++) {
         const int c = tid + ci * NT;
@@ -81,23 +92,35 @@ __global__ void __launch_bounds__(GP_PREP_THREADS)
 #pragma unroll
         for (int i = 0; i < KC; i++) cw[i] = a.conv_w[gc * KC + i];
         float win[KC - 1]; /* x at run positions p − 3, p − 2, p − 1 */
+        /* (PRE) x of tokens t0 − (KC − 1) … t0 + TT − 1 (those before the step's first token
+         * are never used: the window takes the history there) */
+        float xr[PRE ? KC - 1 + TT : 1];
+        if (PRE) {
+#pragma unroll
+            for (int j = 0; j < KC - 1 + TT; j++) {
+                const int t = t0 - (KC - 1) + j;
+                xr[j] = t >= 0 && j < KC - 1 + tn ? to_f32(proj[(int64_t)t * ldp + gc]) : 0.f;
+            }
+        }
         int prev_s = -1;
 #pragma unroll
         for (int tt = 0; tt < TT; tt++) {
             if (tt >= tn) continue;
-            const int t = t0 + tt, s = b.tok_seq[t];
-            const int ts = b.seq_start[s], p = t - ts;
+            const int t = t0 + tt, s = PRE ? seq[tt] : b.tok_seq[t];
             if (s != prev_s) { /* first token of the block in this sequence: fill the window */
+                const int ts = b.seq_start[s], p = t - ts;
                 const float *hist = a.conv_hist + (int64_t)b.seq_slot[s] * a.conv_slot_stride +
                                     ((int64_t)hh * NCH + ch) * (KC - 1);
 #pragma unroll
                 for (int i = 0; i < KC - 1; i++) {
                     const int pp = p - (KC - 1) + i;
-                    win[i] = pp >= 0 ? to_f32(proj[(int64_t)(ts + pp) * ldp + gc]) : hist[KC - 1 + pp];
+                    /* run position pp is token ts + pp = t − (KC − 1) + i, xr[tt + i] */
+                    win[i] = pp >= 0 ? (PRE ? xr[tt + i] : to_f32(proj[(int64_t)(ts + pp) * ldp + gc]))
+                                     : hist[KC - 1 + pp];
                 }
                 prev_s = s;
             }
-            y[ci][tt] = silu_f(conv_step<KC>(cw, win, to_f32(proj[(int64_t)t * ldp + gc])));
+            y[ci][tt] = silu_f(conv_step<KC>(cw, win, PRE ? xr[KC - 1 + tt] : to_f32(proj[(int64_t)t * ldp + gc])));
             if (ci == 0 && c < 2 * DK) { /* q (warps 0 … 3) or k (warps 4 … 7) */
                 const float ss = warp_sum(y[ci][tt] * y[ci][tt]);
                 if (lane == 0) red[c < DK ? 0 : 1][tt][warp & 3] = ss;
@@ -327,7 +350,8 @@ extern "C" bool ds_cuda_gdn_prefill(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a)
     if (need == 0 || need > ctx->gdn_scratch_bytes) return false;
     const int T = b->n_tokens, S = b->n_seqs;
     const gdn_scratch sc = gdn_scratch_of((float *)ctx->d_gdn_scratch, T, a->hk, a->hv);
-    ds_launch(ctx, gdn_prep_kernel, dim3(a->hk, DS_DIV_UP(T, GP_BLOCK_TOKENS)), GP_PREP_THREADS, 0, *b, *a, sc);
+    ds_launch(ctx, ctx->gdn_prep_preload ? gdn_prep_kernel<true> : gdn_prep_kernel<false>,
+              dim3(a->hk, DS_DIV_UP(T, GP_BLOCK_TOKENS)), GP_PREP_THREADS, 0, *b, *a, sc);
     DS_CU_LAUNCHED2(ctx, "gdn_prep_kernel", T, a->hk);
     if (ctx->gdn_chunked) {
         ds_cuda_gdn_chunked(ctx, *b, *a, sc);

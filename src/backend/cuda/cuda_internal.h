@@ -239,6 +239,10 @@ typedef struct ds_cuda_ctx {
      * the CPU 1.68e-3 vs 1.66e-3; prefill of 1024 tokens 38.93 vs 40.90 / 40.96 ms; H200
      * s23-run1); DS_CUDA_GDN_TF32=0: 3xTF32. Not the same bits */
     int gdn_tf32;
+    /* the GDN prefill prep kernel loads its channel's inputs for all its tokens before the token
+     * loop (1, default since session 26) or token by token (DS_CUDA_GDN_PREP_PRELOAD=0, for
+     * before/after runs; cuda_gdn_prefill.cu). Same bits */
+    int gdn_prep_preload;
     /* measurement knobs of the decode expert GEMVs (env at create): output rows per warp of the
      * gate_up launch (DS_CUDA_MOE_GU_ROWS, 2 or 4, default 2) and of the down launch
      * (DS_CUDA_MOE_DOWN_ROWS, 4, 8 or 16; default 0: 4 at T = 1, else 16) */
