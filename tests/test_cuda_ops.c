@@ -1717,22 +1717,24 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
  * is the defaults (session 24); the attention rows keep its GDN setting, the last row is the
  * GDN's other one. */
 typedef struct {
-    int pipe, pv16, smr, p1, gdn_tf32, gdn_preload;
+    int pipe, pv16, smr, p1, gdn_tf32, gdn_preload, gdn_vchunk;
 } prefill_variant;
 static const prefill_variant PREFILL_VARIANTS[] = {
-    {1, 1, 1, 1, 1, 1}, {0, 0, 0, 0, 1, 1}, {1, 0, 0, 0, 1, 1},
-    {1, 1, 0, 0, 1, 1}, {1, 1, 1, 0, 1, 1}, {1, 1, 1, 1, 0, 1},
-    {1, 1, 1, 1, 1, 0}}; /* the GDN prep's inputs token by token (DS_CUDA_GDN_PREP_PRELOAD=0) */
+    {1, 1, 1, 1, 1, 1, 1}, {0, 0, 0, 0, 1, 1, 1}, {1, 0, 0, 0, 1, 1, 1},
+    {1, 1, 0, 0, 1, 1, 1}, {1, 1, 1, 0, 1, 1, 1}, {1, 1, 1, 1, 0, 1, 1},
+    /* the GDN prep's inputs token by token (DS_CUDA_GDN_PREP_PRELOAD=0); v by the prep launch
+     * (DS_CUDA_GDN_V_IN_CHUNK=0) */
+    {1, 1, 1, 1, 1, 0, 1}, {1, 1, 1, 1, 1, 1, 0}};
 #define N_PREFILL_VARIANTS (int)(sizeof PREFILL_VARIANTS / sizeof PREFILL_VARIANTS[0])
 
 /* variant v, or (v < 0) the context's own values again */
 static void prefill_variant_set(int v) {
 #ifdef DS_HAVE_CUDA
     ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
-    static prefill_variant saved = {-1, -1, -1, -1, -1, -1};
+    static prefill_variant saved = {-1, -1, -1, -1, -1, -1, -1};
     if (saved.pipe < 0)
         saved = (prefill_variant){c->attn_pf_pipe, c->attn_pf_pv16, c->attn_pf_smr, c->attn_pf_p1, c->gdn_tf32,
-                                  c->gdn_prep_preload};
+                                  c->gdn_prep_preload, c->gdn_v_in_chunk};
     const prefill_variant pv = v < 0 ? saved : PREFILL_VARIANTS[v];
     c->attn_pf_pipe = pv.pipe;
     c->attn_pf_pv16 = pv.pv16;
@@ -1740,6 +1742,7 @@ static void prefill_variant_set(int v) {
     c->attn_pf_p1 = pv.p1;
     c->gdn_tf32 = pv.gdn_tf32;
     c->gdn_prep_preload = pv.gdn_preload;
+    c->gdn_v_in_chunk = pv.gdn_vchunk;
 #else
     (void)v;
 #endif
@@ -1757,9 +1760,10 @@ static void test_mixers(void **state) {
 static void mixers_check(int variant) {
     prefill_variant_set(variant);
     printf("  (prefill attention: pipe %d, P·V in bf16 pairs %d, softmax in registers %d, P one bf16 %d;"
-           " chunked GDN in one tf32 pass %d, GDN prep inputs preloaded %d)\n",
+           " chunked GDN in one tf32 pass %d, GDN prep inputs preloaded %d, GDN v in chunk_prep %d)\n",
            PREFILL_VARIANTS[variant].pipe, PREFILL_VARIANTS[variant].pv16, PREFILL_VARIANTS[variant].smr,
-           PREFILL_VARIANTS[variant].p1, PREFILL_VARIANTS[variant].gdn_tf32, PREFILL_VARIANTS[variant].gdn_preload);
+           PREFILL_VARIANTS[variant].p1, PREFILL_VARIANTS[variant].gdn_tf32, PREFILL_VARIANTS[variant].gdn_preload,
+           PREFILL_VARIANTS[variant].gdn_vchunk);
     for (size_t si = 0; si < sizeof SHAPES / sizeof SHAPES[0]; si++) {
         test_rng r = {55 + si};
         tmodel *m = calloc(1, sizeof *m);
@@ -2275,7 +2279,8 @@ static void test_bench(void **state) {
         prefill_variant_set(-1); /* saves the context's values */
         for (int v = 0; v < N_PREFILL_VARIANTS; v++) {
             if (PREFILL_VARIANTS[v].gdn_tf32 != PREFILL_VARIANTS[0].gdn_tf32 ||
-                PREFILL_VARIANTS[v].gdn_preload != PREFILL_VARIANTS[0].gdn_preload)
+                PREFILL_VARIANTS[v].gdn_preload != PREFILL_VARIANTS[0].gdn_preload ||
+                PREFILL_VARIANTS[v].gdn_vchunk != PREFILL_VARIANTS[0].gdn_vchunk)
                 continue; /* the same attention: the GDN variants are timed below */
             prefill_variant_set(v);
             printf("  attention prefill 2048 tokens (pipe %d, P·V bf16 %d, softmax in registers %d, P one bf16 %d): %.3f ms\n",
@@ -2304,6 +2309,11 @@ static void test_bench(void **state) {
             printf("  gdn prefill 2048 tokens (prep inputs %s): %.3f ms\n",
                    cc->gdn_prep_preload ? "preloaded" : "token by token", time_ms(op_call, &a, quick ? 1 : 3));
             cc->gdn_prep_preload = saved_pre;
+            const int saved_vc = cc->gdn_v_in_chunk;
+            cc->gdn_v_in_chunk = !saved_vc;
+            printf("  gdn prefill 2048 tokens (v %s): %.3f ms\n",
+                   cc->gdn_v_in_chunk ? "in chunk_prep" : "by the prep launch", time_ms(op_call, &a, quick ? 1 : 3));
+            cc->gdn_v_in_chunk = saved_vc;
         }
 #endif
         for (int ctx = 2048; ctx <= 2048; ctx *= 2) {

@@ -62,9 +62,54 @@ static __device__ bool chunk_of(const ds_cuda_batch &b, int idx, int &t0, int &n
     return false;
 }
 
+/* VF: v (conv + SiLU of the value channels) computed here from the projection, where prep
+ * computed it into scratch before (ctx->gdn_v_in_chunk, DS_CUDA_GDN_V_IN_CHUNK), so prep
+ * neither computes v nor writes it (16.8 MB a layer at 1024 tokens) nor does this kernel read
+ * it back. Thread tid of the block convolves channel col = tid mod DK of value head h over half
+ * tid / DK of the chunk's tokens with gdn_prep_kernel's window rule (the tokens before, in the
+ * chunk's sequence, else the conv history, which gdn_hist_kernel overwrites only after this
+ * launch): the same values, so the same bits. Writes v_i·β_i (zero past n) to vs[i][col]
+ * (pitch GC_LD; the q̂ tile's space, free once A and P are done). In registers, the 64 values
+ * a column thread needs spilled (ptxas: 276 bytes at 128 registers). */
+static __device__ __forceinline__ void v_to_shared(const ds_cuda_batch &b, const ds_cuda_gdn_args &a, int t0, int n,
+                                                   int h, const float *bs, float *vs) {
+    constexpr int DK = GP_DK, KC = GP_KC, NCH = 3 * GP_DK, HALF = GC_L / 2;
+    static_assert(GC_THREADS == 2 * GP_DK, "two threads a value channel");
+    const int col = threadIdx.x % DK, i0 = (threadIdx.x / DK) * HALF;
+    if (i0 >= n) { /* nothing of this half in the step */
+#pragma unroll
+        for (int i = 0; i < HALF; i++) vs[(i0 + i) * GC_LD + col] = 0.f;
+        return;
+    }
+    const int hk = a.hk, hv = a.hv;
+    const int64_t conv_dim = 2 * (int64_t)hk * DK + (int64_t)hv * DK;
+    const int64_t ldp = conv_dim + (int64_t)hv * DK + 2 * hv;
+    const int64_t gc = 2 * (int64_t)hk * DK + (int64_t)h * DK + col;
+    const bf16 *src = (const bf16 *)a.proj + (int64_t)(t0 + i0) * ldp + gc; /* token t0 + i0's value */
+    float x[HALF];
+#pragma unroll
+    for (int i = 0; i < HALF; i++) x[i] = i0 + i < n ? to_f32(src[i * ldp]) : 0.f; /* all in flight */
+    float cw[KC];
+#pragma unroll
+    for (int i = 0; i < KC; i++) cw[i] = a.conv_w[gc * KC + i];
+    const int s = b.tok_seq[t0], p0 = t0 + i0 - b.seq_start[s]; /* run position of token t0 + i0 */
+    const float *hist = a.conv_hist + (int64_t)b.seq_slot[s] * a.conv_slot_stride + ((int64_t)h * NCH + 2 * DK + col) * (KC - 1);
+    float win[KC - 1];
+#pragma unroll
+    for (int i = 0; i < KC - 1; i++) {
+        const int pp = p0 - (KC - 1) + i; /* run position of token t0 + i0 − (KC − 1) + i */
+        win[i] = pp >= 0 ? to_f32(src[(i - (KC - 1)) * ldp]) : hist[KC - 1 + pp];
+    }
+#pragma unroll
+    for (int i = 0; i < HALF; i++) {
+        const float v = silu_f(conv_step<KC>(cw, win, x[i]));
+        vs[(i0 + i) * GC_LD + col] = i0 + i < n ? v * bs[i0 + i] : 0.f;
+    }
+}
+
 /* 1. block (chunk blockIdx.x of the step, value head blockIdx.y). X3: A and P in 3xTF32 (the
- * default), else one tf32 pass (ctx->gdn_tf32). */
-template <bool X3>
+ * default), else one tf32 pass (ctx->gdn_tf32). VF: v_to_shared above. */
+template <bool X3, bool VF>
 __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 registers */
     gdn_chunk_prep_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
     constexpr int DK = GP_DK, L = GC_L, LD = GC_LD;
@@ -142,12 +187,19 @@ __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 re
             }
     }
     __syncthreads();
+    if (VF) { /* v·β into the q̂ tile's space */
+        v_to_shared(b, a, t0, n, h, bs, Qs);
+        __syncthreads();
+    }
 
     /* forward substitution x_i = b_i − Σ_{j<i} A_ij x_j for column tid of [U | W] */
     {
         const int col = tid;
         float x[L];
-        if (col < DK) {
+        if (col < DK && VF) {
+#pragma unroll
+            for (int i = 0; i < L; i++) x[i] = Qs[i * LD + col]; /* v_to_shared's v·β */
+        } else if (col < DK) {
 #pragma unroll
             for (int i = 0; i < L; i++)
                 x[i] = i < n ? sc.v[((int64_t)(t0 + i) * hv + h) * DK + col] * bs[i] : 0.f;
@@ -375,9 +427,10 @@ void ds_cuda_gdn_chunked(ds_cuda_ctx *ctx, const ds_cuda_batch &b, const ds_cuda
                          const gdn_scratch &sc) {
     /* Σ_s ⌈n_s / L⌉ ≤ T / L + S chunks; blocks past the last one return at once */
     const int chunks = DS_DIV_UP(b.n_tokens, GC_L) + b.n_seqs;
-    const bool x3 = !ctx->gdn_tf32;
-    ds_launch(ctx, x3 ? gdn_chunk_prep_kernel<true> : gdn_chunk_prep_kernel<false>, dim3(chunks, a.hv), GC_THREADS,
-              sizeof(float) * GC_PREP_FLOATS, b, a, sc);
+    const bool x3 = !ctx->gdn_tf32, vf = ctx->gdn_v_in_chunk;
+    auto prep = x3 ? (vf ? gdn_chunk_prep_kernel<true, true> : gdn_chunk_prep_kernel<true, false>)
+                   : (vf ? gdn_chunk_prep_kernel<false, true> : gdn_chunk_prep_kernel<false, false>);
+    ds_launch(ctx, prep, dim3(chunks, a.hv), GC_THREADS, sizeof(float) * GC_PREP_FLOATS, b, a, sc);
     DS_CU_LAUNCHED2(ctx, "gdn_chunk_prep_kernel", chunks, a.hv);
     ds_launch(ctx, x3 ? gdn_chunk_scan_kernel<true> : gdn_chunk_scan_kernel<false>, dim3(GP_DK / GC_NC, a.hv, b.n_seqs), GC_THREADS,
               sizeof(float) * GC_SCAN_FLOATS, b, a, sc);
@@ -387,9 +440,11 @@ void ds_cuda_gdn_chunked(ds_cuda_ctx *ctx, const ds_cuda_batch &b, const ds_cuda
 /* Shared-memory limits of the two kernels, set once at creation (never inside a capture). */
 extern "C" void ds_cuda_gdn_chunked_init(ds_cuda_ctx *ctx) {
     for (int x3 = 0; x3 < 2; x3++) {
-        DS_CU(ctx, cudaFuncSetAttribute(x3 ? gdn_chunk_prep_kernel<true> : gdn_chunk_prep_kernel<false>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)(sizeof(float) * GC_PREP_FLOATS)));
+        for (int vf = 0; vf < 2; vf++)
+            DS_CU(ctx, cudaFuncSetAttribute(x3 ? (vf ? gdn_chunk_prep_kernel<true, true> : gdn_chunk_prep_kernel<true, false>)
+                                               : (vf ? gdn_chunk_prep_kernel<false, true> : gdn_chunk_prep_kernel<false, false>),
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)(sizeof(float) * GC_PREP_FLOATS)));
         DS_CU(ctx, cudaFuncSetAttribute(x3 ? gdn_chunk_scan_kernel<true> : gdn_chunk_scan_kernel<false>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)(sizeof(float) * GC_SCAN_FLOATS)));

@@ -51,12 +51,14 @@ extern "C" size_t ds_cuda_gdn_prefill_scratch_bytes(int hk, int hv, int dk, int 
  * tokens and of the KC − 1 before them, and the tokens' sequence ids, all loaded before the
  * token loop — ncu's source view (s26-run2, H100) had the warps waiting at each token's bf16 →
  * fp32 conversion in turn, the loads issued one token at a time behind the window branch and
- * the q/k warp sums. The same values into the same arithmetic: the same bits. */
-template <bool PRE>
+ * the q/k warp sums. The same values into the same arithmetic: the same bits.
+ * QK (ctx->gdn_v_in_chunk with the chunked recurrence): the q and k channels only, 2·DK
+ * threads a block; the chunked prep computes v itself (cuda_gdn_chunked.cu v_to_shared). */
+template <bool PRE, bool QK>
 __global__ void __launch_bounds__(GP_PREP_THREADS)
     gdn_prep_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
     constexpr int DK = GP_DK, KC = GP_KC, NCH = 3 * GP_DK; /* history channels per value head */
-    constexpr int TT = GP_BLOCK_TOKENS, CPT = GP_PREP_CPT, NT = GP_PREP_THREADS;
+    constexpr int TT = GP_BLOCK_TOKENS, CPT = QK ? 1 : GP_PREP_CPT, NT = QK ? 2 * GP_DK : GP_PREP_THREADS;
     static_assert(2 * DK <= NT, "q and k channels in a thread's first channel");
     __shared__ float red[2][TT][DK / 32]; /* per token: q / k sums of squares of each warp */
     pdl_enter(); /* cuda_launch.cuh: before any access */
@@ -67,7 +69,7 @@ __global__ void __launch_bounds__(GP_PREP_THREADS)
     const int64_t conv_dim = 2 * (int64_t)hk * DK + (int64_t)hv * DK;
     const int64_t ldp = conv_dim + (int64_t)hv * DK + 2 * hv;
     const bf16 *proj = (const bf16 *)a.proj;
-    const int nch = 2 * DK + G * DK;
+    const int nch = QK ? 2 * DK : 2 * DK + G * DK;
     float y[CPT][TT];
     int seq[TT]; /* (PRE) the tokens' sequences, -1 past the step */
     if (PRE) {
@@ -350,8 +352,11 @@ extern "C" bool ds_cuda_gdn_prefill(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a)
     if (need == 0 || need > ctx->gdn_scratch_bytes) return false;
     const int T = b->n_tokens, S = b->n_seqs;
     const gdn_scratch sc = gdn_scratch_of((float *)ctx->d_gdn_scratch, T, a->hk, a->hv);
-    ds_launch(ctx, ctx->gdn_prep_preload ? gdn_prep_kernel<true> : gdn_prep_kernel<false>,
-              dim3(a->hk, DS_DIV_UP(T, GP_BLOCK_TOKENS)), GP_PREP_THREADS, 0, *b, *a, sc);
+    /* v in the chunked prep (ctx->gdn_v_in_chunk): the prep launch serves q and k only */
+    const bool qk = ctx->gdn_chunked && ctx->gdn_v_in_chunk;
+    auto prep = ctx->gdn_prep_preload ? (qk ? gdn_prep_kernel<true, true> : gdn_prep_kernel<true, false>)
+                                      : (qk ? gdn_prep_kernel<false, true> : gdn_prep_kernel<false, false>);
+    ds_launch(ctx, prep, dim3(a->hk, DS_DIV_UP(T, GP_BLOCK_TOKENS)), qk ? 2 * GP_DK : GP_PREP_THREADS, 0, *b, *a, sc);
     DS_CU_LAUNCHED2(ctx, "gdn_prep_kernel", T, a->hk);
     if (ctx->gdn_chunked) {
         ds_cuda_gdn_chunked(ctx, *b, *a, sc);

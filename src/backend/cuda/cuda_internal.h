@@ -243,6 +243,11 @@ typedef struct ds_cuda_ctx {
      * loop (1, default since session 26) or token by token (DS_CUDA_GDN_PREP_PRELOAD=0, for
      * before/after runs; cuda_gdn_prefill.cu). Same bits */
     int gdn_prep_preload;
+    /* the chunked GDN prefill computes v (conv + SiLU of the value channels) in its chunk_prep
+     * launch from the projection (1, default since session 26), or the prep launch computes it
+     * into scratch for chunk_prep to read (DS_CUDA_GDN_V_IN_CHUNK=0, for before/after runs;
+     * cuda_gdn_chunked.cu v_to_shared). Same bits */
+    int gdn_v_in_chunk;
     /* measurement knobs of the decode expert GEMVs (env at create): output rows per warp of the
      * gate_up launch (DS_CUDA_MOE_GU_ROWS, 2 or 4, default 2) and of the down launch
      * (DS_CUDA_MOE_DOWN_ROWS, 4, 8 or 16; default 0: 4 at T = 1, else 16) */
