@@ -37,9 +37,31 @@ static inline gdn_scratch gdn_scratch_of(float *base, int64_t T, int hk, int hv)
     return s;
 }
 
+/* The projection's row pitch: [q (hk·dk) | k (hk·dk) | v (hv·dv) | z (hv·dv) | b (hv) | a (hv)]. */
+static __device__ __forceinline__ int64_t gdn_proj_ld(const ds_cuda_gdn_args &a) {
+    return 2 * (int64_t)a.hk * GP_DK + 2 * (int64_t)a.hv * GP_DK + 2 * (int64_t)a.hv;
+}
+
+/* g = log α (the log-decay) and β of token t, value head h, from the projection's b and a. */
+static __device__ __forceinline__ float2 gdn_g_beta(const ds_cuda_gdn_args &a, int64_t t, int h) {
+    const int64_t conv_dim = 2 * (int64_t)a.hk * GP_DK + (int64_t)a.hv * GP_DK;
+    const bf16 *row = (const bf16 *)a.proj + t * gdn_proj_ld(a) + conv_dim + (int64_t)a.hv * GP_DK;
+    const float bb = to_f32(row[h]);
+    const float aa = to_f32(row[a.hv + h]) + a.dt_bias[h];
+    const float sp = aa > 20.f ? aa : log1pf(expf(aa)); /* softplus, torch threshold 20 */
+    return make_float2(a.neg_exp_A[h] * sp, sigmoid_f(bb));
+}
+
 /* floats of gdn_scratch_of for T tokens */
 static inline int64_t gdn_scratch_floats(int64_t T, int hk, int hv) {
     return T * hk * GP_DK * 2 + T * hv * (GP_DK * 3 + 2 + GC_L + 1);
+}
+
+/* What the chunked prep computes from the projection itself (cuda_gdn_chunked.cu): 0 nothing
+ * (prep's scratch), 1 v (ctx->gdn_v_in_chunk), 2 also q̂, k̂, g and β (ctx->gdn_qk_in_chunk;
+ * no prep launch). */
+static inline int ds_cuda_gdn_chunk_mode(const ds_cuda_ctx *ctx) {
+    return !ctx->gdn_chunked || !ctx->gdn_v_in_chunk ? 0 : ctx->gdn_qk_in_chunk ? 2 : 1;
 }
 
 /* The chunked recurrence (cuda_gdn_chunked.cu): o and the final states from q, k, v, ab of the
