@@ -105,76 +105,9 @@ static __device__ __forceinline__ void v_to_shared(const ds_cuda_batch &b, const
     }
 }
 
-/* MODE 2 (ctx->gdn_qk_in_chunk, DS_CUDA_GDN_QK_IN_CHUNK): q̂ and k̂ of the chunk computed here
- * too, so no prep launch runs at all. Thread tid convolves channel tid of [q | k] of key head kh
- * over the chunk's tokens (window rule as v_to_shared; the history of the key head's first
- * value head, as gdn_prep_kernel) into Qs / Ks, then warp w norms rows w, w + 8, …: for q and
- * for k the four 32-channel warp sums of squares added in gdn_prep_kernel's order — the same
- * values, so the same bits. The block of the key head's first value head stores both tiles
- * for chunk_scan. Rows past n are zeros. */
-static __device__ __forceinline__ void qk_to_shared(const ds_cuda_batch &b, const ds_cuda_gdn_args &a, int t0, int n,
-                                                    int h, int kh, float *Qs, float *Ks, const gdn_scratch &sc) {
-    constexpr int DK = GP_DK, KC = GP_KC, NCH = 3 * GP_DK, L = GC_L, LD = GC_LD, HALF = GC_L / 2;
-    static_assert(GC_THREADS == 2 * GP_DK, "a thread a q / k channel");
-    const int c = threadIdx.x, hk = a.hk, G = a.hv / hk;
-    const int64_t ldp = gdn_proj_ld(a);
-    const int64_t gc = c < DK ? (int64_t)kh * DK + c : (int64_t)hk * DK + (int64_t)kh * DK + (c - DK);
-    float *tile = (c < DK ? Qs : Ks) + (c & (DK - 1));
-    const bf16 *src = (const bf16 *)a.proj + (int64_t)t0 * ldp + gc; /* token t0's value */
-    float cw[KC];
-#pragma unroll
-    for (int i = 0; i < KC; i++) cw[i] = a.conv_w[gc * KC + i];
-    const int s = b.tok_seq[t0], p0 = t0 - b.seq_start[s];
-    const float *hist = a.conv_hist + (int64_t)b.seq_slot[s] * a.conv_slot_stride + ((int64_t)kh * G * NCH + c) * (KC - 1);
-    float win[KC - 1];
-#pragma unroll
-    for (int i = 0; i < KC - 1; i++) {
-        const int pp = p0 - (KC - 1) + i;
-        win[i] = pp >= 0 ? to_f32(src[(i - (KC - 1)) * ldp]) : hist[KC - 1 + pp];
-    }
-#pragma unroll
-    for (int i0 = 0; i0 < L; i0 += HALF) { /* half a chunk's loads in flight at a time */
-        float x[HALF];
-#pragma unroll
-        for (int i = 0; i < HALF; i++) x[i] = i0 + i < n ? to_f32(src[(i0 + i) * ldp]) : 0.f;
-#pragma unroll
-        for (int i = 0; i < HALF; i++) {
-            const float y = silu_f(conv_step<KC>(cw, win, x[i]));
-            tile[(i0 + i) * LD] = i0 + i < n ? y : 0.f;
-        }
-    }
-    __syncthreads();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int i = warp; i < n; i += GC_THREADS / 32) {
-#pragma unroll
-        for (int qk = 0; qk < 2; qk++) {
-            float *row = (qk == 0 ? Qs : Ks) + i * LD;
-            float y[DK / 32], ss = 0.f;
-#pragma unroll
-            for (int w = 0; w < DK / 32; w++) {
-                y[w] = row[32 * w + lane];
-                ss += warp_sum(y[w] * y[w]);
-            }
-            const float scale = qk == 0 ? rsqrtf(ss + 1e-6f) * rsqrtf((float)DK) : rsqrtf(ss + 1e-6f);
-#pragma unroll
-            for (int w = 0; w < DK / 32; w++) row[32 * w + lane] = y[w] * scale;
-        }
-    }
-    __syncthreads();
-    if (h % G == 0) /* the key head's first value head stores q̂, k̂ for chunk_scan */
-        for (int e = threadIdx.x; e < n * DK / 4; e += GC_THREADS) {
-            const int i = e / (DK / 4), d = (e % (DK / 4)) * 4;
-            const int64_t o = ((int64_t)(t0 + i) * hk + kh) * DK + d;
-            *(float4 *)(sc.q + o) = *(const float4 *)(Qs + i * LD + d);
-            *(float4 *)(sc.k + o) = *(const float4 *)(Ks + i * LD + d);
-        }
-}
-
 /* 1. block (chunk blockIdx.x of the step, value head blockIdx.y). X3: A and P in 3xTF32 (the
- * default), else one tf32 pass (ctx->gdn_tf32). MODE 0: q̂, k̂, v, g and β from prep's
- * scratch; 1: v from the projection here (v_to_shared); 2: everything from the projection
- * here (qk_to_shared, gdn_g_beta), no prep launch. */
-template <bool X3, int MODE>
+ * default), else one tf32 pass (ctx->gdn_tf32). VF: v_to_shared above. */
+template <bool X3, bool VF>
 __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 registers */
     gdn_chunk_prep_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
     constexpr int DK = GP_DK, L = GC_L, LD = GC_LD;
@@ -190,25 +123,18 @@ __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 re
     const int h = blockIdx.y, hk = a.hk, hv = a.hv, kh = h / (hv / hk);
     const int tid = threadIdx.x;
 
-    if (MODE < 2) {
-        for (int e = tid; e < L * DK / 4; e += GC_THREADS) { /* all copies in flight at once */
-            const int i = e / (DK / 4), d = (e % (DK / 4)) * 4;
-            const int64_t t = i < n ? t0 + i : t0; /* rows past n: zeros, nothing read */
-            cp_async16(Ks + i * LD + d, sc.k + (t * hk + kh) * DK + d, i < n ? 16 : 0);
-            cp_async16(Qs + i * LD + d, sc.q + (t * hk + kh) * DK + d, i < n ? 16 : 0);
-        }
-        cp_async_commit();
+    for (int e = tid; e < L * DK / 4; e += GC_THREADS) { /* all copies in flight at once */
+        const int i = e / (DK / 4), d = (e % (DK / 4)) * 4;
+        const int64_t t = i < n ? t0 + i : t0; /* rows past n: zeros, nothing read */
+        cp_async16(Ks + i * LD + d, sc.k + (t * hk + kh) * DK + d, i < n ? 16 : 0);
+        cp_async16(Qs + i * LD + d, sc.q + (t * hk + kh) * DK + d, i < n ? 16 : 0);
     }
+    cp_async_commit();
     if (tid < 32) { /* c = inclusive prefix sum of g, two tokens per lane */
         const int i0 = 2 * tid, i1 = i0 + 1;
         float2 ab0 = make_float2(0.f, 0.f), ab1 = ab0;
-        if (MODE == 2) {
-            if (i0 < n) ab0 = gdn_g_beta(a, t0 + i0, h);
-            if (i1 < n) ab1 = gdn_g_beta(a, t0 + i1, h);
-        } else {
-            if (i0 < n) ab0 = *(const float2 *)(sc.ab + ((int64_t)(t0 + i0) * hv + h) * 2);
-            if (i1 < n) ab1 = *(const float2 *)(sc.ab + ((int64_t)(t0 + i1) * hv + h) * 2);
-        }
+        if (i0 < n) ab0 = *(const float2 *)(sc.ab + ((int64_t)(t0 + i0) * hv + h) * 2);
+        if (i1 < n) ab1 = *(const float2 *)(sc.ab + ((int64_t)(t0 + i1) * hv + h) * 2);
         const float pair = ab0.x + ab1.x;
         float incl = pair;
 #pragma unroll
@@ -222,8 +148,7 @@ __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 re
         bs[i0] = ab0.y;
         bs[i1] = ab1.y;
     }
-    if (MODE == 2) qk_to_shared(b, a, t0, n, h, kh, Qs, Ks, sc); /* ends with a barrier */
-    else cp_async_wait<0>();
+    cp_async_wait<0>();
     __syncthreads();
 
     /* A and P on tensor cores (3xTF32): warp w, rows m0 = 16(w mod 4) … of k̂·k̂ᵀ (w < 4) or
@@ -260,7 +185,7 @@ __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 re
             }
     }
     __syncthreads();
-    if (MODE >= 1) { /* v·β into the q̂ tile's space */
+    if (VF) { /* v·β into the q̂ tile's space */
         v_to_shared(b, a, t0, n, h, bs, Qs);
         __syncthreads();
     }
@@ -269,7 +194,7 @@ __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 re
     {
         const int col = tid;
         float x[L];
-        if (col < DK && MODE >= 1) {
+        if (col < DK && VF) {
 #pragma unroll
             for (int i = 0; i < L; i++) x[i] = Qs[i * LD + col]; /* v_to_shared's v·β */
         } else if (col < DK) {
@@ -500,10 +425,9 @@ void ds_cuda_gdn_chunked(ds_cuda_ctx *ctx, const ds_cuda_batch &b, const ds_cuda
                          const gdn_scratch &sc) {
     /* Σ_s ⌈n_s / L⌉ ≤ T / L + S chunks; blocks past the last one return at once */
     const int chunks = DS_DIV_UP(b.n_tokens, GC_L) + b.n_seqs;
-    const bool x3 = !ctx->gdn_tf32;
-    const int mode = ds_cuda_gdn_chunk_mode(ctx);
-    auto prep = x3 ? (mode == 2 ? gdn_chunk_prep_kernel<true, 2> : mode == 1 ? gdn_chunk_prep_kernel<true, 1> : gdn_chunk_prep_kernel<true, 0>)
-                   : (mode == 2 ? gdn_chunk_prep_kernel<false, 2> : mode == 1 ? gdn_chunk_prep_kernel<false, 1> : gdn_chunk_prep_kernel<false, 0>);
+    const bool x3 = !ctx->gdn_tf32, vf = ctx->gdn_v_in_chunk;
+    auto prep = x3 ? (vf ? gdn_chunk_prep_kernel<true, true> : gdn_chunk_prep_kernel<true, false>)
+                   : (vf ? gdn_chunk_prep_kernel<false, true> : gdn_chunk_prep_kernel<false, false>);
     ds_launch(ctx, prep, dim3(chunks, a.hv), GC_THREADS, sizeof(float) * GC_PREP_FLOATS, b, a, sc);
     DS_CU_LAUNCHED2(ctx, "gdn_chunk_prep_kernel", chunks, a.hv);
     ds_launch(ctx, x3 ? gdn_chunk_scan_kernel<true> : gdn_chunk_scan_kernel<false>, dim3(GP_DK / GC_NC, a.hv, b.n_seqs), GC_THREADS,
@@ -514,9 +438,9 @@ void ds_cuda_gdn_chunked(ds_cuda_ctx *ctx, const ds_cuda_batch &b, const ds_cuda
 /* Shared-memory limits of the two kernels, set once at creation (never inside a capture). */
 extern "C" void ds_cuda_gdn_chunked_init(ds_cuda_ctx *ctx) {
     for (int x3 = 0; x3 < 2; x3++) {
-        for (int mode = 0; mode < 3; mode++)
-            DS_CU(ctx, cudaFuncSetAttribute(x3 ? (mode == 2 ? gdn_chunk_prep_kernel<true, 2> : mode == 1 ? gdn_chunk_prep_kernel<true, 1> : gdn_chunk_prep_kernel<true, 0>)
-                                               : (mode == 2 ? gdn_chunk_prep_kernel<false, 2> : mode == 1 ? gdn_chunk_prep_kernel<false, 1> : gdn_chunk_prep_kernel<false, 0>),
+        for (int vf = 0; vf < 2; vf++)
+            DS_CU(ctx, cudaFuncSetAttribute(x3 ? (vf ? gdn_chunk_prep_kernel<true, true> : gdn_chunk_prep_kernel<true, false>)
+                                               : (vf ? gdn_chunk_prep_kernel<false, true> : gdn_chunk_prep_kernel<false, false>),
                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)(sizeof(float) * GC_PREP_FLOATS)));
         DS_CU(ctx, cudaFuncSetAttribute(x3 ? gdn_chunk_scan_kernel<true> : gdn_chunk_scan_kernel<false>,

@@ -345,16 +345,12 @@ extern "C" bool ds_cuda_gdn_prefill(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a)
     if (need == 0 || need > ctx->gdn_scratch_bytes) return false;
     const int T = b->n_tokens, S = b->n_seqs;
     const gdn_scratch sc = gdn_scratch_of((float *)ctx->d_gdn_scratch, T, a->hk, a->hv);
-    /* v in the chunked prep (mode 1): the prep launch serves q and k only; everything there
-     * (mode 2): no prep launch */
-    const int mode = ds_cuda_gdn_chunk_mode(ctx);
-    if (mode < 2) {
-        const bool qk = mode == 1;
-        auto prep = ctx->gdn_prep_preload ? (qk ? gdn_prep_kernel<true, true> : gdn_prep_kernel<true, false>)
-                                          : (qk ? gdn_prep_kernel<false, true> : gdn_prep_kernel<false, false>);
-        ds_launch(ctx, prep, dim3(a->hk, DS_DIV_UP(T, GP_BLOCK_TOKENS)), qk ? 2 * GP_DK : GP_PREP_THREADS, 0, *b, *a, sc);
-        DS_CU_LAUNCHED2(ctx, "gdn_prep_kernel", T, a->hk);
-    }
+    /* v in the chunked prep (ctx->gdn_v_in_chunk): the prep launch serves q and k only */
+    const bool qk = ctx->gdn_chunked && ctx->gdn_v_in_chunk;
+    auto prep = ctx->gdn_prep_preload ? (qk ? gdn_prep_kernel<true, true> : gdn_prep_kernel<true, false>)
+                                      : (qk ? gdn_prep_kernel<false, true> : gdn_prep_kernel<false, false>);
+    ds_launch(ctx, prep, dim3(a->hk, DS_DIV_UP(T, GP_BLOCK_TOKENS)), qk ? 2 * GP_DK : GP_PREP_THREADS, 0, *b, *a, sc);
+    DS_CU_LAUNCHED2(ctx, "gdn_prep_kernel", T, a->hk);
     if (ctx->gdn_chunked) {
         ds_cuda_gdn_chunked(ctx, *b, *a, sc);
     } else {

@@ -57,13 +57,6 @@ static inline int64_t gdn_scratch_floats(int64_t T, int hk, int hv) {
     return T * hk * GP_DK * 2 + T * hv * (GP_DK * 3 + 2 + GC_L + 1);
 }
 
-/* What the chunked prep computes from the projection itself (cuda_gdn_chunked.cu): 0 nothing
- * (prep's scratch), 1 v (ctx->gdn_v_in_chunk), 2 also q̂, k̂, g and β (ctx->gdn_qk_in_chunk;
- * no prep launch). */
-static inline int ds_cuda_gdn_chunk_mode(const ds_cuda_ctx *ctx) {
-    return !ctx->gdn_chunked || !ctx->gdn_v_in_chunk ? 0 : ctx->gdn_qk_in_chunk ? 2 : 1;
-}
-
 /* The chunked recurrence (cuda_gdn_chunked.cu): o and the final states from q, k, v, ab of the
  * batch's sequences; overwrites v. */
 void ds_cuda_gdn_chunked(ds_cuda_ctx *ctx, const ds_cuda_batch &b, const ds_cuda_gdn_args &a,

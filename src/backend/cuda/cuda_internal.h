@@ -248,10 +248,6 @@ typedef struct ds_cuda_ctx {
      * into scratch for chunk_prep to read (DS_CUDA_GDN_V_IN_CHUNK=0, for before/after runs;
      * cuda_gdn_chunked.cu v_to_shared). Same bits */
     int gdn_v_in_chunk;
-    /* with gdn_v_in_chunk, also q̂, k̂, g and β computed in chunk_prep, and no prep launch (1,
-     * default since session 26; DS_CUDA_GDN_QK_IN_CHUNK=0: the prep launch computes q̂ and k̂,
-     * for before/after runs; cuda_gdn_chunked.cu qk_to_shared). Same bits */
-    int gdn_qk_in_chunk;
     /* measurement knobs of the decode expert GEMVs (env at create): output rows per warp of the
      * gate_up launch (DS_CUDA_MOE_GU_ROWS, 2 or 4, default 2) and of the down launch
      * (DS_CUDA_MOE_DOWN_ROWS, 4, 8 or 16; default 0: 4 at T = 1, else 16) */
