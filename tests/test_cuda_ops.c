@@ -2304,34 +2304,30 @@ static void test_bench(void **state) {
                 printf("  gdn prefill 2048 tokens (chunked, products %s): %.3f ms\n",
                        cc->gdn_tf32 ? "one tf32 pass" : "3xTF32", time_ms(op_call, &a, quick ? 1 : 3));
             cc->gdn_tf32 = saved_tf32;
-            /* where v is computed (DS_CUDA_GDN_V_IN_CHUNK), how the prep launch loads its
-             * inputs (DS_CUDA_GDN_PREP_PRELOAD), tokens a prep / out block
-             * (DS_CUDA_GDN_BLOCK_TOKENS) */
-            const int saved_pre = cc->gdn_prep_preload, saved_vc = cc->gdn_v_in_chunk, saved_bt = cc->gdn_block_tokens;
+            /* where v is computed (DS_CUDA_GDN_V_IN_CHUNK) and how the prep launch loads its
+             * inputs (DS_CUDA_GDN_PREP_PRELOAD) */
+            const int saved_pre = cc->gdn_prep_preload, saved_vc = cc->gdn_v_in_chunk;
             static const struct {
-                int pre, vc, bt;
+                int pre, vc;
                 const char *what;
-            } gv[] = {{1, 1, 16, "16 tokens a prep / out block"},
-                      {0, 1, 8, "v in chunk_prep, the prep launch's inputs token by token"},
-                      {1, 0, 8, "v by the prep launch"},
-                      {0, 0, 8, "v by the prep launch, its inputs token by token"}};
+            } gv[] = {{0, 1, "v in chunk_prep, the prep launch's inputs token by token"},
+                      {1, 0, "v by the prep launch"},
+                      {0, 0, "v by the prep launch, its inputs token by token"}};
             for (size_t i = 0; i < sizeof gv / sizeof gv[0]; i++) {
                 cc->gdn_prep_preload = gv[i].pre;
                 cc->gdn_v_in_chunk = gv[i].vc;
-                cc->gdn_block_tokens = gv[i].bt;
                 printf("  gdn prefill 2048 tokens (%s): %.3f ms\n", gv[i].what, time_ms(op_call, &a, quick ? 1 : 3));
             }
             /* the same bits: each from a reset state (the step starts at position 0, so the state
              * and conv history are zeros either way), into the same output */
             const size_t n_out = (size_t)out.rows * (size_t)out.cols;
             g_cuda->ops->cache_reset_slot(g_cuda, c.cuda, 0);
-            cc->gdn_prep_preload = saved_pre, cc->gdn_v_in_chunk = saved_vc, cc->gdn_block_tokens = saved_bt;
+            cc->gdn_prep_preload = saved_pre, cc->gdn_v_in_chunk = saved_vc;
             op_call(&a);
             float *ref = act_download(g_cuda, out.cuda, DS_DTYPE_BF16, n_out);
             for (size_t i = 0; i < sizeof gv / sizeof gv[0]; i++) {
                 cc->gdn_prep_preload = gv[i].pre;
                 cc->gdn_v_in_chunk = gv[i].vc;
-                cc->gdn_block_tokens = gv[i].bt;
                 g_cuda->ops->cache_reset_slot(g_cuda, c.cuda, 0);
                 op_call(&a);
                 float *got = act_download(g_cuda, out.cuda, DS_DTYPE_BF16, n_out);
@@ -2345,7 +2341,6 @@ static void test_bench(void **state) {
             free(ref);
             cc->gdn_prep_preload = saved_pre;
             cc->gdn_v_in_chunk = saved_vc;
-            cc->gdn_block_tokens = saved_bt;
         }
 #endif
         for (int ctx = 2048; ctx <= 2048; ctx *= 2) {

@@ -27,7 +27,7 @@
 #include "cuda_gdn_prefill.cuh"
 
 #define GP_PREP_THREADS 512
-#define GP_BLOCK_TOKENS 8 /* tokens a prep or out block (16: ctx->gdn_block_tokens) */
+#define GP_BLOCK_TOKENS 8 /* tokens a prep or out block */
 #define GP_PREP_CPT DS_DIV_UP((2 + GP_MAX_G) * GP_DK, GP_PREP_THREADS) /* channels a prep thread */
 #define GP_SCAN_WARPS 4  /* warps per scan block */
 /* state columns per scan warp: a template parameter C of 2 or 4 (ctx->gdn_scan_cols, default
@@ -54,11 +54,11 @@ extern "C" size_t ds_cuda_gdn_prefill_scratch_bytes(int hk, int hv, int dk, int 
  * the q/k warp sums. The same values into the same arithmetic: the same bits.
  * QK (ctx->gdn_v_in_chunk with the chunked recurrence): the q and k channels only, 2·DK
  * threads a block; the chunked prep computes v itself (cuda_gdn_chunked.cu v_to_shared). */
-template <bool PRE, bool QK, int TT>
+template <bool PRE, bool QK>
 __global__ void __launch_bounds__(GP_PREP_THREADS)
     gdn_prep_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
     constexpr int DK = GP_DK, KC = GP_KC, NCH = 3 * GP_DK; /* history channels per value head */
-    constexpr int CPT = QK ? 1 : GP_PREP_CPT, NT = QK ? 2 * GP_DK : GP_PREP_THREADS;
+    constexpr int TT = GP_BLOCK_TOKENS, CPT = QK ? 1 : GP_PREP_CPT, NT = QK ? 2 * GP_DK : GP_PREP_THREADS;
     static_assert(2 * DK <= NT, "q and k channels in a thread's first channel");
     __shared__ float red[2][TT][DK / 32]; /* per token: q / k sums of squares of each warp */
     pdl_enter(); /* cuda_launch.cuh: before any access */
@@ -268,9 +268,8 @@ __global__ void __launch_bounds__(GP_SCAN_WARPS * 32)
 
 /* 3. out: block (value head, GP_BLOCK_TOKENS tokens), thread j of dv; one barrier for all the
  * block's tokens (one token a block: 41 µs a layer at 1024 tokens, s9-run6). */
-template <int TT>
 __global__ void __launch_bounds__(GP_DK) gdn_out_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
-    constexpr int DV = GP_DK;
+    constexpr int DV = GP_DK, TT = GP_BLOCK_TOKENS;
     __shared__ float red[TT][DV / 32];
     pdl_enter(); /* cuda_launch.cuh: before any access */
     const int h = blockIdx.x, t0 = blockIdx.y * TT, j = threadIdx.x;
@@ -348,12 +347,9 @@ extern "C" bool ds_cuda_gdn_prefill(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a)
     const gdn_scratch sc = gdn_scratch_of((float *)ctx->d_gdn_scratch, T, a->hk, a->hv);
     /* v in the chunked prep (ctx->gdn_v_in_chunk): the prep launch serves q and k only */
     const bool qk = ctx->gdn_chunked && ctx->gdn_v_in_chunk;
-    /* tokens a prep block (ctx->gdn_block_tokens: 8, or 16 for the default form) */
-    const int tt = ctx->gdn_block_tokens == 16 && ctx->gdn_prep_preload && qk ? 16 : GP_BLOCK_TOKENS;
-    auto prep = tt == 16 ? gdn_prep_kernel<true, true, 16>
-                : ctx->gdn_prep_preload ? (qk ? gdn_prep_kernel<true, true, 8> : gdn_prep_kernel<true, false, 8>)
-                                        : (qk ? gdn_prep_kernel<false, true, 8> : gdn_prep_kernel<false, false, 8>);
-    ds_launch(ctx, prep, dim3(a->hk, DS_DIV_UP(T, tt)), qk ? 2 * GP_DK : GP_PREP_THREADS, 0, *b, *a, sc);
+    auto prep = ctx->gdn_prep_preload ? (qk ? gdn_prep_kernel<true, true> : gdn_prep_kernel<true, false>)
+                                      : (qk ? gdn_prep_kernel<false, true> : gdn_prep_kernel<false, false>);
+    ds_launch(ctx, prep, dim3(a->hk, DS_DIV_UP(T, GP_BLOCK_TOKENS)), qk ? 2 * GP_DK : GP_PREP_THREADS, 0, *b, *a, sc);
     DS_CU_LAUNCHED2(ctx, "gdn_prep_kernel", T, a->hk);
     if (ctx->gdn_chunked) {
         ds_cuda_gdn_chunked(ctx, *b, *a, sc);
@@ -366,9 +362,7 @@ extern "C" bool ds_cuda_gdn_prefill(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a)
                       GP_SCAN_WARPS * 32, 0, *b, *a, sc);
         DS_CU_LAUNCHED2(ctx, "gdn_scan_kernel", S, a->hv);
     }
-    const int ot = ctx->gdn_block_tokens == 16 ? 16 : GP_BLOCK_TOKENS; /* tokens an out block */
-    ds_launch(ctx, ot == 16 ? gdn_out_kernel<16> : gdn_out_kernel<GP_BLOCK_TOKENS>, dim3(a->hv, DS_DIV_UP(T, ot)), GP_DK,
-              0, *b, *a, sc);
+    ds_launch(ctx, gdn_out_kernel, dim3(a->hv, DS_DIV_UP(T, GP_BLOCK_TOKENS)), GP_DK, 0, *b, *a, sc);
     DS_CU_LAUNCHED2(ctx, "gdn_out_kernel", T, a->hv);
     ds_launch(ctx, gdn_hist_kernel, dim3(a->hv, S), 3 * GP_DK, 0, *b, *a);
     DS_CU_LAUNCHED2(ctx, "gdn_hist_kernel", S, a->hv);

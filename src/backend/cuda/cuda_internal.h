@@ -248,9 +248,6 @@ typedef struct ds_cuda_ctx {
      * into scratch for chunk_prep to read (DS_CUDA_GDN_V_IN_CHUNK=0, for before/after runs;
      * cuda_gdn_chunked.cu v_to_shared). Same bits */
     int gdn_v_in_chunk;
-    /* tokens a GDN prefill prep / out block: 8 (default) or 16 (DS_CUDA_GDN_BLOCK_TOKENS=16;
-     * the prep at 16 only in its default form). Same bits */
-    int gdn_block_tokens;
     /* measurement knobs of the decode expert GEMVs (env at create): output rows per warp of the
      * gate_up launch (DS_CUDA_MOE_GU_ROWS, 2 or 4, default 2) and of the down launch
      * (DS_CUDA_MOE_DOWN_ROWS, 4, 8 or 16; default 0: 4 at T = 1, else 16) */
