@@ -10,6 +10,7 @@
 #   bench.jsonl          deltaserve bench, Qwen3.5-35B-A3B dummy weights, batch 1/4/8,
 #                        graphs on then off (one JSON line per batch size and mode)
 #   bench.log            the two bench runs' tables and start-up reports
+#   prefill_long.log     prefill of 8192 tokens per variant (part prefill_long, DS_GPU_LONG_*)
 #   profile.log          per-kernel event timings of eager decode steps (DS_CUDA_PROFILE=1)
 #   profile_spec.log     the same for speculative verify/draft steps (k = 1, 4)
 #   ablation.{md,svg,jsonl}  deltaserve bench --ablation (issue 6), when the binary has it
@@ -45,7 +46,7 @@ for b in test_cuda_ops test_cuda_model deltaserve; do
 done
 rc_all=0
 # which parts run (DS_GPU_PARTS, space-separated; default all): ops model bench ablation profile
-# profile_spec ncu ncu_detail ncu_source ncu_prefill serve_bench spec_checks
+# profile_spec ncu ncu_detail ncu_source ncu_prefill prefill_long serve_bench spec_checks
 PARTS=" ${DS_GPU_PARTS:-ops model bench ablation profile profile_spec ncu serve_bench spec_checks} " # also: spec_test
 want() { [[ "$PARTS" == *" $1 "* ]]; }
 ALL_OFF="DS_OPT_MOE_FAST_ROUTE=0 DS_OPT_MOE_ROUTE_FUSED=0 DS_OPT_TC_GEMV=0 DS_OPT_SHARED_EXPERT=0 DS_OPT_PDL=0 DS_OPT_PREFETCH=0 DS_OPT_FUSED_ARGMAX=0 DS_OPT_FUSED_NORM=0 DS_OPT_MOE_GEMM=0 DS_OPT_GDN_PREFILL=0 DS_OPT_DEVICE_MASKS=0 DS_OPT_SPEC_GRAPHS=0"
@@ -105,6 +106,24 @@ for variant in "${vlist[@]}"; do
         --graphs "$g" "${extra[@]}" >> "$OUT/bench.log" 2>&1
     rc=$?; log "bench (graphs $g ${envs[*]}) rc=$rc"; [ $rc -eq 0 ] || rc_all=1
 done
+
+# ---- 3a. long prompts: the prefill of DS_GPU_LONG_TOKENS (default 8192) tokens under each of
+#          DS_GPU_LONG_VARIANTS (';'-separated sets of ENV=V, default the defaults, then the tiled
+#          expert GEMM) → prefill_long.log ------------------------------------------------------------
+if want prefill_long; then
+    IFS=';' read -ra lvlist <<< "${DS_GPU_LONG_VARIANTS:-;DS_CUDA_MOE_GEMM_TMA=0}"
+    for lv in "${lvlist[@]}"; do
+        t=$(left); [ "$t" -gt 90 ] && t=90
+        if [ "$t" -lt 30 ]; then log "prefill_long ($lv) skipped (time)"; continue; fi
+        read -ra envs <<< "$lv"
+        log "prefill ${DS_GPU_LONG_TOKENS:-8192} tokens (${envs[*]}) (timeout $t s)"
+        echo "### prefill ${DS_GPU_LONG_TOKENS:-8192} tokens ${envs[*]}" >> "$OUT/prefill_long.log"
+        timeout "$t" env "${envs[@]}" "${DSENV[@]}" "$BIN/deltaserve" bench -m configs/qwen3.5-35b-a3b \
+            --dummy-weights --device cuda --prompt-len "${DS_GPU_LONG_TOKENS:-8192}" --steps 16 --batch 1 \
+            >> "$OUT/prefill_long.log" 2>&1
+        rc=$?; log "prefill ${DS_GPU_LONG_TOKENS:-8192} tokens (${envs[*]}) rc=$rc"; [ $rc -eq 0 ] || rc_all=1
+    done
+fi
 
 # ---- 3b. the ablation report (issue 6), when this deltaserve has it ------------------------------
 t=$(left); [ "$t" -gt 240 ] && t=240
@@ -260,6 +279,8 @@ done
     grep -hE "D2D|GEMV|lm_head|attention (decode|prefill)|gdn (decode|prefill)|moe decode" "$OUT/test_cuda_ops.log" 2>/dev/null
     echo '```'; echo; echo "## deltaserve bench (35B-A3B dummy weights)"; echo '```'
     grep -hE "^###|^prefill|^ *batch|^ *[0-9]+ +[0-9.]+ |bench: |^speculative|greedy generation" "$OUT/bench.log" 2>/dev/null
+    echo '```'; echo; echo "## Long prompts"; echo '```'
+    grep -hE "^###|^prefill|on NVIDIA" "$OUT/prefill_long.log" 2>/dev/null
     echo '```'; echo; echo "## Decode-step profile (eager, events)"; echo '```'
     grep -hE -A32 "^### batch|CUDA profile, decode" "$OUT/profile.log" 2>/dev/null | grep -vE "^(bench|prefill|batch|  *[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+e)" | head -90
     echo '```'; echo; echo "## Speculative verify/draft profile (eager, events)"; echo '```'
