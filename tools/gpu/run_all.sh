@@ -10,7 +10,7 @@
 #   bench.jsonl          deltaserve bench, Qwen3.5-35B-A3B dummy weights, batch 1/4/8,
 #                        graphs on then off (one JSON line per batch size and mode)
 #   bench.log            the two bench runs' tables and start-up reports
-#   prefill_long.log     prefill of 8192 tokens per variant (part prefill_long, DS_GPU_LONG_*)
+#   prefill_long.{log,jsonl}  prefill of 8192 tokens per variant (part prefill_long, DS_GPU_LONG_*)
 #   profile.log          per-kernel event timings of eager decode steps (DS_CUDA_PROFILE=1)
 #   profile_spec.log     the same for speculative verify/draft steps (k = 1, 4)
 #   ablation.{md,svg,jsonl}  deltaserve bench --ablation (issue 6), when the binary has it
@@ -120,7 +120,7 @@ if want prefill_long; then
         echo "### prefill ${DS_GPU_LONG_TOKENS:-8192} tokens ${envs[*]}" >> "$OUT/prefill_long.log"
         timeout "$t" env "${envs[@]}" "${DSENV[@]}" "$BIN/deltaserve" bench -m configs/qwen3.5-35b-a3b \
             --dummy-weights --device cuda --prompt-len "${DS_GPU_LONG_TOKENS:-8192}" --steps 16 --batch 1 \
-            >> "$OUT/prefill_long.log" 2>&1
+            --json-out "$OUT/prefill_long.jsonl" >> "$OUT/prefill_long.log" 2>&1
         rc=$?; log "prefill ${DS_GPU_LONG_TOKENS:-8192} tokens (${envs[*]}) rc=$rc"; [ $rc -eq 0 ] || rc_all=1
     done
 fi
