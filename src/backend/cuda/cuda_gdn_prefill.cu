@@ -66,8 +66,7 @@ __global__ void __launch_bounds__(GP_PREP_THREADS)
     const int tn = min(TT, b.n_tokens - t0);
     const int hk = a.hk, hv = a.hv, G = hv / hk;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int64_t conv_dim = 2 * (int64_t)hk * DK + (int64_t)hv * DK;
-    const int64_t ldp = conv_dim + (int64_t)hv * DK + 2 * hv;
+    const int64_t ldp = gdn_proj_ld(a);
     const bf16 *proj = (const bf16 *)a.proj;
     const int nch = QK ? 2 * DK : 2 * DK + G * DK;
     float y[CPT][TT];
@@ -274,9 +273,8 @@ __global__ void __launch_bounds__(GP_DK) gdn_out_kernel(ds_cuda_batch b, ds_cuda
     pdl_enter(); /* cuda_launch.cuh: before any access */
     const int h = blockIdx.x, t0 = blockIdx.y * TT, j = threadIdx.x;
     const int tn = min(TT, b.n_tokens - t0);
-    const int hk = a.hk, hv = a.hv;
-    const int64_t conv_dim = 2 * (int64_t)hk * GP_DK + (int64_t)hv * DV;
-    const int64_t ldp = conv_dim + (int64_t)hv * DV + 2 * hv;
+    const int hv = a.hv;
+    const int64_t conv_dim = gdn_conv_dim(a), ldp = gdn_proj_ld(a);
     float o[TT], z[TT];
 #pragma unroll
     for (int tt = 0; tt < TT; tt++) { /* every load in flight before the first sum */
@@ -314,8 +312,7 @@ __global__ void __launch_bounds__(3 * GP_DK) gdn_hist_kernel(ds_cuda_batch b, ds
     const int hk = a.hk, hv = a.hv, kh = h / (hv / hk);
     const int ts = b.seq_start[s], te = b.seq_start[s + 1];
     if (ts >= te) return;
-    const int64_t conv_dim = 2 * (int64_t)hk * DK + (int64_t)hv * DK;
-    const int64_t ldp = conv_dim + (int64_t)hv * DK + 2 * hv;
+    const int64_t ldp = gdn_proj_ld(a);
     int64_t gc;
     if (c < DK) gc = (int64_t)kh * DK + c;
     else if (c < 2 * DK) gc = (int64_t)hk * DK + (int64_t)kh * DK + (c - DK);

@@ -37,15 +37,18 @@ static inline gdn_scratch gdn_scratch_of(float *base, int64_t T, int hk, int hv)
     return s;
 }
 
-/* The projection's row pitch: [q (hk·dk) | k (hk·dk) | v (hv·dv) | z (hv·dv) | b (hv) | a (hv)]. */
+/* The projection's row: [q (hk·dk) | k (hk·dk) | v (hv·dv) | z (hv·dv) | b (hv) | a (hv)].
+ * gdn_conv_dim: the conv channels q | k | v (z starts there); gdn_proj_ld: the row pitch. */
+static __device__ __forceinline__ int64_t gdn_conv_dim(const ds_cuda_gdn_args &a) {
+    return 2 * (int64_t)a.hk * GP_DK + (int64_t)a.hv * GP_DK;
+}
 static __device__ __forceinline__ int64_t gdn_proj_ld(const ds_cuda_gdn_args &a) {
-    return 2 * (int64_t)a.hk * GP_DK + 2 * (int64_t)a.hv * GP_DK + 2 * (int64_t)a.hv;
+    return gdn_conv_dim(a) + (int64_t)a.hv * GP_DK + 2 * (int64_t)a.hv;
 }
 
 /* g = log α (the log-decay) and β of token t, value head h, from the projection's b and a. */
 static __device__ __forceinline__ float2 gdn_g_beta(const ds_cuda_gdn_args &a, int64_t t, int h) {
-    const int64_t conv_dim = 2 * (int64_t)a.hk * GP_DK + (int64_t)a.hv * GP_DK;
-    const bf16 *row = (const bf16 *)a.proj + t * gdn_proj_ld(a) + conv_dim + (int64_t)a.hv * GP_DK;
+    const bf16 *row = (const bf16 *)a.proj + t * gdn_proj_ld(a) + gdn_conv_dim(a) + (int64_t)a.hv * GP_DK;
     const float bb = to_f32(row[h]);
     const float aa = to_f32(row[a.hv + h]) + a.dt_bias[h];
     const float sp = aa > 20.f ? aa : log1pf(expf(aa)); /* softplus, torch threshold 20 */
