@@ -105,9 +105,11 @@ static __device__ __forceinline__ void v_to_shared(const ds_cuda_batch &b, const
     }
 }
 
-/* 1. block (chunk blockIdx.x of the step, value head blockIdx.y). X3: A and P in 3xTF32 (the
- * default), else one tf32 pass (ctx->gdn_tf32). VF: v_to_shared above. */
-template <bool X3, bool VF>
+/* 1. block (chunk blockIdx.x of the step, value head blockIdx.y). X3: A and P in 3xTF32
+ * (DS_CUDA_GDN_TF32=0), else one tf32 pass (ctx->gdn_tf32, the default). VF: v_to_shared
+ * above. LDSM (ctx->gdn_ldsm): the product's fragments by ldmatrix (ldsm_a_tf32 /
+ * ldsm_bt2_tf32: the same values, a quarter / half of the load instructions). */
+template <bool X3, bool VF, bool LDSM>
 __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 registers */
     gdn_chunk_prep_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
     constexpr int DK = GP_DK, L = GC_L, LD = GC_LD;
@@ -166,12 +168,23 @@ __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 re
 #pragma unroll 2
         for (int k0 = 0; k0 < DK; k0 += 8) {
             tf32_split fa[4];
-            load_a_tf32(fa, Xs, LD, m0, k0, g, t4);
+            if constexpr (LDSM) {
+                ldsm_a_tf32(fa, Xs, LD, m0, k0, lane);
 #pragma unroll
-            for (int nt = 0; nt < 8; nt++) {
-                tf32_split fb[2];
-                load_bt_tf32(fb, Ks, LD, k0, 8 * nt, g, t4);
-                mma_x<X3>(acc[nt], fa, fb);
+                for (int nt = 0; nt < 8; nt += 2) {
+                    tf32_split fb0[2], fb1[2];
+                    ldsm_bt2_tf32(fb0, fb1, Ks, LD, k0, 8 * nt, lane);
+                    mma_x<X3>(acc[nt], fa, fb0);
+                    mma_x<X3>(acc[nt + 1], fa, fb1);
+                }
+            } else {
+                load_a_tf32(fa, Xs, LD, m0, k0, g, t4);
+#pragma unroll
+                for (int nt = 0; nt < 8; nt++) {
+                    tf32_split fb[2];
+                    load_bt_tf32(fb, Ks, LD, k0, 8 * nt, g, t4);
+                    mma_x<X3>(acc[nt], fa, fb);
+                }
             }
         }
 #pragma unroll
@@ -236,11 +249,15 @@ __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 re
  * use: {W, q̂, U} for the first half of a chunk, {k̂, P} for the second. The decays are applied
  * to per-row results instead of the inputs: e^{c_i} to q̂_iS, and e^{c_{n−1}−c_i} to a second
  * copy δ' of δ_i for the state update. Pitches put every fragment's 32 reads in 32 banks. */
-template <bool X3> /* as chunk_prep's */
+template <bool X3, bool LDSM> /* as chunk_prep's; LDSM: S, δ, δ' stored transposed (below) */
 __global__ void __launch_bounds__(GC_THREADS)
     gdn_chunk_scan_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
     constexpr int DK = GP_DK, DV = GP_DK, L = GC_L, LD = GC_LD, PLD = GC_PLD, NC = GC_NC;
-    constexpr int KLD = GC_KLD, SLD = GC_SLD;
+    constexpr int KLD = GC_KLD;
+    /* the B operands' pitches: [k][n] tiles read by load_b_tf32, or with LDSM [n][k] tiles
+     * read by ldsm_bt2_tf32 (rows 16-byte aligned, 4 banks apart; each fits the [k][n] space) */
+    constexpr int SLD = LDSM ? DK + 4 : GC_SLD, DLD = LDSM ? L + 4 : GC_SLD;
+    static_assert(!LDSM || (NC * SLD <= DK * GC_SLD && NC * DLD <= L * GC_SLD), "transposed tiles fit");
     static_assert(GC_THREADS == 256 && DK == 8 * 16 && L == 4 * 16 && NC == 4 * 8, "warp ↔ tile map");
     extern __shared__ float4 gc_smem4[];
     float *Ws = (float *)gc_smem4; /* [L][LD] W                   group A */
@@ -248,15 +265,47 @@ __global__ void __launch_bounds__(GC_THREADS)
     float *Us = Qs + L * LD;       /* [L][NC] U of the columns    group A */
     float *Ks = Us + L * NC;       /* [L][KLD] k̂                  group B */
     float *Ps = Ks + L * KLD;      /* [L][PLD] P                  group B */
-    float *Ds = Ps + L * PLD;      /* [L][SLD] δ */
-    float *Dk = Ds + L * SLD;      /* [L][SLD] δ' = e^{c_{n−1}−c_i} δ_i */
-    float *Ss = Dk + L * SLD;      /* [DK][SLD] S of the block's columns */
+    float *Ds = Ps + L * PLD;      /* [L][GC_SLD] δ (LDSM: [NC][DLD]) */
+    float *Dk = Ds + L * GC_SLD;   /* [L][GC_SLD] δ' = e^{c_{n−1}−c_i} δ_i (LDSM: [NC][DLD]) */
+    float *Ss = Dk + L * GC_SLD;   /* [DK][GC_SLD] S of the block's columns (LDSM: [NC][SLD]) */
     pdl_enter(); /* cuda_launch.cuh: before any access */
     const int j0 = blockIdx.x * NC, h = blockIdx.y, s = blockIdx.z;
     const int hk = a.hk, hv = a.hv, kh = h / (hv / hk);
     const int ts = b.seq_start[s], te = b.seq_start[s + 1];
     if (ts >= te) return;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    /* a pair of values (row r, columns col, col + 1) into the B-operand tile X of pitch ld */
+    auto pair_to_shared = [&](float *X, int ld, int r, int col, float2 v) {
+        if constexpr (LDSM) {
+            X[col * ld + r] = v.x;
+            X[(col + 1) * ld + r] = v.y;
+        } else {
+            *(float2 *)(X + r * ld + col) = v;
+        }
+    };
+    /* acc[nt] += fa · B(k0 …, 8nt …) for the warp's four n-tiles */
+    auto mma_n4 = [&](float (&acc)[4][4], const tf32_split (&fa)[4], const float *B, int ld, int k0) {
+        if constexpr (LDSM) {
+#pragma unroll
+            for (int nt = 0; nt < 4; nt += 2) {
+                tf32_split fb0[2], fb1[2];
+                ldsm_bt2_tf32(fb0, fb1, B, ld, k0, 8 * nt, lane);
+                mma_x<X3>(acc[nt], fa, fb0);
+                mma_x<X3>(acc[nt + 1], fa, fb1);
+            }
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                tf32_split fb[2];
+                load_b_tf32(fb, B, ld, k0, 8 * nt, g, t4);
+                mma_x<X3>(acc[nt], fa, fb);
+            }
+        }
+    };
+    auto a_frag = [&](tf32_split (&fa)[4], const float *X, int ld, int m0, int k0) {
+        if constexpr (LDSM) ldsm_a_tf32(fa, X, ld, m0, k0, lane);
+        else load_a_tf32(fa, X, ld, m0, k0, g, t4);
+    };
 
     /* rows past the sequence's end are zeros (no bytes read) */
     auto load_a = [&](int c0) {
@@ -301,8 +350,8 @@ __global__ void __launch_bounds__(GC_THREADS)
         const float2 lo = *(const float2 *)(S + (int64_t)sr * DV + col);
         const float2 hi = *(const float2 *)(S + (int64_t)(sr + 8) * DV + col);
         sacc[nt][0] = lo.x, sacc[nt][1] = lo.y, sacc[nt][2] = hi.x, sacc[nt][3] = hi.y;
-        *(float2 *)(Ss + sr * SLD + col) = lo;
-        *(float2 *)(Ss + (sr + 8) * SLD + col) = hi;
+        pair_to_shared(Ss, SLD, sr, col, lo);
+        pair_to_shared(Ss, SLD, sr + 8, col, hi);
     }
 
     const bool w_warp = warp < 4;          /* W·S → δ; else q̂·S → o */
@@ -325,13 +374,8 @@ __global__ void __launch_bounds__(GC_THREADS)
 #pragma unroll 4
         for (int k0 = 0; k0 < DK; k0 += 8) {
             tf32_split fa[4];
-            load_a_tf32(fa, Xs, LD, m0, k0, g, t4);
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                tf32_split fb[2];
-                load_b_tf32(fb, Ss, SLD, k0, 8 * nt, g, t4);
-                mma_x<X3>(acc[nt], fa, fb);
-            }
+            a_frag(fa, Xs, LD, m0, k0);
+            mma_n4(acc, fa, Ss, SLD, k0);
         }
         if (w_warp) {
             const float ek_lo = expf(cl - c_lo), ek_hi = expf(cl - c_hi); /* ≤ 1: c decreases */
@@ -342,10 +386,10 @@ __global__ void __launch_bounds__(GC_THREADS)
                 const float2 u_hi = *(const float2 *)(Us + (m0 + g + 8) * NC + col);
                 const float2 d_lo = make_float2(u_lo.x - acc[nt][0], u_lo.y - acc[nt][1]);
                 const float2 d_hi = make_float2(u_hi.x - acc[nt][2], u_hi.y - acc[nt][3]);
-                *(float2 *)(Ds + (m0 + g) * SLD + col) = d_lo;
-                *(float2 *)(Ds + (m0 + g + 8) * SLD + col) = d_hi;
-                *(float2 *)(Dk + (m0 + g) * SLD + col) = make_float2(d_lo.x * ek_lo, d_lo.y * ek_lo);
-                *(float2 *)(Dk + (m0 + g + 8) * SLD + col) = make_float2(d_hi.x * ek_hi, d_hi.y * ek_hi);
+                pair_to_shared(Ds, DLD, m0 + g, col, d_lo);
+                pair_to_shared(Ds, DLD, m0 + g + 8, col, d_hi);
+                pair_to_shared(Dk, DLD, m0 + g, col, make_float2(d_lo.x * ek_lo, d_lo.y * ek_lo));
+                pair_to_shared(Dk, DLD, m0 + g + 8, col, make_float2(d_hi.x * ek_hi, d_hi.y * ek_hi));
             }
         } else {
             const float eq_lo = expf(c_lo), eq_hi = expf(c_hi);
@@ -366,13 +410,8 @@ __global__ void __launch_bounds__(GC_THREADS)
 #pragma unroll 2
             for (int k0 = 0; k0 < L; k0 += 8) {
                 tf32_split fa[4];
-                load_a_tf32(fa, Ps, PLD, m0, k0, g, t4);
-#pragma unroll
-                for (int nt = 0; nt < 4; nt++) {
-                    tf32_split fb[2];
-                    load_b_tf32(fb, Ds, SLD, k0, 8 * nt, g, t4);
-                    mma_x<X3>(acc[nt], fa, fb);
-                }
+                a_frag(fa, Ps, PLD, m0, k0);
+                mma_n4(acc, fa, Ds, DLD, k0);
             }
 #pragma unroll
             for (int nt = 0; nt < 4; nt++) {
@@ -395,18 +434,13 @@ __global__ void __launch_bounds__(GC_THREADS)
         for (int k0 = 0; k0 < L; k0 += 8) {
             tf32_split fa[4];
             load_at_tf32(fa, Ks, KLD, 16 * warp, k0, g, t4);
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                tf32_split fb[2];
-                load_b_tf32(fb, Dk, SLD, k0, 8 * nt, g, t4);
-                mma_x<X3>(sacc[nt], fa, fb);
-            }
+            mma_n4(sacc, fa, Dk, DLD, k0);
         }
 #pragma unroll
         for (int nt = 0; nt < 4; nt++) {
             const int col = 8 * nt + 2 * t4;
-            *(float2 *)(Ss + sr * SLD + col) = make_float2(sacc[nt][0], sacc[nt][1]);
-            *(float2 *)(Ss + (sr + 8) * SLD + col) = make_float2(sacc[nt][2], sacc[nt][3]);
+            pair_to_shared(Ss, SLD, sr, col, make_float2(sacc[nt][0], sacc[nt][1]));
+            pair_to_shared(Ss, SLD, sr + 8, col, make_float2(sacc[nt][2], sacc[nt][3]));
         }
         __syncthreads(); /* group B's buffers free; δ, δ' read by all */
         if (c0 + L < te) load_b(c0 + L);
@@ -421,30 +455,42 @@ __global__ void __launch_bounds__(GC_THREADS)
     }
 }
 
+/* the kernels' instances by (3xTF32, v in chunk_prep, ldmatrix fragments) */
+typedef void (*gdn_chunk_kernel)(ds_cuda_batch, ds_cuda_gdn_args, gdn_scratch);
+static gdn_chunk_kernel chunk_prep_of(bool x3, bool vf, bool ldsm) {
+    static const gdn_chunk_kernel k[2][2][2] = {
+        {{gdn_chunk_prep_kernel<false, false, false>, gdn_chunk_prep_kernel<false, false, true>},
+         {gdn_chunk_prep_kernel<false, true, false>, gdn_chunk_prep_kernel<false, true, true>}},
+        {{gdn_chunk_prep_kernel<true, false, false>, gdn_chunk_prep_kernel<true, false, true>},
+         {gdn_chunk_prep_kernel<true, true, false>, gdn_chunk_prep_kernel<true, true, true>}}};
+    return k[x3][vf][ldsm];
+}
+static gdn_chunk_kernel chunk_scan_of(bool x3, bool ldsm) {
+    static const gdn_chunk_kernel k[2][2] = {{gdn_chunk_scan_kernel<false, false>, gdn_chunk_scan_kernel<false, true>},
+                                             {gdn_chunk_scan_kernel<true, false>, gdn_chunk_scan_kernel<true, true>}};
+    return k[x3][ldsm];
+}
+
 void ds_cuda_gdn_chunked(ds_cuda_ctx *ctx, const ds_cuda_batch &b, const ds_cuda_gdn_args &a,
                          const gdn_scratch &sc) {
     /* Σ_s ⌈n_s / L⌉ ≤ T / L + S chunks; blocks past the last one return at once */
     const int chunks = DS_DIV_UP(b.n_tokens, GC_L) + b.n_seqs;
-    const bool x3 = !ctx->gdn_tf32, vf = ctx->gdn_v_in_chunk;
-    auto prep = x3 ? (vf ? gdn_chunk_prep_kernel<true, true> : gdn_chunk_prep_kernel<true, false>)
-                   : (vf ? gdn_chunk_prep_kernel<false, true> : gdn_chunk_prep_kernel<false, false>);
-    ds_launch(ctx, prep, dim3(chunks, a.hv), GC_THREADS, sizeof(float) * GC_PREP_FLOATS, b, a, sc);
+    const bool x3 = !ctx->gdn_tf32, vf = ctx->gdn_v_in_chunk, ldsm = ctx->gdn_ldsm;
+    ds_launch(ctx, chunk_prep_of(x3, vf, ldsm), dim3(chunks, a.hv), GC_THREADS, sizeof(float) * GC_PREP_FLOATS, b, a, sc);
     DS_CU_LAUNCHED2(ctx, "gdn_chunk_prep_kernel", chunks, a.hv);
-    ds_launch(ctx, x3 ? gdn_chunk_scan_kernel<true> : gdn_chunk_scan_kernel<false>, dim3(GP_DK / GC_NC, a.hv, b.n_seqs), GC_THREADS,
+    ds_launch(ctx, chunk_scan_of(x3, ldsm), dim3(GP_DK / GC_NC, a.hv, b.n_seqs), GC_THREADS,
               sizeof(float) * GC_SCAN_FLOATS, b, a, sc);
     DS_CU_LAUNCHED2(ctx, "gdn_chunk_scan_kernel", b.n_seqs, a.hv);
 }
 
-/* Shared-memory limits of the two kernels, set once at creation (never inside a capture). */
+/* Shared-memory limits of the kernels, set once at creation (never inside a capture). */
 extern "C" void ds_cuda_gdn_chunked_init(ds_cuda_ctx *ctx) {
-    for (int x3 = 0; x3 < 2; x3++) {
-        for (int vf = 0; vf < 2; vf++)
-            DS_CU(ctx, cudaFuncSetAttribute(x3 ? (vf ? gdn_chunk_prep_kernel<true, true> : gdn_chunk_prep_kernel<true, false>)
-                                               : (vf ? gdn_chunk_prep_kernel<false, true> : gdn_chunk_prep_kernel<false, false>),
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)(sizeof(float) * GC_PREP_FLOATS)));
-        DS_CU(ctx, cudaFuncSetAttribute(x3 ? gdn_chunk_scan_kernel<true> : gdn_chunk_scan_kernel<false>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)(sizeof(float) * GC_SCAN_FLOATS)));
-    }
+    for (int x3 = 0; x3 < 2; x3++)
+        for (int ldsm = 0; ldsm < 2; ldsm++) {
+            for (int vf = 0; vf < 2; vf++)
+                DS_CU(ctx, cudaFuncSetAttribute(chunk_prep_of(x3, vf, ldsm), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                (int)(sizeof(float) * GC_PREP_FLOATS)));
+            DS_CU(ctx, cudaFuncSetAttribute(chunk_scan_of(x3, ldsm), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)(sizeof(float) * GC_SCAN_FLOATS)));
+        }
 }

@@ -117,4 +117,30 @@ static __device__ __forceinline__ void load_bt_tf32(tf32_split (&fb)[2], const f
     fb[1] = split_tf32(X[(n0 + g) * ld + k0 + t + 4]);
 }
 
+/* The same values as load_a_tf32 by one ldmatrix.x4, the fp32 rows read as bf16 pairs: matrix
+ * i is rows m0 + 8(i & 1) …, columns k0 + 4(i >> 1) … (8 rows of 16 bytes), and lane 4g + t
+ * receives its (row g, column t) — the A fragment's a_i. Rows 16-byte aligned (ld and k0
+ * multiples of 4); one instruction where load_a_tf32 issues four. */
+static __device__ __forceinline__ void ldsm_a_tf32(tf32_split (&fa)[4], const float *X, int ld, int m0,
+                                                   int k0, int lane) {
+    uint32_t r[4];
+    const int row = m0 + (lane & 7) + ((lane >> 3) & 1) * 8, col = k0 + (lane >> 4) * 4;
+    ldmatrix_x4(r, (uint32_t)__cvta_generic_to_shared(X + row * ld + col));
+#pragma unroll
+    for (int i = 0; i < 4; i++) fa[i] = split_tf32(__uint_as_float(r[i]));
+}
+/* load_bt_tf32's values for two n-tiles (columns n0 … n0 + 7 into fb0, n0 + 8 … into fb1) of a
+ * tile stored [n][k], by one ldmatrix.x4: matrix i is rows n0 + 8(i >> 1) …, columns
+ * k0 + 4(i & 1) …. Alignment as ldsm_a_tf32. */
+static __device__ __forceinline__ void ldsm_bt2_tf32(tf32_split (&fb0)[2], tf32_split (&fb1)[2], const float *X,
+                                                     int ld, int k0, int n0, int lane) {
+    uint32_t r[4];
+    const int row = n0 + (lane & 7) + (lane >> 4) * 8, col = k0 + ((lane >> 3) & 1) * 4;
+    ldmatrix_x4(r, (uint32_t)__cvta_generic_to_shared(X + row * ld + col));
+    fb0[0] = split_tf32(__uint_as_float(r[0]));
+    fb0[1] = split_tf32(__uint_as_float(r[1]));
+    fb1[0] = split_tf32(__uint_as_float(r[2]));
+    fb1[1] = split_tf32(__uint_as_float(r[3]));
+}
+
 #endif
