@@ -252,6 +252,10 @@ typedef struct ds_cuda_ctx {
      * δ and δ' tiles stored transposed for it — or by one shared load a value
      * (DS_CUDA_GDN_LDSM=0, for before/after runs; cuda_gdn_chunked.cu). Same bits */
     int gdn_ldsm;
+    /* with gdn_ldsm and one-pass products (gdn_tf32): the chunked GDN's product operands W, P,
+     * S, δ, δ' rounded to tf32 once where written, not at every load (1, default;
+     * DS_CUDA_GDN_TF32_STORED=0 for before/after runs; cuda_gdn_chunked.cu). Same bits */
+    int gdn_tf32_stored;
     /* measurement knobs of the decode expert GEMVs (env at create): output rows per warp of the
      * gate_up launch (DS_CUDA_MOE_GU_ROWS, 2 or 4, default 2) and of the down launch
      * (DS_CUDA_MOE_DOWN_ROWS, 4, 8 or 16; default 0: 4 at T = 1, else 16) */

@@ -58,6 +58,11 @@ static __device__ __forceinline__ uint32_t to_tf32(float x) {
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
     return r;
 }
+/* x as to_tf32's bits when round (the bits a one-pass product would feed the tensor cores),
+ * else x */
+static __device__ __forceinline__ float tf32_if(bool round, float x) {
+    return round ? __uint_as_float(to_tf32(x)) : x;
+}
 static __device__ __forceinline__ tf32_split split_tf32(float x) {
     const uint32_t hi = to_tf32(x);
     return {hi, to_tf32(x - __uint_as_float(hi))};
@@ -117,30 +122,37 @@ static __device__ __forceinline__ void load_bt_tf32(tf32_split (&fb)[2], const f
     fb[1] = split_tf32(X[(n0 + g) * ld + k0 + t + 4]);
 }
 
+/* A value already rounded to tf32 (to_tf32's bits stored as a float) as the hi of a one-pass
+ * product: to_tf32 of it would return the same bits, so the conversion is skipped. */
+static __device__ __forceinline__ tf32_split tf32_stored(uint32_t bits) { return {bits, 0u}; }
+
 /* The same values as load_a_tf32 by one ldmatrix.x4, the fp32 rows read as bf16 pairs: matrix
  * i is rows m0 + 8(i & 1) …, columns k0 + 4(i >> 1) … (8 rows of 16 bytes), and lane 4g + t
  * receives its (row g, column t) — the A fragment's a_i. Rows 16-byte aligned (ld and k0
- * multiples of 4); one instruction where load_a_tf32 issues four. */
+ * multiples of 4); one instruction where load_a_tf32 issues four. RAW: the tile holds tf32
+ * values already (tf32_stored; one-pass products only). */
+template <bool RAW = false>
 static __device__ __forceinline__ void ldsm_a_tf32(tf32_split (&fa)[4], const float *X, int ld, int m0,
                                                    int k0, int lane) {
     uint32_t r[4];
     const int row = m0 + (lane & 7) + ((lane >> 3) & 1) * 8, col = k0 + (lane >> 4) * 4;
     ldmatrix_x4(r, (uint32_t)__cvta_generic_to_shared(X + row * ld + col));
 #pragma unroll
-    for (int i = 0; i < 4; i++) fa[i] = split_tf32(__uint_as_float(r[i]));
+    for (int i = 0; i < 4; i++) fa[i] = RAW ? tf32_stored(r[i]) : split_tf32(__uint_as_float(r[i]));
 }
 /* load_bt_tf32's values for two n-tiles (columns n0 … n0 + 7 into fb0, n0 + 8 … into fb1) of a
  * tile stored [n][k], by one ldmatrix.x4: matrix i is rows n0 + 8(i >> 1) …, columns
- * k0 + 4(i & 1) …. Alignment as ldsm_a_tf32. */
+ * k0 + 4(i & 1) …. Alignment and RAW as ldsm_a_tf32. */
+template <bool RAW = false>
 static __device__ __forceinline__ void ldsm_bt2_tf32(tf32_split (&fb0)[2], tf32_split (&fb1)[2], const float *X,
                                                      int ld, int k0, int n0, int lane) {
     uint32_t r[4];
     const int row = n0 + (lane & 7) + (lane >> 4) * 8, col = k0 + ((lane >> 3) & 1) * 4;
     ldmatrix_x4(r, (uint32_t)__cvta_generic_to_shared(X + row * ld + col));
-    fb0[0] = split_tf32(__uint_as_float(r[0]));
-    fb0[1] = split_tf32(__uint_as_float(r[1]));
-    fb1[0] = split_tf32(__uint_as_float(r[2]));
-    fb1[1] = split_tf32(__uint_as_float(r[3]));
+    tf32_split v[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) v[i] = RAW ? tf32_stored(r[i]) : split_tf32(__uint_as_float(r[i]));
+    fb0[0] = v[0], fb0[1] = v[1], fb1[0] = v[2], fb1[1] = v[3];
 }
 
 #endif
