@@ -288,7 +288,7 @@ done
     echo '```'; echo; echo "## Ablation"; echo
     cat "$OUT/ablation.md" 2>/dev/null; tail -5 "$OUT/ablation.log" 2>/dev/null | sed 's/^/    /'
     echo; echo "## Nsight Compute, every kernel of one decode step (device time)"; echo '```'
-    python3 tools/gpu/ncu_summary.py "$OUT/ncu.csv" 2>&1 | head -80
+    if [ -f "$OUT/ncu.csv" ]; then python3 tools/gpu/ncu_summary.py "$OUT/ncu.csv" 2>&1 | head -80; else echo "(part ncu not run)"; fi
     echo '```'; echo; echo "## Serving and speculative decoding"; echo '```'
     for f in serve_bench.log spec_checks.log serve_spec_check.log serve_prefix_check.log prefix_bench.log; do [ -f "$OUT/$f" ] && { echo "--- $f"; tail -40 "$OUT/$f"; }; done
     echo '```'; echo; echo "## Timeline"; echo '```'; grep "^\[" "$OUT/gpu.txt"; echo '```'
