@@ -30,7 +30,6 @@
  * depends only on its own S column, so blocks split the columns without talking to each other. */
 #include <math.h>
 
-#include <type_traits>
 
 #include "cuda_gdn_prefill.cuh"
 #include "cuda_mma.cuh"
@@ -111,7 +110,7 @@ static __device__ __forceinline__ void v_to_shared(const ds_cuda_batch &b, const
  * (DS_CUDA_GDN_TF32=0), else one tf32 pass (ctx->gdn_tf32, the default). VF: v_to_shared
  * above. FR (gdn_chunk_frags): 1, 2: the product's fragments by ldmatrix (ldsm_a_tf32 /
  * ldsm_bt2_tf32: the same values, a quarter / half of the load instructions); 2 in a one-pass
- * product: P and W stored rounded to tf32 for chunk_scan. */
+ * product: P and W stored rounded to tf32 for chunk_scan, q̂ taken so from the prep launch. */
 template <bool X3, bool VF, int FR>
 __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 registers */
     gdn_chunk_prep_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
@@ -169,11 +168,13 @@ __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 re
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
             for (int r = 0; r < 4; r++) acc[nt][r] = 0.f;
+        const bool q_raw = RND && !k_warp; /* q̂ from the prep launch as tf32 (q_tf32); k̂ fp32 */
 #pragma unroll 2
         for (int k0 = 0; k0 < DK; k0 += 8) {
             tf32_split fa[4];
             if constexpr (LDSM) {
-                ldsm_a_tf32(fa, Xs, LD, m0, k0, lane);
+                if (q_raw) ldsm_a_tf32<true>(fa, Xs, LD, m0, k0, lane);
+                else ldsm_a_tf32<false>(fa, Xs, LD, m0, k0, lane);
 #pragma unroll
                 for (int nt = 0; nt < 8; nt += 2) {
                     tf32_split fb0[2], fb1[2];
@@ -258,9 +259,10 @@ __global__ void __launch_bounds__(GC_THREADS)
     gdn_chunk_scan_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
     constexpr int DK = GP_DK, DV = GP_DK, L = GC_L, LD = GC_LD, PLD = GC_PLD, NC = GC_NC;
     constexpr int KLD = GC_KLD;
-    /* RND: every product operand but q̂ and k̂ held as tf32 values (tf32_stored), rounded once
-     * where it is written — W and P by chunk_prep, S, δ and δ' here — instead of at each of the
-     * eight warps' loads of it; the same operands reach the tensor cores */
+    /* RND: every product operand but k̂ held as tf32 values (tf32_stored), rounded once where
+     * it is written — q̂ by the prep launch (gdn_scratch.q_tf32), W and P by chunk_prep, S, δ and
+     * δ' here — instead of at each of the eight warps' loads of it; the same operands reach
+     * the tensor cores (k̂ also feeds chunk_prep's fp32 substitution, so it stays fp32) */
     constexpr bool LDSM = FR >= 1, RND = FR == 2 && !X3;
     /* the B operands' pitches: [k][n] tiles read by load_b_tf32, or with LDSM [n][k] tiles
      * read by ldsm_bt2_tf32 (rows 16-byte aligned, 4 banks apart; each fits the [k][n] space) */
@@ -385,16 +387,12 @@ __global__ void __launch_bounds__(GC_THREADS)
         for (int nt = 0; nt < 4; nt++)
 #pragma unroll
             for (int r = 0; r < 4; r++) acc[nt][r] = 0.f;
-        auto phase1 = [&](auto raw_a) { /* W (raw with RND) or q̂ (never raw) */
 #pragma unroll 4
-            for (int k0 = 0; k0 < DK; k0 += 8) {
-                tf32_split fa[4];
-                a_frag(fa, Xs, LD, m0, k0, decltype(raw_a)::value);
-                mma_n4(acc, fa, Ss, SLD, k0);
-            }
-        };
-        if (RND && w_warp) phase1(std::true_type{});
-        else phase1(std::false_type{});
+        for (int k0 = 0; k0 < DK; k0 += 8) {
+            tf32_split fa[4];
+            a_frag(fa, Xs, LD, m0, k0, RND); /* W or q̂ (the prep launch's q_tf32) */
+            mma_n4(acc, fa, Ss, SLD, k0);
+        }
         if (w_warp) {
             const float ek_lo = expf(cl - c_lo), ek_hi = expf(cl - c_hi); /* ≤ 1: c decreases */
 #pragma unroll
@@ -477,6 +475,10 @@ __global__ void __launch_bounds__(GC_THREADS)
  * ctx->gdn_tf32_stored, the latter in one-pass products only) */
 typedef void (*gdn_chunk_kernel)(ds_cuda_batch, ds_cuda_gdn_args, gdn_scratch);
 static int gdn_chunk_frags(bool x3, bool ldsm, bool stored) { return ldsm ? (stored && !x3 ? 2 : 1) : 0; }
+static int gdn_chunk_frags(const ds_cuda_ctx *ctx) {
+    return gdn_chunk_frags(!ctx->gdn_tf32, ctx->gdn_ldsm, ctx->gdn_tf32_stored);
+}
+bool ds_cuda_gdn_chunk_q_tf32(const ds_cuda_ctx *ctx) { return gdn_chunk_frags(ctx) == 2; }
 template <bool X3, bool VF>
 static gdn_chunk_kernel chunk_prep_fr(int fr) {
     return fr == 2 ? gdn_chunk_prep_kernel<X3, VF, 2> : fr == 1 ? gdn_chunk_prep_kernel<X3, VF, 1> : gdn_chunk_prep_kernel<X3, VF, 0>;
@@ -496,7 +498,7 @@ void ds_cuda_gdn_chunked(ds_cuda_ctx *ctx, const ds_cuda_batch &b, const ds_cuda
     /* Σ_s ⌈n_s / L⌉ ≤ T / L + S chunks; blocks past the last one return at once */
     const int chunks = DS_DIV_UP(b.n_tokens, GC_L) + b.n_seqs;
     const bool x3 = !ctx->gdn_tf32, vf = ctx->gdn_v_in_chunk;
-    const int fr = gdn_chunk_frags(x3, ctx->gdn_ldsm, ctx->gdn_tf32_stored);
+    const int fr = gdn_chunk_frags(ctx);
     ds_launch(ctx, chunk_prep_of(x3, vf, fr), dim3(chunks, a.hv), GC_THREADS, sizeof(float) * GC_PREP_FLOATS, b, a, sc);
     DS_CU_LAUNCHED2(ctx, "gdn_chunk_prep_kernel", chunks, a.hv);
     ds_launch(ctx, chunk_scan_of(x3, fr), dim3(GP_DK / GC_NC, a.hv, b.n_seqs), GC_THREADS,

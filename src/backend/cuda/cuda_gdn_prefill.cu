@@ -25,6 +25,7 @@
  * Qwen3.5 config); speculative snapshot steps (state_out) and other shapes keep the fused
  * kernel. Layouts as cuda_gdn.cu (conv history per value head, q/k duplicated). */
 #include "cuda_gdn_prefill.cuh"
+#include "cuda_mma.cuh"
 
 #define GP_PREP_THREADS 512
 #define GP_BLOCK_TOKENS 8 /* tokens a prep or out block */
@@ -148,7 +149,8 @@ __global__ void __launch_bounds__(GP_PREP_THREADS)
                 for (int w = 0; w < DK / 32; w++) ss += red[qk][tt][w];
                 const float scale = qk == 0 ? rsqrtf(ss + 1e-6f) * rsqrtf((float)DK) : rsqrtf(ss + 1e-6f);
                 float *dst = qk == 0 ? sc.q : sc.k;
-                dst[((int64_t)t * hk + kh) * DK + (c & (DK - 1))] = y[ci][tt] * scale;
+                const float val = y[ci][tt] * scale;
+                dst[((int64_t)t * hk + kh) * DK + (c & (DK - 1))] = tf32_if(qk == 0 && sc.q_tf32, val);
             } else {
                 sc.v[((int64_t)t * hv + kh * G) * DK + (c - 2 * DK)] = y[ci][tt];
             }
@@ -341,7 +343,8 @@ extern "C" bool ds_cuda_gdn_prefill(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a)
     const size_t need = ds_cuda_gdn_prefill_scratch_bytes(a->hk, a->hv, a->dk, a->dv, a->kernel);
     if (need == 0 || need > ctx->gdn_scratch_bytes) return false;
     const int T = b->n_tokens, S = b->n_seqs;
-    const gdn_scratch sc = gdn_scratch_of((float *)ctx->d_gdn_scratch, T, a->hk, a->hv);
+    gdn_scratch sc = gdn_scratch_of((float *)ctx->d_gdn_scratch, T, a->hk, a->hv);
+    sc.q_tf32 = ctx->gdn_chunked && ds_cuda_gdn_chunk_q_tf32(ctx);
     /* v in the chunked prep (ctx->gdn_v_in_chunk): the prep launch serves q and k only */
     const bool qk = ctx->gdn_chunked && ctx->gdn_v_in_chunk;
     auto prep = ctx->gdn_prep_preload ? (qk ? gdn_prep_kernel<true, true> : gdn_prep_kernel<true, false>)

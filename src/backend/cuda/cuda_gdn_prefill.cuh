@@ -22,10 +22,13 @@ struct gdn_scratch {
     float *w;  /* [T, hv, dk] chunked form: W = (I + A)⁻¹ β e^{c} k̂ */
     float *p;  /* [T, hv, GC_L] chunked form: row i of the chunk's P (q̂_i·k̂_j e^{c_i − c_j}, j ≤ i) */
     float *cg; /* [T, hv] chunked form: c_i, the log-decay summed from the chunk's first token */
+    int q_tf32; /* q holds to_tf32's bits (the chunked form's tensor-core operand only;
+                   ds_cuda_gdn_chunk_q_tf32) */
 };
 
 static inline gdn_scratch gdn_scratch_of(float *base, int64_t T, int hk, int hv) {
     gdn_scratch s;
+    s.q_tf32 = 0;
     s.q = base;
     s.k = s.q + T * hk * GP_DK;
     s.v = s.k + T * hk * GP_DK;
@@ -64,5 +67,7 @@ static inline int64_t gdn_scratch_floats(int64_t T, int hk, int hv) {
  * batch's sequences; overwrites v. */
 void ds_cuda_gdn_chunked(ds_cuda_ctx *ctx, const ds_cuda_batch &b, const ds_cuda_gdn_args &a,
                          const gdn_scratch &sc);
+/* Whether the chunked kernels take q̂ rounded to tf32 by the prep launch (gdn_scratch.q_tf32). */
+bool ds_cuda_gdn_chunk_q_tf32(const ds_cuda_ctx *ctx);
 
 #endif
