@@ -1717,27 +1717,25 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
  * is the defaults (session 24); the attention rows keep its GDN setting, the last row is the
  * GDN's other one. */
 typedef struct {
-    int pipe, pv16, smr, p1, gdn_tf32, gdn_preload, gdn_vchunk, gdn_ldsm, gdn_stored;
+    int pipe, pv16, smr, p1, gdn_tf32, gdn_preload, gdn_vchunk, gdn_stored;
 } prefill_variant;
 static const prefill_variant PREFILL_VARIANTS[] = {
-    {1, 1, 1, 1, 1, 1, 1, 1, 1}, {0, 0, 0, 0, 1, 1, 1, 1, 1}, {1, 0, 0, 0, 1, 1, 1, 1, 1},
-    {1, 1, 0, 0, 1, 1, 1, 1, 1}, {1, 1, 1, 0, 1, 1, 1, 1, 1}, {1, 1, 1, 1, 0, 1, 1, 1, 1},
+    {1, 1, 1, 1, 1, 1, 1, 1}, {0, 0, 0, 0, 1, 1, 1, 1}, {1, 0, 0, 0, 1, 1, 1, 1},
+    {1, 1, 0, 0, 1, 1, 1, 1}, {1, 1, 1, 0, 1, 1, 1, 1}, {1, 1, 1, 1, 0, 1, 1, 1},
     /* the GDN prep's inputs token by token (DS_CUDA_GDN_PREP_PRELOAD=0); v by the prep launch
-     * (DS_CUDA_GDN_V_IN_CHUNK=0); the chunked kernels' operands rounded at each load
-     * (DS_CUDA_GDN_TF32_STORED=0); their fragments without ldmatrix (DS_CUDA_GDN_LDSM=0), in
-     * one tf32 pass and in 3xTF32 */
-    {1, 1, 1, 1, 1, 0, 1, 1, 1}, {1, 1, 1, 1, 1, 1, 0, 1, 1}, {1, 1, 1, 1, 1, 1, 1, 1, 0},
-    {1, 1, 1, 1, 1, 1, 1, 0, 1}, {1, 1, 1, 1, 0, 1, 1, 0, 1}};
+     * (DS_CUDA_GDN_V_IN_CHUNK=0); the chunked kernels' operands rounded to tf32 at each load
+     * (DS_CUDA_GDN_TF32_STORED=0) */
+    {1, 1, 1, 1, 1, 0, 1, 1}, {1, 1, 1, 1, 1, 1, 0, 1}, {1, 1, 1, 1, 1, 1, 1, 0}};
 #define N_PREFILL_VARIANTS (int)(sizeof PREFILL_VARIANTS / sizeof PREFILL_VARIANTS[0])
 
 /* variant v, or (v < 0) the context's own values again */
 static void prefill_variant_set(int v) {
 #ifdef DS_HAVE_CUDA
     ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
-    static prefill_variant saved = {-1, -1, -1, -1, -1, -1, -1, -1, -1};
+    static prefill_variant saved = {-1, -1, -1, -1, -1, -1, -1, -1};
     if (saved.pipe < 0)
         saved = (prefill_variant){c->attn_pf_pipe, c->attn_pf_pv16, c->attn_pf_smr, c->attn_pf_p1, c->gdn_tf32,
-                                  c->gdn_prep_preload, c->gdn_v_in_chunk, c->gdn_ldsm, c->gdn_tf32_stored};
+                                  c->gdn_prep_preload, c->gdn_v_in_chunk, c->gdn_tf32_stored};
     const prefill_variant pv = v < 0 ? saved : PREFILL_VARIANTS[v];
     c->attn_pf_pipe = pv.pipe;
     c->attn_pf_pv16 = pv.pv16;
@@ -1746,7 +1744,6 @@ static void prefill_variant_set(int v) {
     c->gdn_tf32 = pv.gdn_tf32;
     c->gdn_prep_preload = pv.gdn_preload;
     c->gdn_v_in_chunk = pv.gdn_vchunk;
-    c->gdn_ldsm = pv.gdn_ldsm;
     c->gdn_tf32_stored = pv.gdn_stored;
 #else
     (void)v;
@@ -1766,11 +1763,10 @@ static void mixers_check(int variant) {
     prefill_variant_set(variant);
     printf("  (prefill attention: pipe %d, P·V in bf16 pairs %d, softmax in registers %d, P one bf16 %d;"
            " chunked GDN in one tf32 pass %d, GDN prep inputs preloaded %d, GDN v in chunk_prep %d,"
-           " GDN fragments by ldmatrix %d, GDN operands stored as tf32 %d)\n",
+           " GDN operands stored as tf32 %d)\n",
            PREFILL_VARIANTS[variant].pipe, PREFILL_VARIANTS[variant].pv16, PREFILL_VARIANTS[variant].smr,
            PREFILL_VARIANTS[variant].p1, PREFILL_VARIANTS[variant].gdn_tf32, PREFILL_VARIANTS[variant].gdn_preload,
-           PREFILL_VARIANTS[variant].gdn_vchunk, PREFILL_VARIANTS[variant].gdn_ldsm,
-           PREFILL_VARIANTS[variant].gdn_stored);
+           PREFILL_VARIANTS[variant].gdn_vchunk, PREFILL_VARIANTS[variant].gdn_stored);
     for (size_t si = 0; si < sizeof SHAPES / sizeof SHAPES[0]; si++) {
         test_rng r = {55 + si};
         tmodel *m = calloc(1, sizeof *m);
@@ -2288,7 +2284,6 @@ static void test_bench(void **state) {
             if (PREFILL_VARIANTS[v].gdn_tf32 != PREFILL_VARIANTS[0].gdn_tf32 ||
                 PREFILL_VARIANTS[v].gdn_preload != PREFILL_VARIANTS[0].gdn_preload ||
                 PREFILL_VARIANTS[v].gdn_vchunk != PREFILL_VARIANTS[0].gdn_vchunk ||
-                PREFILL_VARIANTS[v].gdn_ldsm != PREFILL_VARIANTS[0].gdn_ldsm ||
                 PREFILL_VARIANTS[v].gdn_stored != PREFILL_VARIANTS[0].gdn_stored)
                 continue; /* the same attention: the GDN variants are timed below */
             prefill_variant_set(v);
@@ -2315,21 +2310,18 @@ static void test_bench(void **state) {
             cc->gdn_tf32 = saved_tf32;
             /* where v is computed (DS_CUDA_GDN_V_IN_CHUNK), how the prep launch loads its
              * inputs (DS_CUDA_GDN_PREP_PRELOAD) and the chunked kernels their fragments
-             * (DS_CUDA_GDN_LDSM, DS_CUDA_GDN_TF32_STORED) */
-            const int saved_pre = cc->gdn_prep_preload, saved_vc = cc->gdn_v_in_chunk, saved_ldsm = cc->gdn_ldsm,
-                      saved_st = cc->gdn_tf32_stored;
+             * (DS_CUDA_GDN_TF32_STORED) */
+            const int saved_pre = cc->gdn_prep_preload, saved_vc = cc->gdn_v_in_chunk, saved_st = cc->gdn_tf32_stored;
             static const struct {
-                int pre, vc, ldsm, st;
+                int pre, vc, st;
                 const char *what;
-            } gv[] = {{0, 1, 1, 1, "v in chunk_prep, the prep launch's inputs token by token"},
-                      {1, 0, 1, 1, "v by the prep launch"},
-                      {0, 0, 1, 1, "v by the prep launch, its inputs token by token"},
-                      {1, 1, 1, 0, "chunk operands rounded to tf32 at each load"},
-                      {1, 1, 0, 0, "chunk operands rounded at each load, fragments without ldmatrix"}};
+            } gv[] = {{0, 1, 1, "v in chunk_prep, the prep launch's inputs token by token"},
+                      {1, 0, 1, "v by the prep launch"},
+                      {0, 0, 1, "v by the prep launch, its inputs token by token"},
+                      {1, 1, 0, "chunk operands rounded to tf32 at each load"}};
             for (size_t i = 0; i < sizeof gv / sizeof gv[0]; i++) {
                 cc->gdn_prep_preload = gv[i].pre;
                 cc->gdn_v_in_chunk = gv[i].vc;
-                cc->gdn_ldsm = gv[i].ldsm;
                 cc->gdn_tf32_stored = gv[i].st;
                 printf("  gdn prefill 2048 tokens (%s): %.3f ms\n", gv[i].what, time_ms(op_call, &a, quick ? 1 : 3));
             }
@@ -2337,14 +2329,12 @@ static void test_bench(void **state) {
              * and conv history are zeros either way), into the same output */
             const size_t n_out = (size_t)out.rows * (size_t)out.cols;
             g_cuda->ops->cache_reset_slot(g_cuda, c.cuda, 0);
-            cc->gdn_prep_preload = saved_pre, cc->gdn_v_in_chunk = saved_vc, cc->gdn_ldsm = saved_ldsm;
-            cc->gdn_tf32_stored = saved_st;
+            cc->gdn_prep_preload = saved_pre, cc->gdn_v_in_chunk = saved_vc, cc->gdn_tf32_stored = saved_st;
             op_call(&a);
             float *ref = act_download(g_cuda, out.cuda, DS_DTYPE_BF16, n_out);
             for (size_t i = 0; i < sizeof gv / sizeof gv[0]; i++) {
                 cc->gdn_prep_preload = gv[i].pre;
                 cc->gdn_v_in_chunk = gv[i].vc;
-                cc->gdn_ldsm = gv[i].ldsm;
                 cc->gdn_tf32_stored = gv[i].st;
                 g_cuda->ops->cache_reset_slot(g_cuda, c.cuda, 0);
                 op_call(&a);
@@ -2357,7 +2347,6 @@ static void test_bench(void **state) {
             free(ref);
             cc->gdn_prep_preload = saved_pre;
             cc->gdn_v_in_chunk = saved_vc;
-            cc->gdn_ldsm = saved_ldsm;
             cc->gdn_tf32_stored = saved_st;
         }
 #endif

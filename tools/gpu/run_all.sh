@@ -140,10 +140,12 @@ fi
 # ---- 4. per-kernel profile of eager decode steps (events) ---------------------------------------
 t=$(left); [ "$t" -gt 90 ] && t=90
 if want profile && [ "$t" -ge 30 ]; then
-    log "profile (DS_CUDA_PROFILE=1, eager with a head start, batch 1, then 8)"
-    for pb in 1 8; do
-        echo "### batch $pb" >> "$OUT/profile.log"
-        DS_CUDA_PROFILE=1 timeout $((t / 2)) "${DSENV[@]}" "$BIN/deltaserve" bench -m configs/qwen3.5-35b-a3b --dummy-weights \
+    # DS_GPU_PROFILE_BATCHES (default "1 8"), DS_GPU_PROFILE_ENV (e.g. a knob set to 0)
+    log "profile (DS_CUDA_PROFILE=1, eager with a head start, batch ${DS_GPU_PROFILE_BATCHES:-1 8}, ${DS_GPU_PROFILE_ENV:-defaults})"
+    for pb in ${DS_GPU_PROFILE_BATCHES:-1 8}; do
+        echo "### batch $pb ${DS_GPU_PROFILE_ENV:-}" >> "$OUT/profile.log"
+        # shellcheck disable=SC2086
+        env DS_CUDA_PROFILE=1 ${DS_GPU_PROFILE_ENV:-} timeout $((t / 2)) "${DSENV[@]}" "$BIN/deltaserve" bench -m configs/qwen3.5-35b-a3b --dummy-weights \
             --device cuda --prompt-len 1024 --steps 32 --warmup 4 --batch $pb --graphs 0 \
             >> "$OUT/profile.log" 2>&1
     done

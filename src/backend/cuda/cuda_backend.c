@@ -650,7 +650,6 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->gdn_tf32 = knob_on("DS_CUDA_GDN_TF32"); /* cuda_internal.h: its numbers */
         c->gdn_prep_preload = knob_on("DS_CUDA_GDN_PREP_PRELOAD");
         c->gdn_v_in_chunk = knob_on("DS_CUDA_GDN_V_IN_CHUNK");
-        c->gdn_ldsm = knob_on("DS_CUDA_GDN_LDSM");
         c->gdn_tf32_stored = knob_on("DS_CUDA_GDN_TF32_STORED");
         /* 1 vs 0: prefill of 8192 tokens 294.9 vs 319.1 / 319.0 ms (H100, s24-run1); attention
          * prefill of 2048 tokens 0.342 vs 0.517 ms, 1024 tokens even (H200, s23-run1) */

@@ -108,14 +108,14 @@ static __device__ __forceinline__ void v_to_shared(const ds_cuda_batch &b, const
 
 /* 1. block (chunk blockIdx.x of the step, value head blockIdx.y). X3: A and P in 3xTF32
  * (DS_CUDA_GDN_TF32=0), else one tf32 pass (ctx->gdn_tf32, the default). VF: v_to_shared
- * above. FR (gdn_chunk_frags): 1, 2: the product's fragments by ldmatrix (ldsm_a_tf32 /
- * ldsm_bt2_tf32: the same values, a quarter / half of the load instructions); 2 in a one-pass
- * product: P and W stored rounded to tf32 for chunk_scan, q̂ taken so from the prep launch. */
-template <bool X3, bool VF, int FR>
+ * above. ST (one-pass products only, ctx->gdn_tf32_stored; see chunk_scan's): the product's
+ * fragments by ldmatrix (ldsm_a_tf32 / ldsm_bt2_tf32: a quarter / half of the load
+ * instructions), q̂ taken as tf32 from the prep launch, P and W stored rounded to tf32. */
+template <bool X3, bool VF, bool ST>
 __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 registers */
     gdn_chunk_prep_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
     constexpr int DK = GP_DK, L = GC_L, LD = GC_LD;
-    constexpr bool LDSM = FR >= 1, RND = FR == 2 && !X3;
+    static_assert(!(X3 && ST), "tf32 operands are one-pass operands");
     extern __shared__ float4 gc_smem4[];
     float *Ks = (float *)gc_smem4; /* [L][LD] k̂ of the chunk's tokens, zeros past n */
     float *Qs = Ks + L * LD;       /* [L][LD] q̂ */
@@ -168,11 +168,11 @@ __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 re
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
             for (int r = 0; r < 4; r++) acc[nt][r] = 0.f;
-        const bool q_raw = RND && !k_warp; /* q̂ from the prep launch as tf32 (q_tf32); k̂ fp32 */
+        const bool q_raw = ST && !k_warp; /* q̂ from the prep launch as tf32 (q_tf32); k̂ fp32 */
 #pragma unroll 2
         for (int k0 = 0; k0 < DK; k0 += 8) {
             tf32_split fa[4];
-            if constexpr (LDSM) {
+            if constexpr (ST) {
                 if (q_raw) ldsm_a_tf32<true>(fa, Xs, LD, m0, k0, lane);
                 else ldsm_a_tf32<false>(fa, Xs, LD, m0, k0, lane);
 #pragma unroll
@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 re
                 const int i = m0 + g + (r >> 1) * 8, j = 8 * nt + 2 * t4 + (r & 1);
                 const float decay = j <= i ? expf(cs[i] - cs[j]) : 0.f;
                 if (k_warp) As[i * L + j] = j < i ? bs[i] * acc[nt][r] * decay : 0.f;
-                else if (i < n) sc.p[((int64_t)(t0 + i) * hv + h) * L + j] = tf32_if(RND, acc[nt][r] * decay);
+                else if (i < n) sc.p[((int64_t)(t0 + i) * hv + h) * L + j] = tf32_if(ST, acc[nt][r] * decay);
             }
     }
     __syncthreads();
@@ -239,7 +239,7 @@ __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 re
         float *dst = col < DK ? sc.v + (int64_t)h * DK + col : sc.w + (int64_t)h * DK + col - DK;
 #pragma unroll
         for (int i = 0; i < L; i++)
-            if (i < n) dst[(int64_t)(t0 + i) * hv * DK] = col < DK ? x[i] : tf32_if(RND, x[i]); /* U stays fp32 */
+            if (i < n) dst[(int64_t)(t0 + i) * hv * DK] = col < DK ? x[i] : tf32_if(ST, x[i]); /* U stays fp32 */
     }
     if (tid < n) sc.cg[(int64_t)(t0 + tid) * hv + h] = cs[tid];
 }
@@ -254,20 +254,22 @@ __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 re
  * use: {W, q̂, U} for the first half of a chunk, {k̂, P} for the second. The decays are applied
  * to per-row results instead of the inputs: e^{c_i} to q̂_iS, and e^{c_{n−1}−c_i} to a second
  * copy δ' of δ_i for the state update. Pitches put every fragment's 32 reads in 32 banks. */
-template <bool X3, int FR> /* as chunk_prep's; LDSM: S, δ, δ' stored transposed; RND: and rounded */
+template <bool X3, bool ST> /* as chunk_prep's */
 __global__ void __launch_bounds__(GC_THREADS)
     gdn_chunk_scan_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
     constexpr int DK = GP_DK, DV = GP_DK, L = GC_L, LD = GC_LD, PLD = GC_PLD, NC = GC_NC;
     constexpr int KLD = GC_KLD;
-    /* RND: every product operand but k̂ held as tf32 values (tf32_stored), rounded once where
-     * it is written — q̂ by the prep launch (gdn_scratch.q_tf32), W and P by chunk_prep, S, δ and
-     * δ' here — instead of at each of the eight warps' loads of it; the same operands reach
-     * the tensor cores (k̂ also feeds chunk_prep's fp32 substitution, so it stays fp32) */
-    constexpr bool LDSM = FR >= 1, RND = FR == 2 && !X3;
-    /* the B operands' pitches: [k][n] tiles read by load_b_tf32, or with LDSM [n][k] tiles
+    /* ST: every product operand but k̂ held as tf32 values (tf32_stored), rounded once where it
+     * is written — q̂ by the prep launch (gdn_scratch.q_tf32), W and P by chunk_prep, S, δ and δ'
+     * here — instead of at each of the eight warps' loads of it (the same operands reach the
+     * tensor cores; k̂ also feeds chunk_prep's fp32 substitution, so it stays fp32); fragments
+     * by ldmatrix, for which S, δ and δ' are stored transposed. ncu (H100, s27-run2): 16 % of
+     * the kernel's instructions were the rounding's FSETP, as many IMADs its add */
+    static_assert(!(X3 && ST), "tf32 operands are one-pass operands");
+    /* the B operands' pitches: [k][n] tiles read by load_b_tf32, or with ST [n][k] tiles
      * read by ldsm_bt2_tf32 (rows 16-byte aligned, 4 banks apart; each fits the [k][n] space) */
-    constexpr int SLD = LDSM ? DK + 4 : GC_SLD, DLD = LDSM ? L + 4 : GC_SLD;
-    static_assert(!LDSM || (NC * SLD <= DK * GC_SLD && NC * DLD <= L * GC_SLD), "transposed tiles fit");
+    constexpr int SLD = ST ? DK + 4 : GC_SLD, DLD = ST ? L + 4 : GC_SLD;
+    static_assert(!ST || (NC * SLD <= DK * GC_SLD && NC * DLD <= L * GC_SLD), "transposed tiles fit");
     static_assert(GC_THREADS == 256 && DK == 8 * 16 && L == 4 * 16 && NC == 4 * 8, "warp ↔ tile map");
     extern __shared__ float4 gc_smem4[];
     float *Ws = (float *)gc_smem4; /* [L][LD] W                   group A */
@@ -275,9 +277,9 @@ __global__ void __launch_bounds__(GC_THREADS)
     float *Us = Qs + L * LD;       /* [L][NC] U of the columns    group A */
     float *Ks = Us + L * NC;       /* [L][KLD] k̂                  group B */
     float *Ps = Ks + L * KLD;      /* [L][PLD] P                  group B */
-    float *Ds = Ps + L * PLD;      /* [L][GC_SLD] δ (LDSM: [NC][DLD]) */
-    float *Dk = Ds + L * GC_SLD;   /* [L][GC_SLD] δ' = e^{c_{n−1}−c_i} δ_i (LDSM: [NC][DLD]) */
-    float *Ss = Dk + L * GC_SLD;   /* [DK][GC_SLD] S of the block's columns (LDSM: [NC][SLD]) */
+    float *Ds = Ps + L * PLD;      /* [L][GC_SLD] δ (ST: [NC][DLD]) */
+    float *Dk = Ds + L * GC_SLD;   /* [L][GC_SLD] δ' = e^{c_{n−1}−c_i} δ_i (ST: [NC][DLD]) */
+    float *Ss = Dk + L * GC_SLD;   /* [DK][GC_SLD] S of the block's columns (ST: [NC][SLD]) */
     pdl_enter(); /* cuda_launch.cuh: before any access */
     const int j0 = blockIdx.x * NC, h = blockIdx.y, s = blockIdx.z;
     const int hk = a.hk, hv = a.hv, kh = h / (hv / hk);
@@ -286,8 +288,8 @@ __global__ void __launch_bounds__(GC_THREADS)
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     /* a pair of values (row r, columns col, col + 1) into the B-operand tile X of pitch ld */
     auto pair_to_shared = [&](float *X, int ld, int r, int col, float2 v) {
-        v.x = tf32_if(RND, v.x), v.y = tf32_if(RND, v.y);
-        if constexpr (LDSM) {
+        v.x = tf32_if(ST, v.x), v.y = tf32_if(ST, v.y);
+        if constexpr (ST) {
             X[col * ld + r] = v.x;
             X[(col + 1) * ld + r] = v.y;
         } else {
@@ -296,11 +298,11 @@ __global__ void __launch_bounds__(GC_THREADS)
     };
     /* acc[nt] += fa · B(k0 …, 8nt …) for the warp's four n-tiles */
     auto mma_n4 = [&](float (&acc)[4][4], const tf32_split (&fa)[4], const float *B, int ld, int k0) {
-        if constexpr (LDSM) {
+        if constexpr (ST) {
 #pragma unroll
             for (int nt = 0; nt < 4; nt += 2) {
                 tf32_split fb0[2], fb1[2];
-                ldsm_bt2_tf32<RND>(fb0, fb1, B, ld, k0, 8 * nt, lane);
+                ldsm_bt2_tf32<true>(fb0, fb1, B, ld, k0, 8 * nt, lane);
                 mma_x<X3>(acc[nt], fa, fb0);
                 mma_x<X3>(acc[nt + 1], fa, fb1);
             }
@@ -313,14 +315,10 @@ __global__ void __launch_bounds__(GC_THREADS)
             }
         }
     };
-    /* raw: X holds tf32 values (RND's W and P) */
-    auto a_frag = [&](tf32_split (&fa)[4], const float *X, int ld, int m0, int k0, bool raw) {
-        if constexpr (LDSM) {
-            if (raw) ldsm_a_tf32<true>(fa, X, ld, m0, k0, lane);
-            else ldsm_a_tf32<false>(fa, X, ld, m0, k0, lane);
-        } else {
-            load_a_tf32(fa, X, ld, m0, k0, g, t4);
-        }
+    /* an A fragment of W, q̂ or P (each tf32 values with ST) */
+    auto a_frag = [&](tf32_split (&fa)[4], const float *X, int ld, int m0, int k0) {
+        if constexpr (ST) ldsm_a_tf32<true>(fa, X, ld, m0, k0, lane);
+        else load_a_tf32(fa, X, ld, m0, k0, g, t4);
     };
 
     /* rows past the sequence's end are zeros (no bytes read) */
@@ -390,7 +388,7 @@ __global__ void __launch_bounds__(GC_THREADS)
 #pragma unroll 4
         for (int k0 = 0; k0 < DK; k0 += 8) {
             tf32_split fa[4];
-            a_frag(fa, Xs, LD, m0, k0, RND); /* W or q̂ (the prep launch's q_tf32) */
+            a_frag(fa, Xs, LD, m0, k0);
             mma_n4(acc, fa, Ss, SLD, k0);
         }
         if (w_warp) {
@@ -426,7 +424,7 @@ __global__ void __launch_bounds__(GC_THREADS)
 #pragma unroll 2
             for (int k0 = 0; k0 < L; k0 += 8) {
                 tf32_split fa[4];
-                a_frag(fa, Ps, PLD, m0, k0, RND);
+                a_frag(fa, Ps, PLD, m0, k0);
                 mma_n4(acc, fa, Ds, DLD, k0);
             }
 #pragma unroll
@@ -471,37 +469,28 @@ __global__ void __launch_bounds__(GC_THREADS)
     }
 }
 
-/* the kernels' instances by (3xTF32, v in chunk_prep, fragments FR: ctx->gdn_ldsm and
- * ctx->gdn_tf32_stored, the latter in one-pass products only) */
+/* the kernels' instances by (3xTF32, v in chunk_prep, tf32 operands stored) */
 typedef void (*gdn_chunk_kernel)(ds_cuda_batch, ds_cuda_gdn_args, gdn_scratch);
-static int gdn_chunk_frags(bool x3, bool ldsm, bool stored) { return ldsm ? (stored && !x3 ? 2 : 1) : 0; }
-static int gdn_chunk_frags(const ds_cuda_ctx *ctx) {
-    return gdn_chunk_frags(!ctx->gdn_tf32, ctx->gdn_ldsm, ctx->gdn_tf32_stored);
+static bool gdn_chunk_stored(const ds_cuda_ctx *ctx) { return ctx->gdn_tf32 && ctx->gdn_tf32_stored; }
+bool ds_cuda_gdn_chunk_q_tf32(const ds_cuda_ctx *ctx) { return gdn_chunk_stored(ctx); }
+static gdn_chunk_kernel chunk_prep_of(bool x3, bool vf, bool st) {
+    if (x3) return vf ? gdn_chunk_prep_kernel<true, true, false> : gdn_chunk_prep_kernel<true, false, false>;
+    if (st) return vf ? gdn_chunk_prep_kernel<false, true, true> : gdn_chunk_prep_kernel<false, false, true>;
+    return vf ? gdn_chunk_prep_kernel<false, true, false> : gdn_chunk_prep_kernel<false, false, false>;
 }
-bool ds_cuda_gdn_chunk_q_tf32(const ds_cuda_ctx *ctx) { return gdn_chunk_frags(ctx) == 2; }
-template <bool X3, bool VF>
-static gdn_chunk_kernel chunk_prep_fr(int fr) {
-    return fr == 2 ? gdn_chunk_prep_kernel<X3, VF, 2> : fr == 1 ? gdn_chunk_prep_kernel<X3, VF, 1> : gdn_chunk_prep_kernel<X3, VF, 0>;
+static gdn_chunk_kernel chunk_scan_of(bool x3, bool st) {
+    return x3 ? gdn_chunk_scan_kernel<true, false> : st ? gdn_chunk_scan_kernel<false, true> : gdn_chunk_scan_kernel<false, false>;
 }
-static gdn_chunk_kernel chunk_prep_of(bool x3, bool vf, int fr) {
-    if (x3) return vf ? chunk_prep_fr<true, true>(fr) : chunk_prep_fr<true, false>(fr);
-    return vf ? chunk_prep_fr<false, true>(fr) : chunk_prep_fr<false, false>(fr);
-}
-template <bool X3>
-static gdn_chunk_kernel chunk_scan_fr(int fr) {
-    return fr == 2 ? gdn_chunk_scan_kernel<X3, 2> : fr == 1 ? gdn_chunk_scan_kernel<X3, 1> : gdn_chunk_scan_kernel<X3, 0>;
-}
-static gdn_chunk_kernel chunk_scan_of(bool x3, int fr) { return x3 ? chunk_scan_fr<true>(fr) : chunk_scan_fr<false>(fr); }
 
 void ds_cuda_gdn_chunked(ds_cuda_ctx *ctx, const ds_cuda_batch &b, const ds_cuda_gdn_args &a,
                          const gdn_scratch &sc) {
     /* Σ_s ⌈n_s / L⌉ ≤ T / L + S chunks; blocks past the last one return at once */
     const int chunks = DS_DIV_UP(b.n_tokens, GC_L) + b.n_seqs;
     const bool x3 = !ctx->gdn_tf32, vf = ctx->gdn_v_in_chunk;
-    const int fr = gdn_chunk_frags(ctx);
-    ds_launch(ctx, chunk_prep_of(x3, vf, fr), dim3(chunks, a.hv), GC_THREADS, sizeof(float) * GC_PREP_FLOATS, b, a, sc);
+    const bool st = gdn_chunk_stored(ctx);
+    ds_launch(ctx, chunk_prep_of(x3, vf, st), dim3(chunks, a.hv), GC_THREADS, sizeof(float) * GC_PREP_FLOATS, b, a, sc);
     DS_CU_LAUNCHED2(ctx, "gdn_chunk_prep_kernel", chunks, a.hv);
-    ds_launch(ctx, chunk_scan_of(x3, fr), dim3(GP_DK / GC_NC, a.hv, b.n_seqs), GC_THREADS,
+    ds_launch(ctx, chunk_scan_of(x3, st), dim3(GP_DK / GC_NC, a.hv, b.n_seqs), GC_THREADS,
               sizeof(float) * GC_SCAN_FLOATS, b, a, sc);
     DS_CU_LAUNCHED2(ctx, "gdn_chunk_scan_kernel", b.n_seqs, a.hv);
 }
@@ -509,11 +498,11 @@ void ds_cuda_gdn_chunked(ds_cuda_ctx *ctx, const ds_cuda_batch &b, const ds_cuda
 /* Shared-memory limits of the kernels, set once at creation (never inside a capture). */
 extern "C" void ds_cuda_gdn_chunked_init(ds_cuda_ctx *ctx) {
     for (int x3 = 0; x3 < 2; x3++)
-        for (int fr = 0; fr < 3; fr++) {
+        for (int st = 0; st < 2; st++) {
             for (int vf = 0; vf < 2; vf++)
-                DS_CU(ctx, cudaFuncSetAttribute(chunk_prep_of(x3, vf, fr), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                DS_CU(ctx, cudaFuncSetAttribute(chunk_prep_of(x3, vf, st), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                 (int)(sizeof(float) * GC_PREP_FLOATS)));
-            DS_CU(ctx, cudaFuncSetAttribute(chunk_scan_of(x3, fr), cudaFuncAttributeMaxDynamicSharedMemorySize,
+            DS_CU(ctx, cudaFuncSetAttribute(chunk_scan_of(x3, st), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)(sizeof(float) * GC_SCAN_FLOATS)));
         }
 }

@@ -248,13 +248,10 @@ typedef struct ds_cuda_ctx {
      * into scratch for chunk_prep to read (DS_CUDA_GDN_V_IN_CHUNK=0, for before/after runs;
      * cuda_gdn_chunked.cu v_to_shared). Same bits */
     int gdn_v_in_chunk;
-    /* the chunked GDN prefill's tensor-core fragments by ldmatrix (1, default) — chunk_scan's S,
-     * δ and δ' tiles stored transposed for it — or by one shared load a value
-     * (DS_CUDA_GDN_LDSM=0, for before/after runs; cuda_gdn_chunked.cu). Same bits */
-    int gdn_ldsm;
-    /* with gdn_ldsm and one-pass products (gdn_tf32): the chunked GDN's product operands W, P,
-     * S, δ, δ' rounded to tf32 once where written, not at every load (1, default;
-     * DS_CUDA_GDN_TF32_STORED=0 for before/after runs; cuda_gdn_chunked.cu). Same bits */
+    /* with one-pass products (gdn_tf32): the chunked GDN's product operands q̂, W, P, S, δ, δ'
+     * rounded to tf32 once where written, not at every load, and the fragments by ldmatrix
+     * (1, default since session 27; DS_CUDA_GDN_TF32_STORED=0 for before/after runs;
+     * cuda_gdn_chunked.cu). Same bits */
     int gdn_tf32_stored;
     /* measurement knobs of the decode expert GEMVs (env at create): output rows per warp of the
      * gate_up launch (DS_CUDA_MOE_GU_ROWS, 2 or 4, default 2) and of the down launch
