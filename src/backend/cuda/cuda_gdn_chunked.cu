@@ -30,6 +30,8 @@
  * depends only on its own S column, so blocks split the columns without talking to each other. */
 #include <math.h>
 
+#include <type_traits>
+
 
 #include "cuda_gdn_prefill.cuh"
 #include "cuda_mma.cuh"
@@ -110,7 +112,8 @@ static __device__ __forceinline__ void v_to_shared(const ds_cuda_batch &b, const
  * (DS_CUDA_GDN_TF32=0), else one tf32 pass (ctx->gdn_tf32, the default). VF: v_to_shared
  * above. ST (one-pass products only, ctx->gdn_tf32_stored; see chunk_scan's): the product's
  * fragments by ldmatrix (ldsm_a_tf32 / ldsm_bt2_tf32: a quarter / half of the load
- * instructions), q̂ taken as tf32 from the prep launch, P and W stored rounded to tf32. */
+ * instructions), q̂ taken as tf32 from the prep launch. (P and W rounded to tf32 here as well,
+ * for chunk_scan: chunk_prep 2357 → 2511 µs against chunk_scan's 2815 → ~2750, s27-run4.) */
 template <bool X3, bool VF, bool ST>
 __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 registers */
     gdn_chunk_prep_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
@@ -199,7 +202,7 @@ __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 re
                 const int i = m0 + g + (r >> 1) * 8, j = 8 * nt + 2 * t4 + (r & 1);
                 const float decay = j <= i ? expf(cs[i] - cs[j]) : 0.f;
                 if (k_warp) As[i * L + j] = j < i ? bs[i] * acc[nt][r] * decay : 0.f;
-                else if (i < n) sc.p[((int64_t)(t0 + i) * hv + h) * L + j] = tf32_if(ST, acc[nt][r] * decay);
+                else if (i < n) sc.p[((int64_t)(t0 + i) * hv + h) * L + j] = acc[nt][r] * decay;
             }
     }
     __syncthreads();
@@ -239,7 +242,7 @@ __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 re
         float *dst = col < DK ? sc.v + (int64_t)h * DK + col : sc.w + (int64_t)h * DK + col - DK;
 #pragma unroll
         for (int i = 0; i < L; i++)
-            if (i < n) dst[(int64_t)(t0 + i) * hv * DK] = col < DK ? x[i] : tf32_if(ST, x[i]); /* U stays fp32 */
+            if (i < n) dst[(int64_t)(t0 + i) * hv * DK] = x[i];
     }
     if (tid < n) sc.cg[(int64_t)(t0 + tid) * hv + h] = cs[tid];
 }
@@ -259,12 +262,13 @@ __global__ void __launch_bounds__(GC_THREADS)
     gdn_chunk_scan_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
     constexpr int DK = GP_DK, DV = GP_DK, L = GC_L, LD = GC_LD, PLD = GC_PLD, NC = GC_NC;
     constexpr int KLD = GC_KLD;
-    /* ST: every product operand but k̂ held as tf32 values (tf32_stored), rounded once where it
-     * is written — q̂ by the prep launch (gdn_scratch.q_tf32), W and P by chunk_prep, S, δ and δ'
-     * here — instead of at each of the eight warps' loads of it (the same operands reach the
-     * tensor cores; k̂ also feeds chunk_prep's fp32 substitution, so it stays fp32); fragments
-     * by ldmatrix, for which S, δ and δ' are stored transposed. ncu (H100, s27-run2): 16 % of
-     * the kernel's instructions were the rounding's FSETP, as many IMADs its add */
+    /* ST: the B operands S, δ, δ' and q̂ held as tf32 values (tf32_stored), rounded once where
+     * they are written — q̂ by the prep launch (gdn_scratch.q_tf32), S, δ and δ' here — instead
+     * of at each of the eight warps' loads of them (the same operands reach the tensor cores);
+     * fragments by ldmatrix, for which S, δ and δ' are stored transposed. ncu (H100, s27-run2):
+     * 16 % of the kernel's instructions were the rounding's FSETP, as many IMADs its add. W, P
+     * and k̂ are still rounded at the loads (W and P are written by chunk_prep, whose
+     * substitution and P store grew by more than this saved; k̂ also feeds that substitution) */
     static_assert(!(X3 && ST), "tf32 operands are one-pass operands");
     /* the B operands' pitches: [k][n] tiles read by load_b_tf32, or with ST [n][k] tiles
      * read by ldsm_bt2_tf32 (rows 16-byte aligned, 4 banks apart; each fits the [k][n] space) */
@@ -315,10 +319,14 @@ __global__ void __launch_bounds__(GC_THREADS)
             }
         }
     };
-    /* an A fragment of W, q̂ or P (each tf32 values with ST) */
-    auto a_frag = [&](tf32_split (&fa)[4], const float *X, int ld, int m0, int k0) {
-        if constexpr (ST) ldsm_a_tf32<true>(fa, X, ld, m0, k0, lane);
-        else load_a_tf32(fa, X, ld, m0, k0, g, t4);
+    /* an A fragment of W or P (fp32), or with raw of q̂ (tf32 values with ST) */
+    auto a_frag = [&](tf32_split (&fa)[4], const float *X, int ld, int m0, int k0, bool raw) {
+        if constexpr (ST) {
+            if (raw) ldsm_a_tf32<true>(fa, X, ld, m0, k0, lane);
+            else ldsm_a_tf32<false>(fa, X, ld, m0, k0, lane);
+        } else {
+            load_a_tf32(fa, X, ld, m0, k0, g, t4);
+        }
     };
 
     /* rows past the sequence's end are zeros (no bytes read) */
@@ -385,12 +393,16 @@ __global__ void __launch_bounds__(GC_THREADS)
         for (int nt = 0; nt < 4; nt++)
 #pragma unroll
             for (int r = 0; r < 4; r++) acc[nt][r] = 0.f;
+        auto phase1 = [&](auto q_raw) { /* loop unswitched: W (fp32) or q̂ (raw with ST) */
 #pragma unroll 4
-        for (int k0 = 0; k0 < DK; k0 += 8) {
-            tf32_split fa[4];
-            a_frag(fa, Xs, LD, m0, k0);
-            mma_n4(acc, fa, Ss, SLD, k0);
-        }
+            for (int k0 = 0; k0 < DK; k0 += 8) {
+                tf32_split fa[4];
+                a_frag(fa, Xs, LD, m0, k0, decltype(q_raw)::value);
+                mma_n4(acc, fa, Ss, SLD, k0);
+            }
+        };
+        if (ST && !w_warp) phase1(std::true_type{});
+        else phase1(std::false_type{});
         if (w_warp) {
             const float ek_lo = expf(cl - c_lo), ek_hi = expf(cl - c_hi); /* ≤ 1: c decreases */
 #pragma unroll
@@ -424,7 +436,7 @@ __global__ void __launch_bounds__(GC_THREADS)
 #pragma unroll 2
             for (int k0 = 0; k0 < L; k0 += 8) {
                 tf32_split fa[4];
-                a_frag(fa, Ps, PLD, m0, k0);
+                a_frag(fa, Ps, PLD, m0, k0, false);
                 mma_n4(acc, fa, Ds, DLD, k0);
             }
 #pragma unroll
