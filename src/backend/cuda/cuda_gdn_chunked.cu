@@ -27,7 +27,11 @@
  * since session 23: each product's inputs rounded to 11 bits — still finer than the bf16
  * operands of the chunked GDN kernels vLLM runs — a third of the MMAs of 3xTF32, which
  * DS_CUDA_GDN_TF32=0 keeps; GDN prefill of 2048 tokens 0.501 vs 0.631 ms, H200 s23-run1); every δ / o / S column
- * depends only on its own S column, so blocks split the columns without talking to each other. */
+ * depends only on its own S column, so blocks split the columns without talking to each other.
+ * In one-pass products the operands chunk_scan loads most often (q̂, S, δ, δ') are stored as
+ * tf32 values where they are written, and fragments are read by ldmatrix
+ * (DS_CUDA_GDN_TF32_STORED, session 27: the same bits; chunk_scan 2708 vs 3090 µs a prefill of
+ * 1024 tokens, H100 s27-run5). */
 #include <math.h>
 
 #include <type_traits>
@@ -112,8 +116,9 @@ static __device__ __forceinline__ void v_to_shared(const ds_cuda_batch &b, const
  * (DS_CUDA_GDN_TF32=0), else one tf32 pass (ctx->gdn_tf32, the default). VF: v_to_shared
  * above. ST (one-pass products only, ctx->gdn_tf32_stored; see chunk_scan's): the product's
  * fragments by ldmatrix (ldsm_a_tf32 / ldsm_bt2_tf32: a quarter / half of the load
- * instructions), q̂ taken as tf32 from the prep launch. (P and W rounded to tf32 here as well,
- * for chunk_scan: chunk_prep 2357 → 2511 µs against chunk_scan's 2815 → ~2750, s27-run4.) */
+ * instructions), q̂ taken as tf32 from the prep launch. P and W stay fp32: rounded here for
+ * chunk_scan as well, this kernel took 2511 vs 2357 µs and chunk_scan 2815 vs 3080 (eager,
+ * 1024 tokens, 30 layers, H100 s27-run4); without, chunk_scan 2708 vs 3090, this even (s27-run5). */
 template <bool X3, bool VF, bool ST>
 __global__ void __launch_bounds__(GC_THREADS, 2) /* two blocks an SM: ≤ 128 registers */
     gdn_chunk_prep_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
