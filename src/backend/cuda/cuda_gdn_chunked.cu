@@ -36,7 +36,6 @@
 
 #include <type_traits>
 
-
 #include "cuda_gdn_prefill.cuh"
 #include "cuda_mma.cuh"
 
@@ -267,7 +266,7 @@ __global__ void __launch_bounds__(GC_THREADS)
     gdn_chunk_scan_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, gdn_scratch sc) {
     constexpr int DK = GP_DK, DV = GP_DK, L = GC_L, LD = GC_LD, PLD = GC_PLD, NC = GC_NC;
     constexpr int KLD = GC_KLD;
-    /* ST: the B operands S, δ, δ' and q̂ held as tf32 values (tf32_stored), rounded once where
+    /* ST: the operands q̂, S, δ and δ' held as tf32 values (tf32_stored), rounded once where
      * they are written — q̂ by the prep launch (gdn_scratch.q_tf32), S, δ and δ' here — instead
      * of at each of the eight warps' loads of them (the same operands reach the tensor cores);
      * fragments by ldmatrix, for which S, δ and δ' are stored transposed. ncu (H100, s27-run2):

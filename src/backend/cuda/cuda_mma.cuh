@@ -122,8 +122,9 @@ static __device__ __forceinline__ void load_bt_tf32(tf32_split (&fb)[2], const f
     fb[1] = split_tf32(X[(n0 + g) * ld + k0 + t + 4]);
 }
 
-/* A value already rounded to tf32 (to_tf32's bits stored as a float) as the hi of a one-pass
- * product: to_tf32 of it would return the same bits, so the conversion is skipped. */
+/* A value stored as to_tf32's bits (tf32_if) taken as the hi of a one-pass product as it is:
+ * the operand split_tf32 of the unrounded value would have given. Never convert it again (the
+ * conversion need not clear the low bits it leaves, so a second one could differ). */
 static __device__ __forceinline__ tf32_split tf32_stored(uint32_t bits) { return {bits, 0u}; }
 
 /* The same values as load_a_tf32 by one ldmatrix.x4, the fp32 rows read as bf16 pairs: matrix
