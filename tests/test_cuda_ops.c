@@ -2309,8 +2309,8 @@ static void test_bench(void **state) {
                        cc->gdn_tf32 ? "one tf32 pass" : "3xTF32", time_ms(op_call, &a, quick ? 1 : 3));
             cc->gdn_tf32 = saved_tf32;
             /* where v is computed (DS_CUDA_GDN_V_IN_CHUNK), how the prep launch loads its
-             * inputs (DS_CUDA_GDN_PREP_PRELOAD) and the chunked kernels their fragments
-             * (DS_CUDA_GDN_TF32_STORED) */
+             * inputs (DS_CUDA_GDN_PREP_PRELOAD) and whether the chunked kernels' operands are
+             * stored as tf32 (DS_CUDA_GDN_TF32_STORED) */
             const int saved_pre = cc->gdn_prep_preload, saved_vc = cc->gdn_v_in_chunk, saved_st = cc->gdn_tf32_stored;
             static const struct {
                 int pre, vc, st;

@@ -514,7 +514,7 @@ void ds_cuda_gdn_chunked(ds_cuda_ctx *ctx, const ds_cuda_batch &b, const ds_cuda
 /* Shared-memory limits of the kernels, set once at creation (never inside a capture). */
 extern "C" void ds_cuda_gdn_chunked_init(ds_cuda_ctx *ctx) {
     for (int x3 = 0; x3 < 2; x3++)
-        for (int st = 0; st < 2; st++) {
+        for (int st = 0; st < (x3 ? 1 : 2); st++) { /* stored tf32 operands: one-pass only */
             for (int vf = 0; vf < 2; vf++)
                 DS_CU(ctx, cudaFuncSetAttribute(chunk_prep_of(x3, vf, st), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                 (int)(sizeof(float) * GC_PREP_FLOATS)));

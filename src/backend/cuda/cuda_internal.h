@@ -248,8 +248,9 @@ typedef struct ds_cuda_ctx {
      * into scratch for chunk_prep to read (DS_CUDA_GDN_V_IN_CHUNK=0, for before/after runs;
      * cuda_gdn_chunked.cu v_to_shared). Same bits */
     int gdn_v_in_chunk;
-    /* with one-pass products (gdn_tf32): the chunked GDN's product operands q̂, W, P, S, δ, δ'
-     * rounded to tf32 once where written, not at every load, and the fragments by ldmatrix
+    /* with one-pass products (gdn_tf32): the chunked GDN's product operands q̂, S, δ, δ'
+     * rounded to tf32 once where written, not at every load (W, P, k̂ still at each load), and
+     * the fragments by ldmatrix
      * (1, default since session 27; DS_CUDA_GDN_TF32_STORED=0 for before/after runs;
      * cuda_gdn_chunked.cu). Same bits */
     int gdn_tf32_stored;
