@@ -56,7 +56,8 @@ struct mb_meta {
 struct mb_layout {
     int stages;
     uint32_t st_off;      /* first stage */
-    uint32_t stage_bytes; /* MB_STAGE_W + the down pass's input rows [MB_MAX_N][2I] bf16 */
+    uint32_t w_bytes;     /* an item's weights: RI rows of K */
+    uint32_t stage_bytes; /* w_bytes + the down pass's input rows [MB_MAX_N][2I] bf16 */
     uint32_t total;
 };
 
@@ -100,7 +101,7 @@ static __device__ __forceinline__ void mb_dot(const bf16 *wst, int K, int rbase,
 /* DOWN false: h[a, r] = W_e[r] · x[a / k] for r < N = 2I, K = H. DOWN true: y[a, r] = W_e[r] ·
  * SiLU(g_a) u_a for r < N = H, K = I, and with w_sh ysh[t, r] = W_sh[r] · sh_act[t] (Is = I). */
 template <bool DOWN, int RPW>
-__global__ void __launch_bounds__(MB_THREADS, 1)
+__global__ void __launch_bounds__(MB_THREADS, 2)
     moe_bulk_kernel(const bf16 *__restrict__ W, const bf16 *__restrict__ w_sh, const bf16 *__restrict__ x,
                     int N, int K, int T, int k, moe_scratch sc, mb_layout L, int keep) {
     extern __shared__ __align__(128) unsigned char mb_smem[];
@@ -121,11 +122,32 @@ __global__ void __launch_bounds__(MB_THREADS, 1)
     }
     __syncthreads();
     pdl_enter(); /* cuda_launch.cuh: before any global access */
+    __shared__ int offs[MOE_MAX_E + 1]; /* the groups' offsets: assignments before expert i */
     const int n_act = *sc.n_act;
+    for (int i = threadIdx.x; i <= n_act; i += blockDim.x) offs[i] = sc.off[i];
+    __syncthreads();
     const int ipe = (N + RI - 1) / RI; /* items an expert */
-    const int total = n_act * ipe + (DOWN && w_sh ? ipe : 0);
-    const int per = (total + (int)gridDim.x - 1) / (int)gridDim.x;
-    const int j0 = blockIdx.x * per, j1 = min(total, j0 + per);
+    const int n_exp = n_act + (DOWN && w_sh ? 1 : 0); /* the shared expert last, T inputs */
+    const int total = n_exp * ipe;
+    /* The blocks' item ranges by cost, an item costing 1 + its input rows (its bytes and its
+     * sums): the shared expert's items (T inputs each) on one block's range took it ~4× as long
+     * as the others (ncu s28-run3, SM active 52 % of the launch). cost(i) = the cost of every
+     * item of the experts before i. */
+    auto cost = [&](int i) { return (int64_t)ipe * (i + (i <= n_act ? offs[i] : offs[n_act] + T)); };
+    auto first_item = [&](int b) { /* the first item at or past cost b/G of the total */
+        if (b >= (int)gridDim.x) return total;
+        const int64_t target = cost(n_exp) * b / gridDim.x;
+        int lo = 0, hi = n_exp - 1; /* the last expert whose items start at or before target */
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if (cost(mid) <= target) lo = mid;
+            else hi = mid - 1;
+        }
+        const int64_t ci = 1 + (lo < n_act ? offs[lo + 1] - offs[lo] : T);
+        const int64_t y = (target - cost(lo) + ci - 1) / ci;
+        return y >= ipe ? (lo + 1) * ipe : lo * ipe + (int)y;
+    };
+    const int j0 = first_item(blockIdx.x), j1 = first_item(blockIdx.x + 1);
     if (j0 >= j1) return;
     auto stage = [&](int s) { return mb_smem + L.st_off + (size_t)s * L.stage_bytes; };
 
@@ -161,14 +183,14 @@ __global__ void __launch_bounds__(MB_THREADS, 1)
 #pragma unroll
                 for (int c = 0; c < MB_MAX_N; c++) m.ids[c] = ids[c];
                 unsigned char *st = stage(s);
-                const uint32_t wb = (uint32_t)rows * K * 2;
+                const uint32_t wb = (uint32_t)rows * K * 2; /* ≤ L.w_bytes */
                 const int na = e >= 0 ? min(n, keep) : n; /* rows copied: the kept ones */
                 const uint32_t ab = DOWN ? (uint32_t)na * (e >= 0 ? 2 : 1) * K * 2 : 0;
                 mbar_arrive_expect_tx(&full[s], wb + ab);
                 const bf16 *src = e >= 0 ? W + ((int64_t)e * N + r0) * K : w_sh + (int64_t)r0 * K;
                 bulk_load_1d(st, src, wb, &full[s], pol);
                 if (DOWN) {
-                    bf16 *as = reinterpret_cast<bf16 *>(st + MB_STAGE_W);
+                    bf16 *as = reinterpret_cast<bf16 *>(st + L.w_bytes);
                     if (e >= 0) {
 #pragma unroll
                         for (int c = 0; c < MB_MAX_N; c++)
@@ -192,7 +214,7 @@ __global__ void __launch_bounds__(MB_THREADS, 1)
         const mb_meta &m = meta[s];
         const int e = m.e, r0 = m.r0, rows = m.rows, n = m.n;
         const bf16 *wst = reinterpret_cast<const bf16 *>(stage(s));
-        const bf16 *as = reinterpret_cast<const bf16 *>(stage(s) + MB_STAGE_W);
+        const bf16 *as = reinterpret_cast<const bf16 *>(stage(s) + L.w_bytes);
         if (rbase < rows) {
             for (int c0 = 0; c0 < n; c0 += MB_MAX_N) {
                 const int nc = min(MB_MAX_N, n - c0);
@@ -247,13 +269,15 @@ __global__ void __launch_bounds__(MB_THREADS, 1)
  * 1, the most whose item fits MB_STAGE_W) and the ring's stages (as many as shared memory takes,
  * at most MB_MAX_STAGES). False: the register-fed kernels serve this shape. */
 static bool mb_plan(const ds_cuda_ctx *ctx, int K, uint32_t act_bytes, uint32_t x_bytes, int *rpw, mb_layout *l) {
-    int r = 4;
+    int r = 2; /* 4 rows a warp took 147 registers: one block an SM */
     while (r >= 1 && (int64_t)MB_CONSUMERS * r * K * 2 > MB_STAGE_W) r /= 2;
     if (r < 1) return false;
     *rpw = r;
     l->st_off = (uint32_t)((MB_X_OFF + x_bytes + 127) & ~127u);
-    l->stage_bytes = (uint32_t)((MB_STAGE_W + act_bytes + 127) & ~127u);
-    const int64_t room = (int64_t)ctx->smem_optin - l->st_off;
+    l->w_bytes = (uint32_t)(MB_CONSUMERS * r * K * 2);
+    l->stage_bytes = (uint32_t)((l->w_bytes + act_bytes + 127) & ~127u);
+    /* two blocks an SM: each takes half of what an SM has, less the offsets table */
+    const int64_t room = ((int64_t)ctx->smem_optin - 16384) / 2 - l->st_off;
     int64_t st = room > 0 ? room / l->stage_bytes : 0;
     if (st > MB_MAX_STAGES) st = MB_MAX_STAGES;
     if (st < 2) return false;
@@ -265,11 +289,11 @@ static bool mb_plan(const ds_cuda_ctx *ctx, int K, uint32_t act_bytes, uint32_t 
 template <bool DOWN>
 static void mb_launch(ds_cuda_ctx *ctx, int rpw, const mb_layout &l, const bf16 *W, const bf16 *w_sh,
                       const bf16 *x, int N, int K, int T, int k, const moe_scratch &sc) {
-    auto kern = rpw == 4 ? moe_bulk_kernel<DOWN, 4> : rpw == 2 ? moe_bulk_kernel<DOWN, 2> : moe_bulk_kernel<DOWN, 1>;
+    auto kern = rpw == 2 ? moe_bulk_kernel<DOWN, 2> : moe_bulk_kernel<DOWN, 1>;
     /* DS_CUDA_MOE_BULK=2 (tests): one assignment an item kept, the others' inputs from global
      * memory, as an expert with more than MB_MAX_N assignments takes them */
     const int keep = ctx->moe_bulk == 2 ? 1 : MB_MAX_N;
-    ds_launch(ctx, kern, ctx->sm_count, MB_THREADS, l.total, W, w_sh, x, N, K, T, k, sc, l, keep);
+    ds_launch(ctx, kern, 2 * ctx->sm_count, MB_THREADS, l.total, W, w_sh, x, N, K, T, k, sc, l, keep);
 }
 
 /* gate_up of a T-token step (2 ≤ T ≤ DS_CUDA_GEMV_MAX_ROWS) by the bulk kernel; false: not
@@ -296,15 +320,13 @@ static bool moe_bulk_down(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a, const moe
     return true;
 }
 
-/* the six instances' shared-memory limit: all the device allows (set once, ds_cuda_moe_init) */
+/* the four instances' shared-memory limit: all the device allows (set once, ds_cuda_moe_init) */
 static void moe_bulk_init(ds_cuda_ctx *ctx) {
     const int bytes = (int)ctx->smem_optin;
     DS_CU(ctx, cudaFuncSetAttribute(moe_bulk_kernel<false, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     DS_CU(ctx, cudaFuncSetAttribute(moe_bulk_kernel<false, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    DS_CU(ctx, cudaFuncSetAttribute(moe_bulk_kernel<false, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     DS_CU(ctx, cudaFuncSetAttribute(moe_bulk_kernel<true, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     DS_CU(ctx, cudaFuncSetAttribute(moe_bulk_kernel<true, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    DS_CU(ctx, cudaFuncSetAttribute(moe_bulk_kernel<true, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
 
 #endif
