@@ -322,7 +322,7 @@ static bool moe_bulk_down(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a, const moe
 
 /* the four instances' shared-memory limit: all the device allows (set once, ds_cuda_moe_init) */
 static void moe_bulk_init(ds_cuda_ctx *ctx) {
-    const int bytes = (int)ctx->smem_optin;
+    const int bytes = (int)ctx->smem_optin - 8192; /* less the static offsets table */
     DS_CU(ctx, cudaFuncSetAttribute(moe_bulk_kernel<false, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     DS_CU(ctx, cudaFuncSetAttribute(moe_bulk_kernel<false, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     DS_CU(ctx, cudaFuncSetAttribute(moe_bulk_kernel<true, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
