@@ -15,7 +15,8 @@
  * consumer warps that wait for each stage on its mbarrier and release it — the pipeline of
  * such a GEMM without its math — with the producer issuing one TMA box a stage (a 2-D tensor
  * map, 128-byte swizzle), one bulk copy a row piece (128 a stage), or 16-byte cp.async (32 a
- * lane a stage). Says which producer can keep HBM busy from a single warp.
+ * lane a stage), or (session 28) one 1-D bulk copy of the whole 16 KB stage (the rows of a
+ * tile are contiguous). Says which producer can keep HBM busy from a single warp.
  *
  *   nvcc -std=c++17 -O3 -arch=sm_90a -o probe tools/gpu/probe_weight_stream.cu && ./probe
  * Prints one line per pattern: name, GB/s (best of 5). */
@@ -160,7 +161,7 @@ static int run(const char *name, int blocks_per_sm, const uint8_t *W, const uint
 
 /* ---- ring producers ---------------------------------------------------------------------- */
 
-enum { RING_TMA = 0, RING_BULK = 1, RING_CPASYNC = 2 };
+enum { RING_TMA = 0, RING_BULK = 1, RING_CPASYNC = 2, RING_BULK1D = 3 };
 constexpr int RING_ROWS = 128, RING_PIECE = 128, RING_STAGE = RING_ROWS * RING_PIECE; /* 16 KB */
 
 /* tiles: (expert, 128-row tile) of W [E·R rows, KB bytes]; stage s of a tile = bytes s·128 … of
@@ -200,6 +201,11 @@ __global__ void __launch_bounds__((CW + 1) * 32) ring_pattern(const __grid_const
                     if (lane == 0) {
                         mbar_arrive_expect_tx(&full[b], RING_STAGE);
                         tma_load_2d(dst, &tmap, s * (RING_PIECE / 2), row0, &full[b]);
+                    }
+                } else if (MODE == RING_BULK1D) { /* the tile's rows are contiguous: one copy a stage */
+                    if (lane == 0) {
+                        mbar_arrive_expect_tx(&full[b], RING_STAGE);
+                        bulk_load_1d(dst, W + (int64_t)row0 * KB + (int64_t)s * RING_STAGE, RING_STAGE, &full[b]);
                     }
                 } else if (MODE == RING_BULK) {
                     if (lane == 0) mbar_arrive_expect_tx(&full[b], RING_STAGE);
@@ -348,6 +354,9 @@ int main() {
     rc |= run_ring<RING_TMA, 4>("ring: TMA 2-D box a stage", 2, tmap, W, sink);
     rc |= run_ring<RING_TMA, 12>("ring: TMA 2-D box a stage", 1, tmap, W, sink);
     rc |= run_ring<RING_BULK, 6>("ring: bulk copy a row piece", 1, tmap, W, sink);
+    rc |= run_ring<RING_BULK1D, 6>("ring: one 1-D bulk copy a stage", 1, tmap, W, sink);
+    rc |= run_ring<RING_BULK1D, 4>("ring: one 1-D bulk copy a stage", 2, tmap, W, sink);
+    rc |= run_ring<RING_BULK1D, 12>("ring: one 1-D bulk copy a stage", 1, tmap, W, sink);
     rc |= run_ring<RING_CPASYNC, 6>("ring: cp.async, one warp", 1, tmap, W, sink);
     rc |= run_ring<RING_CPASYNC, 4>("ring: cp.async, one warp", 2, tmap, W, sink);
     /* the same with the consumers' tensor-core work of a 64 × 128 × 64 tile a stage */

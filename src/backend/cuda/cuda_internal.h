@@ -322,10 +322,6 @@ typedef struct ds_cuda_ctx {
      * the session-7 launch), 2, 4 (default) or 8 (32 rows each); cuda_moe_experts.cuh
      * moe_down_staged_kernel). Same bits for every value. */
     int moe_down_tiles;
-    /* the expert GEMVs of decode steps of 2 … DS_CUDA_GEMV_MAX_ROWS tokens with their weights
-     * streamed into shared memory by bulk copies, one persistent block an SM (DS_CUDA_MOE_BULK;
-     * cuda_moe_bulk.cuh). Same bits as the register-fed kernels. */
-    int moe_bulk;
     /* the largest step (tokens) routed inside the gate_up launch when DS_OPT_MOE_ROUTE_FUSED
      * (DS_CUDA_ROUTE_FUSED_MAX_T, 1-8; default 1: larger steps route in their own launch).
      * Same ids, weights and outputs. */

@@ -25,7 +25,6 @@
 #include <math.h>
 
 #include "cuda_launch.cuh"
-#include "cuda_moe_bulk.cuh"
 #include "cuda_moe_experts.cuh"
 #include "cuda_moe_gemm.h"
 #include "cuda_moe_route.cuh"
@@ -187,7 +186,6 @@ extern "C" void ds_cuda_moe_init(ds_cuda_ctx *ctx) {
     const int bytes = (int)ctx->smem_optin - 8192;
     DS_CU(ctx, cudaFuncSetAttribute(moe_group_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     bytes));
-    moe_bulk_init(ctx);
     ds_cuda_moe_gemm_init(ctx);
 }
 
@@ -295,12 +293,7 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
         /* the gate_up blocks' L2 prefetch of their expert's down slice: with DS_OPT_PREFETCH
          * only (alone, s7-run4: 2.765 / 5.184 / 7.518 vs 2.691 / 5.066 / 7.399 ms, slower) */
         const bf16 *pf_down = pf_on ? (const bf16 *)a->w_down : (const bf16 *)NULL;
-        /* steps of 2 … DS_CUDA_GEMV_MAX_ROWS tokens with DS_CUDA_MOE_BULK: both passes by bulk
-         * copies (cuda_moe_bulk.cuh), where the shape fits its plan */
-        const bool bulk = ctx->moe_bulk && T >= 2 && T <= DS_CUDA_GEMV_MAX_ROWS && !route_fused && !pf_on && !(a->residual && !a->normed);
-        if (bulk && moe_bulk_gate_up(ctx, a, sc)) {
-            /* launched */
-        } else if (ctx->moe_gu_rows == 4) launch_gate_up<4, 2>(ctx, a, sc, nblk, route_fused, pf_down);
+        if (ctx->moe_gu_rows == 4) launch_gate_up<4, 2>(ctx, a, sc, nblk, route_fused, pf_down);
         else launch_gate_up<2, 4>(ctx, a, sc, nblk, route_fused, pf_down);
         if (a->residual && !a->normed) { /* 5-7 in one launch, the norm left to the caller */
             const int warps = k + (Is > 0 ? 1 : 0);
@@ -321,29 +314,25 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
         /* rows per warp of the down launch (0 = by step size: 16 rows read 16 KB per warp, fewer
          * and longer blocks; at T = 1 they cost 2.958 vs 2.919 ms per step, at T = 4 / 8 they
          * saved 5.162 → 5.054 and 7.683 → 7.506 ms, s5-run3). Results are the same bits. */
-        if (bulk && moe_bulk_down(ctx, a, sc, w_sh)) {
-            /* launched */
-        } else {
-            const int down_rows = ctx->moe_down_rows ? ctx->moe_down_rows : (T == 1 ? 4 : 16);
-            /* steps of 2+ tokens with the default rows: inputs staged (moe_down_staged_kernel) */
-            const size_t staged_smem = sizeof(float) * (size_t)T * (size_t)I;
-            if (ctx->moe_down_staged && T >= 2 && ctx->moe_down_rows == 0 && ctx->moe_rmax == 2 &&
-                staged_smem <= 48 * 1024) { /* 8 rows per warp: the whole K = I per lane in one batch */
-                /* `tiles` row tiles a routed block (8 rows a warp for one, else 4), the shared
-                 * expert one a block over `tiles` columns */
-                const int tiles = ctx->moe_down_tiles, rows = tiles == 1 ? 8 : 4;
-                dim3 grid(nblk + (w_sh ? tiles : 0), DS_DIV_UP(DS_DIV_UP(H, MOE_WARPS * rows), tiles));
-                auto kern = tiles == 8 ? moe_down_staged_kernel<4, 2, 2, 8>
-                            : tiles == 4 ? moe_down_staged_kernel<4, 2, 2, 4>
-                            : tiles == 2 ? moe_down_staged_kernel<4, 2, 2, 2>
-                                         : moe_down_staged_kernel<8, 2, 2, 1>;
-                ds_launch(ctx, kern, grid, MOE_WARPS * 32, staged_smem, (const bf16 *)a->w_down, H, I, sc,
-                          w_sh, Is, T, pf_sh);
-            } else if (down_rows == 16) launch_down<16, 1>(ctx, a, sc, nblk, w_sh, pf_sh);
-            else if (down_rows == 8) launch_down<8, 2>(ctx, a, sc, nblk, w_sh, pf_sh);
-            else launch_down<4, 2>(ctx, a, sc, nblk, w_sh, pf_sh);
-            DS_CU_LAUNCHED2(ctx, fuse_sh ? "moe_expert_kernel<down+shared>" : "moe_expert_kernel<down>", T, H);
-        }
+        const int down_rows = ctx->moe_down_rows ? ctx->moe_down_rows : (T == 1 ? 4 : 16);
+        /* steps of 2+ tokens with the default rows: inputs staged (moe_down_staged_kernel) */
+        const size_t staged_smem = sizeof(float) * (size_t)T * (size_t)I;
+        if (ctx->moe_down_staged && T >= 2 && ctx->moe_down_rows == 0 && ctx->moe_rmax == 2 &&
+            staged_smem <= 48 * 1024) { /* 8 rows per warp: the whole K = I per lane in one batch */
+            /* `tiles` row tiles a routed block (8 rows a warp for one, else 4), the shared
+             * expert one a block over `tiles` columns */
+            const int tiles = ctx->moe_down_tiles, rows = tiles == 1 ? 8 : 4;
+            dim3 grid(nblk + (w_sh ? tiles : 0), DS_DIV_UP(DS_DIV_UP(H, MOE_WARPS * rows), tiles));
+            auto kern = tiles == 8 ? moe_down_staged_kernel<4, 2, 2, 8>
+                        : tiles == 4 ? moe_down_staged_kernel<4, 2, 2, 4>
+                        : tiles == 2 ? moe_down_staged_kernel<4, 2, 2, 2>
+                                     : moe_down_staged_kernel<8, 2, 2, 1>;
+            ds_launch(ctx, kern, grid, MOE_WARPS * 32, staged_smem, (const bf16 *)a->w_down, H, I, sc,
+                      w_sh, Is, T, pf_sh);
+        } else if (down_rows == 16) launch_down<16, 1>(ctx, a, sc, nblk, w_sh, pf_sh);
+        else if (down_rows == 8) launch_down<8, 2>(ctx, a, sc, nblk, w_sh, pf_sh);
+        else launch_down<4, 2>(ctx, a, sc, nblk, w_sh, pf_sh);
+        DS_CU_LAUNCHED2(ctx, fuse_sh ? "moe_expert_kernel<down+shared>" : "moe_expert_kernel<down>", T, H);
     }
     /* 6. shared expert down */
     if (Is > 0 && !fuse_sh) {

@@ -81,18 +81,9 @@ static __device__ __forceinline__ void tma_load_2d_hint(void *dst, const CUtenso
 #endif
 }
 /* bytes (a multiple of 16; src and dst 16-byte aligned) of contiguous global memory into dst
- * with one bulk copy (the TMA without a tensor map); they complete_tx on *m. policy: an L2
- * cache policy (createpolicy) for data read once. */
-static __device__ __forceinline__ void bulk_load_1d(void *dst, const void *src, uint32_t bytes, uint64_t *m,
-                                                    uint64_t policy) {
-#ifdef DS_SM90_ASM
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-                 " [%0], [%1], %2, [%3], %4;"
-                 ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(m)), "l"(policy)
-                 : "memory");
-#endif
-}
-/* the same with the default L2 policy (data read again soon: activations) */
+ * with one bulk copy (the TMA without a tensor map); they complete_tx on *m. Used by the weight
+ * streaming probe (tools/gpu/probe_weight_stream.cu); session 28's expert GEMV fed this way was
+ * ~1.35-2× slower than the register-fed kernels and was removed (docs/cuda_notes.md). */
 static __device__ __forceinline__ void bulk_load_1d(void *dst, const void *src, uint32_t bytes, uint64_t *m) {
 #ifdef DS_SM90_ASM
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
