@@ -569,8 +569,7 @@ int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     ds_error err = {0};
     if (ds_backend_cuda_create(0, &g_cuda, &err) != DS_OK) {
-        printf("test_cuda_model: skipped (%s)\n", err.msg);
-        return 0;
+        return test_cuda_unavailable("test_cuda_model", err.msg);
     }
     if (ds_backend_cpu_create(0, &g_cpu, &err) != DS_OK || ds_backend_cpu_create(0, &g_emu, &err) != DS_OK) {
         printf("test_cuda_model: CPU backend: %s\n", err.msg);

@@ -2389,8 +2389,7 @@ int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0); /* keep stdout and stderr lines in order in logs */
     ds_error err = {0};
     if (ds_backend_cuda_create(0, &g_cuda, &err) != DS_OK) {
-        printf("test_cuda_ops: skipped (%s)\n", err.msg);
-        return 0;
+        return test_cuda_unavailable("test_cuda_ops", err.msg);
     }
     if (ds_backend_cpu_create(0, &g_cpu, &err) != DS_OK) {
         printf("test_cuda_ops: cpu backend: %s\n", err.msg);

@@ -504,8 +504,7 @@ int main(void) {
         }
         printf("test_cuda_spec: DS_CUDA_SPEC_ON_CPU=1: the CPU backend stands in for CUDA\n");
     } else if (ds_backend_cuda_create(0, &g_cuda, &err) != DS_OK) {
-        printf("test_cuda_spec: skipped (%s)\n", err.msg);
-        return 0;
+        return test_cuda_unavailable("test_cuda_spec", err.msg);
     }
     if (ds_backend_cpu_create(2, &g_cpu, &err) != DS_OK) {
         printf("test_cuda_spec: CPU backend: %s\n", err.msg);

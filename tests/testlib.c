@@ -19,6 +19,13 @@ const char *test_bin(void) {
     return b && *b ? b : "build/deltaserve";
 }
 
+int test_cuda_unavailable(const char *test, const char *why) {
+    const char *req = getenv("DS_CUDA_REQUIRED");
+    const int required = req && atoi(req) != 0;
+    printf("%s: skipped (%s)%s\n", test, why, required ? ": a failure, DS_CUDA_REQUIRED is set" : "");
+    return required ? 1 : 0;
+}
+
 const char *test_data_path(const char *rel) {
     static char buf[4096];
     snprintf(buf, sizeof buf, "%s/%s", test_data_dir(), rel);

@@ -16,6 +16,10 @@ const char *test_data_dir(void);
 const char *test_bin(void);
 /* Joins test_data_dir() and rel into a static buffer (valid until the next call). */
 const char *test_data_path(const char *rel);
+/* A CUDA test whose backend did not start (why): prints "<test>: skipped (why)" and returns its
+ * exit status — 0, so that CI machines without a GPU pass, unless DS_CUDA_REQUIRED is set to a
+ * non-zero value (the GPU scripts under tools/gpu set it): then 1, a failure. */
+int test_cuda_unavailable(const char *test, const char *why);
 /* Reads a whole file; returns NULL if missing. Caller frees. */
 char *test_read_file(const char *path, size_t *len);
 
