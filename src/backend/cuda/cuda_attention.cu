@@ -758,8 +758,13 @@ static void run_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a) {
     }
 
     if (decode) {
-        /* split count from the token count only (graph-safe); ranges are found on the device */
-        int nsplit = DS_DIV_UP(2 * ctx->sm_count, T * a->nkv);
+        /* split count from the token count only (graph-safe); ranges are found on the device.
+         * As many blocks as are resident at once (ctx->attn_split_fit): a count rounded up left
+         * a few blocks for a second wave (8 of 272 at batch 8 of the 35B-A3B) */
+        const int hd_idx = HD == 32 ? 0 : HD == 64 ? 1 : HD == 128 ? 2 : 3;
+        const int places = ctx->sm_count * ctx->attn_dec_bps[hd_idx][fuse_prep ? 1 : 0];
+        int nsplit = ctx->attn_split_fit && places > 0 ? places / (T * a->nkv)
+                                                       : DS_DIV_UP(2 * ctx->sm_count, T * a->nkv);
         if (nsplit > DS_CUDA_ATTN_MAX_SPLIT) nsplit = DS_CUDA_ATTN_MAX_SPLIT;
         while (nsplit > 1 && (int64_t)T * a->nh * nsplit > a->ws_rows) nsplit--;
         if (nsplit < 1) nsplit = 1;
@@ -806,6 +811,15 @@ static void attention_init(ds_cuda_ctx *ctx) {
     DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD, 32, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, dec));
     DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD, 8, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, dec));
     DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD, 32, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, dec));
+    /* resident blocks an SM, for the split count (run_attention) */
+    const int hd_idx = HD == 32 ? 0 : HD == 64 ? 1 : HD == 128 ? 2 : 3;
+    int b8 = 0, b32 = 0;
+    DS_CU(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b8, attn_decode_kernel<HD, 8, false>, HD, dec));
+    DS_CU(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b32, attn_decode_kernel<HD, 32, false>, HD, dec));
+    ctx->attn_dec_bps[hd_idx][0] = b8 < b32 ? b8 : b32;
+    DS_CU(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b8, attn_decode_kernel<HD, 8, true>, HD, dec));
+    DS_CU(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b32, attn_decode_kernel<HD, 32, true>, HD, dec));
+    ctx->attn_dec_bps[hd_idx][1] = b8 < b32 ? b8 : b32;
 }
 
 /* Shared-memory limits of the kernels, set once at creation (never inside a graph capture). */

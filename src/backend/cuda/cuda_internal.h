@@ -292,6 +292,15 @@ typedef struct ds_cuda_ctx {
      * DS_CUDA_ATTN_FUSE_PREP=0: the prep launch, for before/after runs; cuda_attention.cu).
      * Same bits. */
     int attn_fuse_prep;
+    /* decode attention's split count fitted to one wave: ⌊resident blocks / (tokens · kv heads)⌋
+     * from the kernel's occupancy (1, default; DS_CUDA_ATTN_SPLIT_FIT=0: ⌈2 · SMs / (tokens ·
+     * kv heads)⌉, which at batch 8 of the 35B-A3B (2 kv heads, 132 SMs, two blocks an SM) made
+     * 272 blocks for 264 places; cuda_attention.cu). Same math over other key ranges: results
+     * differ in rounding only. */
+    int attn_split_fit;
+    /* blocks of attn_decode_kernel resident on one SM, [log2(head_dim / 32)][PREP] (the smaller
+     * of its two LMAX forms), set by ds_cuda_attention_init */
+    int attn_dec_bps[4][2];
     /* prefill attention: the next K / V tile copied in under the current tile's work, query
      * tiles last first (1, default; DS_CUDA_ATTN_PF_PIPE=0: session 20's kernel, for
      * before/after runs; cuda_attention.cu). Same bits. */
