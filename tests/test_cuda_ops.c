@@ -1668,21 +1668,35 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
         ds_tensor qc = tcpu(&q), qg = tcuda(&q, DS_DTYPE_BF16), oc = tcpu(&o), og = tcuda(&o, DS_DTYPE_BF16);
         g_cpu->ops->attention(g_cpu, c->cpu, 1, cfg, &m->dev_cpu.layers[1].attn, &qc, &oc);
 #ifdef DS_HAVE_CUDA
-        /* the step three times (each rewrites the same keys and values; the defaults last, so
+        /* the step five times (each rewrites the same keys and values; the defaults last, so
          * that later steps read the keys they wrote), each into a poisoned output: the prep
-         * launch on or off (DS_CUDA_ATTN_FUSE_PREP; bit for bit against the defaults), and the
-         * decode kernel's other score layout (DS_CUDA_ATTN_LANES8; against the CPU) */
+         * launch on or off (DS_CUDA_ATTN_FUSE_PREP) and the combine launch on or off
+         * (DS_CUDA_ATTN_FUSE_COMBINE; each bit for bit against the defaults), the decode
+         * kernel's other score layout (DS_CUDA_ATTN_LANES8) and the other split count
+         * (DS_CUDA_ATTN_SPLIT_FIT; each against the CPU) */
         ds_cuda_ctx *cc = (ds_cuda_ctx *)g_cuda->impl;
         pair o2 = pair_out(T, O, DS_DTYPE_BF16), o3 = pair_out(T, O, DS_DTYPE_BF16), cmp = o;
+        pair o4 = pair_out(T, O, DS_DTYPE_BF16), o5 = pair_out(T, O, DS_DTYPE_BF16);
         ds_tensor og2 = tcuda(&o2, DS_DTYPE_BF16), og3 = tcuda(&o3, DS_DTYPE_BF16);
+        ds_tensor og4 = tcuda(&o4, DS_DTYPE_BF16), og5 = tcuda(&o5, DS_DTYPE_BF16);
         cc->attn_fuse_prep = !cc->attn_fuse_prep;
         g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og3);
         cc->attn_fuse_prep = !cc->attn_fuse_prep;
+        cc->attn_fuse_combine = !cc->attn_fuse_combine;
+        g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og4);
+        cc->attn_fuse_combine = !cc->attn_fuse_combine;
         cc->attn_lanes8 = !cc->attn_lanes8;
         g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og2);
         cc->attn_lanes8 = !cc->attn_lanes8;
         snprintf(name, sizeof name, "attention %s, %s lanes a key", label, cc->attn_lanes8 ? "32" : "8");
         cmp.cuda = o2.cuda;
+        compare(name, &cmp, DS_DTYPE_BF16, TOL_FUSED);
+        cc->attn_split_fit = !cc->attn_split_fit;
+        g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og5);
+        cc->attn_split_fit = !cc->attn_split_fit;
+        snprintf(name, sizeof name, "attention %s, split count %s", label,
+                 cc->attn_split_fit ? "rounded up" : "fitted");
+        cmp.cuda = o5.cuda;
         compare(name, &cmp, DS_DTYPE_BF16, TOL_FUSED);
 #endif
         g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og);
@@ -1697,11 +1711,20 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
             printf("  attention %s, prep launch %s: %zu of %zu values differ from the defaults\n", label,
                    cc->attn_fuse_prep ? "on" : "off", diff, n);
             assert_int_equal(diff, 0);
+            float *x4 = act_download(g_cuda, o4.cuda, DS_DTYPE_BF16, n);
+            diff = 0;
+            for (size_t i = 0; i < n; i++) diff += memcmp(&x4[i], &x1[i], 4) != 0;
+            printf("  attention %s, combine launch %s: %zu of %zu values differ from the defaults\n", label,
+                   cc->attn_fuse_combine ? "on" : "off", diff, n);
+            assert_int_equal(diff, 0);
+            free(x4);
             free(x3);
             free(x1);
         }
         pair_free(&o2);
         pair_free(&o3);
+        pair_free(&o4);
+        pair_free(&o5);
 #endif
         pair_free(&q);
         pair_free(&o);

@@ -298,6 +298,10 @@ typedef struct ds_cuda_ctx {
      * 272 blocks for 264 places; cuda_attention.cu). Same math over other key ranges: results
      * differ in rounding only. */
     int attn_split_fit;
+    /* the decode attention's combine of its splits done by the last block of each (token, kv
+     * head) to finish, inside the decode launch (DS_CUDA_ATTN_FUSE_COMBINE=1; 0, default: the
+     * attn_combine_kernel launch). Same bits (combine_head in both). */
+    int attn_fuse_combine;
     /* blocks of attn_decode_kernel resident on one SM, [log2(head_dim / 32)][PREP] (the smaller
      * of its two LMAX forms), set by ds_cuda_attention_init */
     int attn_dec_bps[4][2];
@@ -544,6 +548,9 @@ typedef struct ds_cuda_attn_args {
     void *k_cache, *v_cache;
     float *ws;                    /* decode split partials */
     int ws_rows;                  /* capacity in (seq, head, split) rows of hd + 2 floats */
+    int *cnt;                     /* [cnt_tokens][nkv] arrival counters of the fused decode
+                                   * combine, zero between launches (NULL: none) */
+    int cnt_tokens;
 } ds_cuda_attn_args;
 void ds_cuda_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a);
 /* Kernel attributes (dynamic shared-memory limits), set once at backend creation. */
