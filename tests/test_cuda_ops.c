@@ -1263,31 +1263,37 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
 #else
     ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
     const int H = m->cfg.hidden;
-    const int saved[9] = {c->opt.moe_route_fused, c->moe_gu_rows, c->moe_down_rows, c->moe_down_staged,
-                          c->route_regs, c->route_ranks, c->route_redux, c->moe_down_tiles,
-                          c->route_fused_max_t};
+    const int saved[10] = {c->opt.moe_route_fused, c->moe_gu_rows, c->moe_down_rows, c->moe_down_staged,
+                           c->route_regs, c->route_ranks, c->route_redux, c->moe_down_tiles,
+                           c->route_fused_max_t, c->route_in_gate_up};
+    /* wait: steps of 2-8 tokens routed by the gate_up launch's first block
+     * (DS_CUDA_ROUTE_IN_GATE_UP) */
     static const struct {
         const char *name;
         int route_fused, gu_rows, down_rows, staged, route_regs, route_ranks, route_redux, tiles, fused_t;
+        int wait;
     } variants[] = {
-        {"routing in its own launch", 0, 2, 4, 0, 1, 1, 1, 1, 1},
-        {"grouping by counts and scans", 1, 2, 4, 0, 1, 0, 1, 1, 1},
-        {"argmax rounds by shuffles", 1, 2, 4, 0, 1, 1, 0, 1, 1},
-        {"argmax rounds by shuffles in its own launch", 0, 2, 4, 0, 1, 1, 0, 1, 1},
-        {"gate_up 4 rows per warp", 1, 4, 4, 0, 1, 1, 1, 1, 1},
-        {"down rows by step size", 1, 2, 0, 0, 1, 1, 1, 1, 1},
-        {"down 8 rows per warp", 1, 2, 8, 0, 1, 1, 1, 1, 1},
-        {"down 16 rows per warp", 1, 2, 16, 0, 1, 1, 1, 1, 1},
-        {"down staged in shared memory", 1, 2, 0, 1, 1, 1, 1, 1, 1},
-        {"down staged, routing in its own launch", 0, 2, 0, 1, 1, 1, 1, 1, 1},
-        {"routing from shared memory", 1, 2, 4, 0, 0, 1, 1, 1, 1},
-        {"routing from shared memory in its own launch", 0, 2, 4, 0, 0, 1, 1, 1, 1},
-        {"down staged, 2 tiles a block", 1, 2, 0, 1, 1, 1, 1, 2, 1},
-        {"down staged, 4 tiles a block", 1, 2, 0, 1, 1, 1, 1, 4, 1},
-        {"down staged, 8 tiles a block, routing in its own launch", 0, 2, 0, 1, 1, 1, 1, 8, 1},
-        {"routing in the gate_up launch up to 8 tokens", 1, 2, 4, 0, 1, 1, 1, 1, 8},
-        {"routing in the gate_up launch up to 8 tokens, down staged, 4 tiles", 1, 2, 0, 1, 1, 1, 1, 4, 8},
-        {"routing in the gate_up launch up to 8 tokens, from shared memory", 1, 2, 4, 0, 0, 1, 1, 1, 8},
+        {"routing in its own launch", 0, 2, 4, 0, 1, 1, 1, 1, 1, 0},
+        {"grouping by counts and scans", 1, 2, 4, 0, 1, 0, 1, 1, 1, 0},
+        {"argmax rounds by shuffles", 1, 2, 4, 0, 1, 1, 0, 1, 1, 0},
+        {"argmax rounds by shuffles in its own launch", 0, 2, 4, 0, 1, 1, 0, 1, 1, 0},
+        {"gate_up 4 rows per warp", 1, 4, 4, 0, 1, 1, 1, 1, 1, 0},
+        {"down rows by step size", 1, 2, 0, 0, 1, 1, 1, 1, 1, 0},
+        {"down 8 rows per warp", 1, 2, 8, 0, 1, 1, 1, 1, 1, 0},
+        {"down 16 rows per warp", 1, 2, 16, 0, 1, 1, 1, 1, 1, 0},
+        {"down staged in shared memory", 1, 2, 0, 1, 1, 1, 1, 1, 1, 0},
+        {"down staged, routing in its own launch", 0, 2, 0, 1, 1, 1, 1, 1, 1, 0},
+        {"routing from shared memory", 1, 2, 4, 0, 0, 1, 1, 1, 1, 0},
+        {"routing from shared memory in its own launch", 0, 2, 4, 0, 0, 1, 1, 1, 1, 0},
+        {"down staged, 2 tiles a block", 1, 2, 0, 1, 1, 1, 1, 2, 1, 0},
+        {"down staged, 4 tiles a block", 1, 2, 0, 1, 1, 1, 1, 4, 1, 0},
+        {"down staged, 8 tiles a block, routing in its own launch", 0, 2, 0, 1, 1, 1, 1, 8, 1, 0},
+        {"routing in the gate_up launch up to 8 tokens", 1, 2, 4, 0, 1, 1, 1, 1, 8, 0},
+        {"routing in the gate_up launch up to 8 tokens, down staged, 4 tiles", 1, 2, 0, 1, 1, 1, 1, 4, 8, 0},
+        {"routing in the gate_up launch up to 8 tokens, from shared memory", 1, 2, 4, 0, 0, 1, 1, 1, 8, 0},
+        {"routing by the gate_up launch's first block", 1, 2, 4, 0, 1, 1, 1, 1, 1, 1},
+        {"routing by the gate_up launch's first block, down staged, 4 tiles", 1, 2, 0, 1, 1, 1, 1, 4, 1, 1},
+        {"routing by the gate_up launch's first block, from shared memory", 1, 2, 4, 0, 0, 1, 1, 1, 1, 1},
     };
     const size_t n = (size_t)T * H;
     c->opt.moe_route_fused = 1;
@@ -1299,6 +1305,7 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
     c->route_redux = 1;
     c->moe_down_tiles = 1;
     c->route_fused_max_t = 1;
+    c->route_in_gate_up = 0;
     float *a = moe_run_poisoned(m, l, xg, T);
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         c->opt.moe_route_fused = variants[v].route_fused;
@@ -1310,11 +1317,17 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
         c->route_redux = variants[v].route_redux;
         c->moe_down_tiles = variants[v].tiles;
         c->route_fused_max_t = variants[v].fused_t;
+        c->route_in_gate_up = variants[v].wait;
         float *b = moe_run_poisoned(m, l, xg, T);
         char what[160];
         snprintf(what, sizeof what, "moe %s", variants[v].name);
         assert_bitwise(a, b, n, what, l, T);
         free(b);
+        if (variants[v].wait) { /* the down launch cleared the routing flag (the scratch's first word) */
+            int32_t flag = -1;
+            assert_int_equal(cudaMemcpy(&flag, c->d_moe_scratch, sizeof flag, cudaMemcpyDeviceToHost), cudaSuccess);
+            if (flag != 0) fail_msg("moe %s: routing flag %d after the step (T = %d)", variants[v].name, flag, T);
+        }
     }
     c->opt.moe_route_fused = saved[0];
     c->moe_gu_rows = saved[1];
@@ -1325,6 +1338,7 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
     c->route_redux = saved[6];
     c->moe_down_tiles = saved[7];
     c->route_fused_max_t = saved[8];
+    c->route_in_gate_up = saved[9];
     free(a);
 #endif
 }

@@ -302,6 +302,11 @@ typedef struct ds_cuda_ctx {
      * head) to finish, inside the decode launch (DS_CUDA_ATTN_FUSE_COMBINE=1; 0, default: the
      * attn_combine_kernel launch). Same bits (combine_head in both). */
     int attn_fuse_combine;
+    /* decode steps of 2-8 tokens routed by the gate_up launch's first block while its other
+     * blocks wait on a flag, no routing launch (DS_CUDA_ROUTE_IN_GATE_UP=1; 0, default: the
+     * moe_route_group_fast_kernel launch; cuda_moe_experts.cuh moe_gate_up_waiting_kernel).
+     * Same ids, weights and groups. */
+    int route_in_gate_up;
     /* blocks of attn_decode_kernel resident on one SM, [log2(head_dim / 32)][PREP] (the smaller
      * of its two LMAX forms), set by ds_cuda_attention_init */
     int attn_dec_bps[4][2];
