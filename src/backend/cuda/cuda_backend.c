@@ -640,7 +640,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->route_ranks = knob_on("DS_CUDA_ROUTE_RANKS");
         c->attn_lanes8 = knob_on("DS_CUDA_ATTN_LANES8");
         c->attn_fuse_prep = knob_on("DS_CUDA_ATTN_FUSE_PREP");
-        c->attn_split_fit = knob_on("DS_CUDA_ATTN_SPLIT_FIT");
+        const char *sf = getenv("DS_CUDA_ATTN_SPLIT_FIT"); /* not yet measured: off */
+        c->attn_split_fit = sf && atoi(sf) == 1;
         const char *fc = getenv("DS_CUDA_ATTN_FUSE_COMBINE"); /* not yet measured: off */
         c->attn_fuse_combine = fc && atoi(fc) == 1;
         const char *rg = getenv("DS_CUDA_ROUTE_IN_GATE_UP"); /* not yet measured: off */

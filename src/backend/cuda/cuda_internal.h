@@ -293,8 +293,8 @@ typedef struct ds_cuda_ctx {
      * Same bits. */
     int attn_fuse_prep;
     /* decode attention's split count fitted to one wave: ⌊resident blocks / (tokens · kv heads)⌋
-     * from the kernel's occupancy (1, default; DS_CUDA_ATTN_SPLIT_FIT=0: ⌈2 · SMs / (tokens ·
-     * kv heads)⌉, which at batch 8 of the 35B-A3B (2 kv heads, 132 SMs, two blocks an SM) made
+     * from the kernel's occupancy (DS_CUDA_ATTN_SPLIT_FIT=1; 0, default: ⌈2 · SMs / (tokens ·
+     * kv heads)⌉, which at batch 8 of the 35B-A3B (2 kv heads, 132 SMs, two blocks an SM) makes
      * 272 blocks for 264 places; cuda_attention.cu). Same math over other key ranges: results
      * differ in rounding only. */
     int attn_split_fit;
