@@ -219,7 +219,7 @@ static __device__ __forceinline__ void decode_combine_last(const ds_cuda_attn_ar
  * (for later steps) and patches them into its staged tile (the tile may have been copied from
  * the cache before its own write landed). With one token per sequence no other block reads
  * that key in this step. */
-template <int HD, int LMAX, bool PREP>
+template <int HD, int LMAX, bool PREP, bool COMBINE>
 __global__ void __launch_bounds__(HD)
     attn_decode_kernel(ds_cuda_batch b, ds_cuda_attn_args a, int G, int nsplit, int *__restrict__ cnt) {
     pdl_enter(); /* cuda_launch.cuh: first, before any access */
@@ -259,7 +259,7 @@ __global__ void __launch_bounds__(HD)
                 w[HD + 1] = 0.f;
             }
         }
-        if (cnt) decode_combine_last<HD>(a, t, j, G, nsplit, cnt);
+        if (COMBINE) decode_combine_last<HD>(a, t, j, G, nsplit, cnt);
         return;
     }
 
@@ -420,7 +420,7 @@ __global__ void __launch_bounds__(HD)
             w[HD + 1] = l_s[g];
         }
     }
-    if (cnt) decode_combine_last<HD>(a, t, j, G, nsplit, cnt);
+    if (COMBINE) decode_combine_last<HD>(a, t, j, G, nsplit, cnt);
 }
 
 /* ---- 2b. prefill: tiled flash attention on tensor cores ------------------------------------ */
@@ -775,6 +775,17 @@ __global__ void __launch_bounds__(PF_THREADS, P1 ? 2 : 0)
 
 /* ---- launcher ---------------------------------------------------------------------------- */
 
+/* The decode kernel of the context's score layout (ctx->attn_lanes8) and prep form. */
+template <int HD, bool COMBINE>
+static void launch_decode(ds_cuda_ctx *ctx, dim3 grid, size_t smem, bool fuse_prep, const ds_cuda_attn_args &a,
+                          int G, int nsplit, int *cnt) {
+    const ds_cuda_batch &b = ctx->batch;
+    if (ctx->attn_lanes8 && fuse_prep) ds_launch(ctx, attn_decode_kernel<HD, 8, true, COMBINE>, grid, HD, smem, b, a, G, nsplit, cnt);
+    else if (ctx->attn_lanes8) ds_launch(ctx, attn_decode_kernel<HD, 8, false, COMBINE>, grid, HD, smem, b, a, G, nsplit, cnt);
+    else if (fuse_prep) ds_launch(ctx, attn_decode_kernel<HD, 32, true, COMBINE>, grid, HD, smem, b, a, G, nsplit, cnt);
+    else ds_launch(ctx, attn_decode_kernel<HD, 32, false, COMBINE>, grid, HD, smem, b, a, G, nsplit, cnt);
+}
+
 template <int HD>
 static void run_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a) {
     const ds_cuda_batch &b = ctx->batch;
@@ -809,10 +820,8 @@ static void run_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a) {
         /* the combine in the decode launch's last block per (token, kv head) when the arrival
          * counters cover the step's tokens */
         int *cnt = ctx->attn_fuse_combine && a->cnt && T <= a->cnt_tokens ? a->cnt : (int *)NULL;
-        if (ctx->attn_lanes8 && fuse_prep) ds_launch(ctx, attn_decode_kernel<HD, 8, true>, grid, HD, smem, b, *a, G, nsplit, cnt);
-        else if (ctx->attn_lanes8) ds_launch(ctx, attn_decode_kernel<HD, 8, false>, grid, HD, smem, b, *a, G, nsplit, cnt);
-        else if (fuse_prep) ds_launch(ctx, attn_decode_kernel<HD, 32, true>, grid, HD, smem, b, *a, G, nsplit, cnt);
-        else ds_launch(ctx, attn_decode_kernel<HD, 32, false>, grid, HD, smem, b, *a, G, nsplit, cnt);
+        if (cnt) launch_decode<HD, true>(ctx, grid, smem, fuse_prep, *a, G, nsplit, cnt);
+        else launch_decode<HD, false>(ctx, grid, smem, fuse_prep, *a, G, nsplit, cnt);
         DS_CU_LAUNCHED2(ctx, "attn_decode_kernel", T, nsplit);
         if (cnt) return;
         ds_launch(ctx, attn_combine_kernel<HD>, dim3(T, a->nh), HD, 0, b, *a, nsplit);
@@ -834,6 +843,26 @@ static void run_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a) {
     DS_CU_LAUNCHED2(ctx, "attn_prefill_kernel", T, S);
 }
 
+/* The decode kernels' shared-memory limit, and their resident blocks an SM for the split count
+ * (run_attention; the fewest over the forms of one prep setting). */
+template <int HD, bool COMBINE>
+static void decode_init(ds_cuda_ctx *ctx) {
+    const int dec = (int)DecSmem<HD>::bytes;
+    const int hd_idx = HD == 32 ? 0 : HD == 64 ? 1 : HD == 128 ? 2 : 3;
+    void (*kern[2][2])(ds_cuda_batch, ds_cuda_attn_args, int, int, int *) = {
+        {attn_decode_kernel<HD, 8, false, COMBINE>, attn_decode_kernel<HD, 32, false, COMBINE>},
+        {attn_decode_kernel<HD, 8, true, COMBINE>, attn_decode_kernel<HD, 32, true, COMBINE>}};
+    for (int prep = 0; prep < 2; prep++)
+        for (int f = 0; f < 2; f++) {
+            DS_CU(ctx, cudaFuncSetAttribute(kern[prep][f], cudaFuncAttributeMaxDynamicSharedMemorySize, dec));
+            int bps = 0;
+            DS_CU(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern[prep][f], HD, dec));
+            int *slot = &ctx->attn_dec_bps[hd_idx][prep];
+            if (!COMBINE && f == 0) *slot = bps; /* the first form queried sets it */
+            else if (bps < *slot) *slot = bps;
+        }
+}
+
 template <int HD>
 static void attention_init(ds_cuda_ctx *ctx) {
     DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD, false, false, false, false>,
@@ -846,20 +875,8 @@ static void attention_init(ds_cuda_ctx *ctx) {
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PfSmem<HD>::bytes_pv16));
     DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD, true, true, true, true>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PfSmem<HD>::bytes_p1));
-    const int dec = (int)DecSmem<HD>::bytes;
-    DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD, 8, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, dec));
-    DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD, 32, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, dec));
-    DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD, 8, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, dec));
-    DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD, 32, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, dec));
-    /* resident blocks an SM, for the split count (run_attention) */
-    const int hd_idx = HD == 32 ? 0 : HD == 64 ? 1 : HD == 128 ? 2 : 3;
-    int b8 = 0, b32 = 0;
-    DS_CU(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b8, attn_decode_kernel<HD, 8, false>, HD, dec));
-    DS_CU(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b32, attn_decode_kernel<HD, 32, false>, HD, dec));
-    ctx->attn_dec_bps[hd_idx][0] = b8 < b32 ? b8 : b32;
-    DS_CU(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b8, attn_decode_kernel<HD, 8, true>, HD, dec));
-    DS_CU(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b32, attn_decode_kernel<HD, 32, true>, HD, dec));
-    ctx->attn_dec_bps[hd_idx][1] = b8 < b32 ? b8 : b32;
+    decode_init<HD, false>(ctx);
+    decode_init<HD, true>(ctx);
 }
 
 /* Shared-memory limits of the kernels, set once at creation (never inside a graph capture). */
