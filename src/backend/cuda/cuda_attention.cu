@@ -775,6 +775,9 @@ __global__ void __launch_bounds__(PF_THREADS, P1 ? 2 : 0)
 
 /* ---- launcher ---------------------------------------------------------------------------- */
 
+/* ctx->attn_dec_bps' head_dim index: log2(HD / 32) for the built head dims 32-256 */
+static constexpr int dec_hd_index(int HD) { return HD == 32 ? 0 : HD == 64 ? 1 : HD == 128 ? 2 : 3; }
+
 /* The decode kernel of the context's score layout (ctx->attn_lanes8) and prep form. */
 template <int HD, bool COMBINE>
 static void launch_decode(ds_cuda_ctx *ctx, dim3 grid, size_t smem, bool fuse_prep, const ds_cuda_attn_args &a,
@@ -808,8 +811,7 @@ static void run_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a) {
         /* split count from the token count only (graph-safe); ranges are found on the device.
          * As many blocks as are resident at once (ctx->attn_split_fit): a count rounded up left
          * a few blocks for a second wave (8 of 272 at batch 8 of the 35B-A3B) */
-        const int hd_idx = HD == 32 ? 0 : HD == 64 ? 1 : HD == 128 ? 2 : 3;
-        const int places = ctx->sm_count * ctx->attn_dec_bps[hd_idx][fuse_prep ? 1 : 0];
+        const int places = ctx->sm_count * ctx->attn_dec_bps[dec_hd_index(HD)][fuse_prep ? 1 : 0];
         int nsplit = ctx->attn_split_fit && places > 0 ? places / (T * a->nkv)
                                                        : DS_DIV_UP(2 * ctx->sm_count, T * a->nkv);
         if (nsplit > DS_CUDA_ATTN_MAX_SPLIT) nsplit = DS_CUDA_ATTN_MAX_SPLIT;
@@ -848,7 +850,6 @@ static void run_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a) {
 template <int HD, bool COMBINE>
 static void decode_init(ds_cuda_ctx *ctx) {
     const int dec = (int)DecSmem<HD>::bytes;
-    const int hd_idx = HD == 32 ? 0 : HD == 64 ? 1 : HD == 128 ? 2 : 3;
     void (*kern[2][2])(ds_cuda_batch, ds_cuda_attn_args, int, int, int *) = {
         {attn_decode_kernel<HD, 8, false, COMBINE>, attn_decode_kernel<HD, 32, false, COMBINE>},
         {attn_decode_kernel<HD, 8, true, COMBINE>, attn_decode_kernel<HD, 32, true, COMBINE>}};
@@ -857,7 +858,7 @@ static void decode_init(ds_cuda_ctx *ctx) {
             DS_CU(ctx, cudaFuncSetAttribute(kern[prep][f], cudaFuncAttributeMaxDynamicSharedMemorySize, dec));
             int bps = 0;
             DS_CU(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern[prep][f], HD, dec));
-            int *slot = &ctx->attn_dec_bps[hd_idx][prep];
+            int *slot = &ctx->attn_dec_bps[dec_hd_index(HD)][prep];
             if (!COMBINE && f == 0) *slot = bps; /* the first form queried sets it */
             else if (bps < *slot) *slot = bps;
         }

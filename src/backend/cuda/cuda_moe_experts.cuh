@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
         }
     } else {
         if (threadIdx.x == 0)
-            while (flag_load_acquire(sc.route_flag) == 0) __nanosleep(32);
+            while (ld_acquire_gpu(sc.route_flag) == 0) __nanosleep(32);
         __syncthreads();
     }
     moe_expert_block<false, ROWS, UNROLL, RMAX>(Wall, H, I, k, x, sc, (const bf16 *)NULL);
@@ -498,13 +498,19 @@ __global__ void __launch_bounds__(MOE_DC_MAX_WARPS * 32)
     residual[n] = __float2bfloat16_rn(f + out);
 }
 
+/* The largest chunk of rows (8, 4, 2, 1) an expert launch of T tokens compiles in: T, bounded
+ * by ctx->moe_rmax (decode) or ctx->moe_rmax_prefill. */
+static inline int moe_chunk_bound(const ds_cuda_ctx *ctx, int T) {
+    const int bound = T <= DS_CUDA_GEMV_MAX_ROWS ? ctx->moe_rmax : ctx->moe_rmax_prefill;
+    return bound >= 1 && T > bound ? bound : T;
+}
+
 /* Launches the expert kernel with the chunk bound RMAX = the largest of 8, 4, 2, 1 not above T
  * (no expert has more assignments than there are tokens), and not above ctx->moe_rmax (decode-
  * sized steps) or ctx->moe_rmax_prefill (occupancy, see cuda_internal.h). */
 template <bool DOWN, int ROWS, int UNROLL, class... Args>
 static void launch_experts(ds_cuda_ctx *ctx, int T, dim3 grid, Args &&...args) {
-    const int bound = T <= DS_CUDA_GEMV_MAX_ROWS ? ctx->moe_rmax : ctx->moe_rmax_prefill;
-    if (bound >= 1 && T > bound) T = bound;
+    T = moe_chunk_bound(ctx, T);
     if (T >= 8) ds_launch(ctx, moe_expert_kernel<DOWN, ROWS, UNROLL, 8>, grid, MOE_WARPS * 32, 0, args...);
     else if (T >= 4) ds_launch(ctx, moe_expert_kernel<DOWN, ROWS, UNROLL, 4>, grid, MOE_WARPS * 32, 0, args...);
     else if (T >= 2) ds_launch(ctx, moe_expert_kernel<DOWN, ROWS, UNROLL, 2>, grid, MOE_WARPS * 32, 0, args...);
@@ -519,8 +525,7 @@ static void launch_gate_up(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a, const mo
     const int T = a->T, H = a->H, I = a->I;
     dim3 grid(nblk, DS_DIV_UP(2 * I, MOE_WARPS * ROWS));
     if (sc.route_flag) { /* routed by the launch's first block (moe_gate_up_waiting_kernel) */
-        /* the chunk kernels compiled in: as launch_experts chooses them */
-        const int tb = ctx->moe_rmax >= 1 && T > ctx->moe_rmax ? ctx->moe_rmax : T;
+        const int tb = moe_chunk_bound(ctx, T); /* T ≤ DS_CUDA_GEMV_MAX_ROWS here */
         auto kern = tb >= 8   ? moe_gate_up_waiting_kernel<ROWS, UNROLL, 8>
                     : tb >= 4 ? moe_gate_up_waiting_kernel<ROWS, UNROLL, 4>
                     : tb >= 2 ? moe_gate_up_waiting_kernel<ROWS, UNROLL, 2>

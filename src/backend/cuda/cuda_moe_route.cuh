@@ -459,13 +459,8 @@ __global__ void __launch_bounds__(1024)
     route_group_block(T, E, k, Is, norm_topk, sc, pf, batched, regs, lg, ids_s, cnt, wsum);
 }
 
-/* The flag of moe_gate_up_waiting_kernel: a release store after the routing block's writes, an
- * acquire load before the other blocks read them. */
-static __device__ __forceinline__ int flag_load_acquire(const int32_t *p) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
+/* The flag of moe_gate_up_waiting_kernel: a release store after the routing block's writes (the
+ * other blocks wait with ld_acquire_gpu, cuda_common.cuh, before they read them). */
 static __device__ __forceinline__ void flag_store_release(int32_t *p, int v) {
     asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
