@@ -1263,37 +1263,31 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
 #else
     ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
     const int H = m->cfg.hidden;
-    const int saved[10] = {c->opt.moe_route_fused, c->moe_gu_rows, c->moe_down_rows, c->moe_down_staged,
-                           c->route_regs, c->route_ranks, c->route_redux, c->moe_down_tiles,
-                           c->route_fused_max_t, c->route_in_gate_up};
-    /* wait: steps of 2-8 tokens routed by the gate_up launch's first block
-     * (DS_CUDA_ROUTE_IN_GATE_UP) */
+    const int saved[9] = {c->opt.moe_route_fused, c->moe_gu_rows, c->moe_down_rows, c->moe_down_staged,
+                          c->route_regs, c->route_ranks, c->route_redux, c->moe_down_tiles,
+                          c->route_fused_max_t};
     static const struct {
         const char *name;
         int route_fused, gu_rows, down_rows, staged, route_regs, route_ranks, route_redux, tiles, fused_t;
-        int wait;
     } variants[] = {
-        {"routing in its own launch", 0, 2, 4, 0, 1, 1, 1, 1, 1, 0},
-        {"grouping by counts and scans", 1, 2, 4, 0, 1, 0, 1, 1, 1, 0},
-        {"argmax rounds by shuffles", 1, 2, 4, 0, 1, 1, 0, 1, 1, 0},
-        {"argmax rounds by shuffles in its own launch", 0, 2, 4, 0, 1, 1, 0, 1, 1, 0},
-        {"gate_up 4 rows per warp", 1, 4, 4, 0, 1, 1, 1, 1, 1, 0},
-        {"down rows by step size", 1, 2, 0, 0, 1, 1, 1, 1, 1, 0},
-        {"down 8 rows per warp", 1, 2, 8, 0, 1, 1, 1, 1, 1, 0},
-        {"down 16 rows per warp", 1, 2, 16, 0, 1, 1, 1, 1, 1, 0},
-        {"down staged in shared memory", 1, 2, 0, 1, 1, 1, 1, 1, 1, 0},
-        {"down staged, routing in its own launch", 0, 2, 0, 1, 1, 1, 1, 1, 1, 0},
-        {"routing from shared memory", 1, 2, 4, 0, 0, 1, 1, 1, 1, 0},
-        {"routing from shared memory in its own launch", 0, 2, 4, 0, 0, 1, 1, 1, 1, 0},
-        {"down staged, 2 tiles a block", 1, 2, 0, 1, 1, 1, 1, 2, 1, 0},
-        {"down staged, 4 tiles a block", 1, 2, 0, 1, 1, 1, 1, 4, 1, 0},
-        {"down staged, 8 tiles a block, routing in its own launch", 0, 2, 0, 1, 1, 1, 1, 8, 1, 0},
-        {"routing in the gate_up launch up to 8 tokens", 1, 2, 4, 0, 1, 1, 1, 1, 8, 0},
-        {"routing in the gate_up launch up to 8 tokens, down staged, 4 tiles", 1, 2, 0, 1, 1, 1, 1, 4, 8, 0},
-        {"routing in the gate_up launch up to 8 tokens, from shared memory", 1, 2, 4, 0, 0, 1, 1, 1, 8, 0},
-        {"routing by the gate_up launch's first block", 1, 2, 4, 0, 1, 1, 1, 1, 1, 1},
-        {"routing by the gate_up launch's first block, down staged, 4 tiles", 1, 2, 0, 1, 1, 1, 1, 4, 1, 1},
-        {"routing by the gate_up launch's first block, from shared memory", 1, 2, 4, 0, 0, 1, 1, 1, 1, 1},
+        {"routing in its own launch", 0, 2, 4, 0, 1, 1, 1, 1, 1},
+        {"grouping by counts and scans", 1, 2, 4, 0, 1, 0, 1, 1, 1},
+        {"argmax rounds by shuffles", 1, 2, 4, 0, 1, 1, 0, 1, 1},
+        {"argmax rounds by shuffles in its own launch", 0, 2, 4, 0, 1, 1, 0, 1, 1},
+        {"gate_up 4 rows per warp", 1, 4, 4, 0, 1, 1, 1, 1, 1},
+        {"down rows by step size", 1, 2, 0, 0, 1, 1, 1, 1, 1},
+        {"down 8 rows per warp", 1, 2, 8, 0, 1, 1, 1, 1, 1},
+        {"down 16 rows per warp", 1, 2, 16, 0, 1, 1, 1, 1, 1},
+        {"down staged in shared memory", 1, 2, 0, 1, 1, 1, 1, 1, 1},
+        {"down staged, routing in its own launch", 0, 2, 0, 1, 1, 1, 1, 1, 1},
+        {"routing from shared memory", 1, 2, 4, 0, 0, 1, 1, 1, 1},
+        {"routing from shared memory in its own launch", 0, 2, 4, 0, 0, 1, 1, 1, 1},
+        {"down staged, 2 tiles a block", 1, 2, 0, 1, 1, 1, 1, 2, 1},
+        {"down staged, 4 tiles a block", 1, 2, 0, 1, 1, 1, 1, 4, 1},
+        {"down staged, 8 tiles a block, routing in its own launch", 0, 2, 0, 1, 1, 1, 1, 8, 1},
+        {"routing in the gate_up launch up to 8 tokens", 1, 2, 4, 0, 1, 1, 1, 1, 8},
+        {"routing in the gate_up launch up to 8 tokens, down staged, 4 tiles", 1, 2, 0, 1, 1, 1, 1, 4, 8},
+        {"routing in the gate_up launch up to 8 tokens, from shared memory", 1, 2, 4, 0, 0, 1, 1, 1, 8},
     };
     const size_t n = (size_t)T * H;
     c->opt.moe_route_fused = 1;
@@ -1305,7 +1299,6 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
     c->route_redux = 1;
     c->moe_down_tiles = 1;
     c->route_fused_max_t = 1;
-    c->route_in_gate_up = 0;
     float *a = moe_run_poisoned(m, l, xg, T);
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         c->opt.moe_route_fused = variants[v].route_fused;
@@ -1317,17 +1310,11 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
         c->route_redux = variants[v].route_redux;
         c->moe_down_tiles = variants[v].tiles;
         c->route_fused_max_t = variants[v].fused_t;
-        c->route_in_gate_up = variants[v].wait;
         float *b = moe_run_poisoned(m, l, xg, T);
         char what[160];
         snprintf(what, sizeof what, "moe %s", variants[v].name);
         assert_bitwise(a, b, n, what, l, T);
         free(b);
-        if (variants[v].wait) { /* the down launch cleared the routing flag (the scratch's first word) */
-            int32_t flag = -1;
-            assert_int_equal(cudaMemcpy(&flag, c->d_moe_scratch, sizeof flag, cudaMemcpyDeviceToHost), cudaSuccess);
-            if (flag != 0) fail_msg("moe %s: routing flag %d after the step (T = %d)", variants[v].name, flag, T);
-        }
     }
     c->opt.moe_route_fused = saved[0];
     c->moe_gu_rows = saved[1];
@@ -1338,7 +1325,6 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
     c->route_redux = saved[6];
     c->moe_down_tiles = saved[7];
     c->route_fused_max_t = saved[8];
-    c->route_in_gate_up = saved[9];
     free(a);
 #endif
 }
@@ -1682,35 +1668,21 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
         ds_tensor qc = tcpu(&q), qg = tcuda(&q, DS_DTYPE_BF16), oc = tcpu(&o), og = tcuda(&o, DS_DTYPE_BF16);
         g_cpu->ops->attention(g_cpu, c->cpu, 1, cfg, &m->dev_cpu.layers[1].attn, &qc, &oc);
 #ifdef DS_HAVE_CUDA
-        /* the step five times (each rewrites the same keys and values; the defaults last, so
+        /* the step three times (each rewrites the same keys and values; the defaults last, so
          * that later steps read the keys they wrote), each into a poisoned output: the prep
-         * launch on or off (DS_CUDA_ATTN_FUSE_PREP) and the combine launch on or off
-         * (DS_CUDA_ATTN_FUSE_COMBINE; each bit for bit against the defaults), the decode
-         * kernel's other score layout (DS_CUDA_ATTN_LANES8) and the other split count
-         * (DS_CUDA_ATTN_SPLIT_FIT; each against the CPU) */
+         * launch on or off (DS_CUDA_ATTN_FUSE_PREP; bit for bit against the defaults), and the
+         * decode kernel's other score layout (DS_CUDA_ATTN_LANES8; against the CPU) */
         ds_cuda_ctx *cc = (ds_cuda_ctx *)g_cuda->impl;
         pair o2 = pair_out(T, O, DS_DTYPE_BF16), o3 = pair_out(T, O, DS_DTYPE_BF16), cmp = o;
-        pair o4 = pair_out(T, O, DS_DTYPE_BF16), o5 = pair_out(T, O, DS_DTYPE_BF16);
         ds_tensor og2 = tcuda(&o2, DS_DTYPE_BF16), og3 = tcuda(&o3, DS_DTYPE_BF16);
-        ds_tensor og4 = tcuda(&o4, DS_DTYPE_BF16), og5 = tcuda(&o5, DS_DTYPE_BF16);
         cc->attn_fuse_prep = !cc->attn_fuse_prep;
         g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og3);
         cc->attn_fuse_prep = !cc->attn_fuse_prep;
-        cc->attn_fuse_combine = !cc->attn_fuse_combine;
-        g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og4);
-        cc->attn_fuse_combine = !cc->attn_fuse_combine;
         cc->attn_lanes8 = !cc->attn_lanes8;
         g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og2);
         cc->attn_lanes8 = !cc->attn_lanes8;
         snprintf(name, sizeof name, "attention %s, %s lanes a key", label, cc->attn_lanes8 ? "32" : "8");
         cmp.cuda = o2.cuda;
-        compare(name, &cmp, DS_DTYPE_BF16, TOL_FUSED);
-        cc->attn_split_fit = !cc->attn_split_fit;
-        g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og5);
-        cc->attn_split_fit = !cc->attn_split_fit;
-        snprintf(name, sizeof name, "attention %s, split count %s", label,
-                 cc->attn_split_fit ? "rounded up" : "fitted");
-        cmp.cuda = o5.cuda;
         compare(name, &cmp, DS_DTYPE_BF16, TOL_FUSED);
 #endif
         g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og);
@@ -1725,20 +1697,11 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
             printf("  attention %s, prep launch %s: %zu of %zu values differ from the defaults\n", label,
                    cc->attn_fuse_prep ? "on" : "off", diff, n);
             assert_int_equal(diff, 0);
-            float *x4 = act_download(g_cuda, o4.cuda, DS_DTYPE_BF16, n);
-            diff = 0;
-            for (size_t i = 0; i < n; i++) diff += memcmp(&x4[i], &x1[i], 4) != 0;
-            printf("  attention %s, combine launch %s: %zu of %zu values differ from the defaults\n", label,
-                   cc->attn_fuse_combine ? "on" : "off", diff, n);
-            assert_int_equal(diff, 0);
-            free(x4);
             free(x3);
             free(x1);
         }
         pair_free(&o2);
         pair_free(&o3);
-        pair_free(&o4);
-        pair_free(&o5);
 #endif
         pair_free(&q);
         pair_free(&o);

@@ -111,57 +111,6 @@ __global__ void __launch_bounds__(256)
     for (int e = 0; e < EPL; e++) dst[lane + 32 * e] = __float2bfloat16_rn(y[e]);
 }
 
-/* ---- 3. decode combine + output gate -------------------------------------------------------- */
-
-/* Head h of token t from its nsplit partials (a block of HD threads, thread d = dimension d):
- * the splits are combined in parallel rather than walked by every thread — each thread loads
- * the (m, l) of its splits, the block reduces the maximum and the denominator, and each thread
- * then sums its dimension over the non-empty splits with independent loads. The partials are
- * read through L2 (__ldcg): in the decode kernel's fused form other blocks wrote them during
- * the same launch. sf, red: shared scratch; returns after the block's last use of both. */
-template <int HD>
-static __device__ __forceinline__ void combine_head(const ds_cuda_attn_args &a, int t, int h, int nsplit,
-                                                    float *sf, float *red) {
-    const int d = threadIdx.x, nh = a.nh, lane = d & 31, warp = d >> 5;
-    const float *w = a.ws + ((int64_t)t * nh + h) * nsplit * (HD + 2);
-    float mx = -INFINITY;
-    for (int c = d; c < nsplit; c += HD) mx = fmaxf(mx, __ldcg(w + c * (HD + 2) + HD));
-    mx = warp_max(mx);
-    if (lane == 0) red[warp] = mx;
-    __syncthreads();
-    float M = -INFINITY;
-    for (int i = 0; i < HD / 32; i++) M = fmaxf(M, red[i]);
-    __syncthreads(); /* red is reused by block_sum */
-    float dpart = 0.f;
-    for (int c = d; c < nsplit; c += HD) {
-        const float m = __ldcg(w + c * (HD + 2) + HD);
-        const float f = m == -INFINITY ? 0.f : expf(m - M);
-        sf[c] = f;
-        dpart += f * __ldcg(w + c * (HD + 2) + HD + 1);
-    }
-    const float den = block_sum(dpart, red); /* its barriers also publish sf */
-    float num = 0.f;
-#pragma unroll 4
-    for (int c = 0; c < nsplit; c++) {
-        const float f = sf[c];
-        if (f != 0.f) num += f * __ldcg(w + c * (HD + 2) + d);
-    }
-    const int64_t ld = (int64_t)nh * 2 * HD + 2 * (int64_t)a.nkv * HD;
-    const float gate = to_f32(((const bf16 *)a.qkv)[(int64_t)t * ld + (int64_t)h * 2 * HD + HD + d]);
-    const float o = den > 0.f ? num / den : 0.f;
-    ((bf16 *)a.out)[((int64_t)t * nh + h) * HD + d] = __float2bfloat16_rn(o * sigmoid_f(gate));
-    __syncthreads(); /* sf and red free for the next head */
-}
-
-template <int HD>
-__global__ void __launch_bounds__(HD)
-    attn_combine_kernel(ds_cuda_batch b, ds_cuda_attn_args a, int nsplit) {
-    pdl_enter(); /* cuda_launch.cuh: first, before any access */
-    __shared__ float sf[DS_CUDA_ATTN_MAX_SPLIT]; /* exp(m_c − M), 0 for empty splits */
-    __shared__ float red[32];
-    combine_head<HD>(a, blockIdx.x, blockIdx.y, nsplit, sf, red);
-}
-
 /* ---- 2a. decode: split-KV flash decoding ---------------------------------------------------- */
 
 #define DEC_TILE 32
@@ -179,31 +128,6 @@ struct DecSmem {
     static constexpr size_t bytes = kv_bytes + (size_t)DEC_MAXG * HD * 4;
 };
 
-/* The combine inside the decode launch (ctx->attn_fuse_combine, DS_CUDA_ATTN_FUSE_COMBINE): after
- * writing its partials, each of the nsplit blocks of (token t, kv head j) counts itself in
- * cnt[t·nkv + j]; the last to arrive resets the counter (zero for the next launch or graph
- * replay) and combines the G heads exactly as attn_combine_kernel does (combine_head), so the
- * output is the same bits with one launch fewer per attention layer. Call with the whole block,
- * after its partial stores. */
-template <int HD>
-static __device__ __forceinline__ void decode_combine_last(const ds_cuda_attn_args &a, int t, int j, int G,
-                                                           int nsplit, int *cnt) {
-    __shared__ float sf[DS_CUDA_ATTN_MAX_SPLIT];
-    __shared__ float red[32];
-    __shared__ int is_last;
-    __threadfence(); /* this block's partials visible before its arrival counts */
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int *c = cnt + (int64_t)t * a.nkv + j;
-        is_last = atomicAdd(c, 1) == nsplit - 1;
-        if (is_last) *c = 0;
-    }
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence(); /* the other blocks' partials, counted before, are read after */
-    for (int g = 0; g < G; g++) combine_head<HD>(a, t, j * G + g, nsplit, sf, red);
-}
-
 /* A block serves (token t of sequence s, kv head j, split c) and the G query heads sharing j.
  * The split count is fixed by the launch (it depends on the number of tokens only, so a
  * captured graph stays valid as the context grows); each block finds its key range
@@ -219,9 +143,9 @@ static __device__ __forceinline__ void decode_combine_last(const ds_cuda_attn_ar
  * (for later steps) and patches them into its staged tile (the tile may have been copied from
  * the cache before its own write landed). With one token per sequence no other block reads
  * that key in this step. */
-template <int HD, int LMAX, bool PREP, bool COMBINE>
+template <int HD, int LMAX, bool PREP>
 __global__ void __launch_bounds__(HD)
-    attn_decode_kernel(ds_cuda_batch b, ds_cuda_attn_args a, int G, int nsplit, int *__restrict__ cnt) {
+    attn_decode_kernel(ds_cuda_batch b, ds_cuda_attn_args a, int G, int nsplit) {
     pdl_enter(); /* cuda_launch.cuh: first, before any access */
     constexpr int NW = HD / 32;
     constexpr int CPR = HD / 8;                 /* 16-byte chunks per K/V row */
@@ -259,7 +183,6 @@ __global__ void __launch_bounds__(HD)
                 w[HD + 1] = 0.f;
             }
         }
-        if (COMBINE) decode_combine_last<HD>(a, t, j, G, nsplit, cnt);
         return;
     }
 
@@ -420,7 +343,48 @@ __global__ void __launch_bounds__(HD)
             w[HD + 1] = l_s[g];
         }
     }
-    if (COMBINE) decode_combine_last<HD>(a, t, j, G, nsplit, cnt);
+}
+
+/* ---- 3. decode combine + output gate -------------------------------------------------------- */
+
+template <int HD>
+__global__ void __launch_bounds__(HD)
+    attn_combine_kernel(ds_cuda_batch b, ds_cuda_attn_args a, int nsplit) {
+    pdl_enter(); /* cuda_launch.cuh: first, before any access */
+    /* The splits are combined in parallel rather than walked by every thread: each thread
+     * loads the (m, l) of its splits, the block reduces the maximum and the denominator, and
+     * each thread then sums its dimension over the non-empty splits with independent loads. */
+    __shared__ float sf[DS_CUDA_ATTN_MAX_SPLIT]; /* exp(m_c − M), 0 for empty splits */
+    __shared__ float red[32];
+    const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+    const int nh = a.nh, lane = d & 31, warp = d >> 5;
+    const float *w = a.ws + ((int64_t)t * nh + h) * nsplit * (HD + 2);
+    float mx = -INFINITY;
+    for (int c = d; c < nsplit; c += HD) mx = fmaxf(mx, w[c * (HD + 2) + HD]);
+    mx = warp_max(mx);
+    if (lane == 0) red[warp] = mx;
+    __syncthreads();
+    float M = -INFINITY;
+    for (int i = 0; i < HD / 32; i++) M = fmaxf(M, red[i]);
+    __syncthreads(); /* red is reused by block_sum */
+    float dpart = 0.f;
+    for (int c = d; c < nsplit; c += HD) {
+        const float m = w[c * (HD + 2) + HD];
+        const float f = m == -INFINITY ? 0.f : expf(m - M);
+        sf[c] = f;
+        dpart += f * w[c * (HD + 2) + HD + 1];
+    }
+    const float den = block_sum(dpart, red); /* its barriers also publish sf */
+    float num = 0.f;
+#pragma unroll 4
+    for (int c = 0; c < nsplit; c++) {
+        const float f = sf[c];
+        if (f != 0.f) num += f * w[c * (HD + 2) + d];
+    }
+    const int64_t ld = (int64_t)nh * 2 * HD + 2 * (int64_t)a.nkv * HD;
+    const float gate = to_f32(((const bf16 *)a.qkv)[(int64_t)t * ld + (int64_t)h * 2 * HD + HD + d]);
+    const float o = den > 0.f ? num / den : 0.f;
+    ((bf16 *)a.out)[((int64_t)t * nh + h) * HD + d] = __float2bfloat16_rn(o * sigmoid_f(gate));
 }
 
 /* ---- 2b. prefill: tiled flash attention on tensor cores ------------------------------------ */
@@ -775,20 +739,6 @@ __global__ void __launch_bounds__(PF_THREADS, P1 ? 2 : 0)
 
 /* ---- launcher ---------------------------------------------------------------------------- */
 
-/* ctx->attn_dec_bps' head_dim index: log2(HD / 32) for the built head dims 32-256 */
-static constexpr int dec_hd_index(int HD) { return HD == 32 ? 0 : HD == 64 ? 1 : HD == 128 ? 2 : 3; }
-
-/* The decode kernel of the context's score layout (ctx->attn_lanes8) and prep form. */
-template <int HD, bool COMBINE>
-static void launch_decode(ds_cuda_ctx *ctx, dim3 grid, size_t smem, bool fuse_prep, const ds_cuda_attn_args &a,
-                          int G, int nsplit, int *cnt) {
-    const ds_cuda_batch &b = ctx->batch;
-    if (ctx->attn_lanes8 && fuse_prep) ds_launch(ctx, attn_decode_kernel<HD, 8, true, COMBINE>, grid, HD, smem, b, a, G, nsplit, cnt);
-    else if (ctx->attn_lanes8) ds_launch(ctx, attn_decode_kernel<HD, 8, false, COMBINE>, grid, HD, smem, b, a, G, nsplit, cnt);
-    else if (fuse_prep) ds_launch(ctx, attn_decode_kernel<HD, 32, true, COMBINE>, grid, HD, smem, b, a, G, nsplit, cnt);
-    else ds_launch(ctx, attn_decode_kernel<HD, 32, false, COMBINE>, grid, HD, smem, b, a, G, nsplit, cnt);
-}
-
 template <int HD>
 static void run_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a) {
     const ds_cuda_batch &b = ctx->batch;
@@ -808,24 +758,18 @@ static void run_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a) {
     }
 
     if (decode) {
-        /* split count from the token count only (graph-safe); ranges are found on the device.
-         * As many blocks as are resident at once (ctx->attn_split_fit): a count rounded up left
-         * a few blocks for a second wave (8 of 272 at batch 8 of the 35B-A3B) */
-        const int places = ctx->sm_count * ctx->attn_dec_bps[dec_hd_index(HD)][fuse_prep ? 1 : 0];
-        int nsplit = ctx->attn_split_fit && places > 0 ? places / (T * a->nkv)
-                                                       : DS_DIV_UP(2 * ctx->sm_count, T * a->nkv);
+        /* split count from the token count only (graph-safe); ranges are found on the device */
+        int nsplit = DS_DIV_UP(2 * ctx->sm_count, T * a->nkv);
         if (nsplit > DS_CUDA_ATTN_MAX_SPLIT) nsplit = DS_CUDA_ATTN_MAX_SPLIT;
         while (nsplit > 1 && (int64_t)T * a->nh * nsplit > a->ws_rows) nsplit--;
         if (nsplit < 1) nsplit = 1;
         const dim3 grid(T, a->nkv, nsplit);
         const size_t smem = DecSmem<HD>::bytes;
-        /* the combine in the decode launch's last block per (token, kv head) when the arrival
-         * counters cover the step's tokens */
-        int *cnt = ctx->attn_fuse_combine && a->cnt && T <= a->cnt_tokens ? a->cnt : (int *)NULL;
-        if (cnt) launch_decode<HD, true>(ctx, grid, smem, fuse_prep, *a, G, nsplit, cnt);
-        else launch_decode<HD, false>(ctx, grid, smem, fuse_prep, *a, G, nsplit, cnt);
+        if (ctx->attn_lanes8 && fuse_prep) ds_launch(ctx, attn_decode_kernel<HD, 8, true>, grid, HD, smem, b, *a, G, nsplit);
+        else if (ctx->attn_lanes8) ds_launch(ctx, attn_decode_kernel<HD, 8, false>, grid, HD, smem, b, *a, G, nsplit);
+        else if (fuse_prep) ds_launch(ctx, attn_decode_kernel<HD, 32, true>, grid, HD, smem, b, *a, G, nsplit);
+        else ds_launch(ctx, attn_decode_kernel<HD, 32, false>, grid, HD, smem, b, *a, G, nsplit);
         DS_CU_LAUNCHED2(ctx, "attn_decode_kernel", T, nsplit);
-        if (cnt) return;
         ds_launch(ctx, attn_combine_kernel<HD>, dim3(T, a->nh), HD, 0, b, *a, nsplit);
         DS_CU_LAUNCHED2(ctx, "attn_combine_kernel", T, nsplit);
         return;
@@ -845,25 +789,6 @@ static void run_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a) {
     DS_CU_LAUNCHED2(ctx, "attn_prefill_kernel", T, S);
 }
 
-/* The decode kernels' shared-memory limit, and their resident blocks an SM for the split count
- * (run_attention; the fewest over the forms of one prep setting). */
-template <int HD, bool COMBINE>
-static void decode_init(ds_cuda_ctx *ctx) {
-    const int dec = (int)DecSmem<HD>::bytes;
-    void (*kern[2][2])(ds_cuda_batch, ds_cuda_attn_args, int, int, int *) = {
-        {attn_decode_kernel<HD, 8, false, COMBINE>, attn_decode_kernel<HD, 32, false, COMBINE>},
-        {attn_decode_kernel<HD, 8, true, COMBINE>, attn_decode_kernel<HD, 32, true, COMBINE>}};
-    for (int prep = 0; prep < 2; prep++)
-        for (int f = 0; f < 2; f++) {
-            DS_CU(ctx, cudaFuncSetAttribute(kern[prep][f], cudaFuncAttributeMaxDynamicSharedMemorySize, dec));
-            int bps = 0;
-            DS_CU(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern[prep][f], HD, dec));
-            int *slot = &ctx->attn_dec_bps[dec_hd_index(HD)][prep];
-            if (!COMBINE && f == 0) *slot = bps; /* the first form queried sets it */
-            else if (bps < *slot) *slot = bps;
-        }
-}
-
 template <int HD>
 static void attention_init(ds_cuda_ctx *ctx) {
     DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD, false, false, false, false>,
@@ -876,8 +801,11 @@ static void attention_init(ds_cuda_ctx *ctx) {
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PfSmem<HD>::bytes_pv16));
     DS_CU(ctx, cudaFuncSetAttribute(attn_prefill_kernel<HD, true, true, true, true>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PfSmem<HD>::bytes_p1));
-    decode_init<HD, false>(ctx);
-    decode_init<HD, true>(ctx);
+    const int dec = (int)DecSmem<HD>::bytes;
+    DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD, 8, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, dec));
+    DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD, 32, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, dec));
+    DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD, 8, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, dec));
+    DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD, 32, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, dec));
 }
 
 /* Shared-memory limits of the kernels, set once at creation (never inside a graph capture). */

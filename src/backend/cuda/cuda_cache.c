@@ -103,10 +103,6 @@ ds_status ds_cuda_cache_create(ds_backend *be, const ds_config *cfg, const ds_ca
                          sizeof(float) * (size_t)c->attn_ws_rows * (size_t)(cfg->head_dim + 2),
                          "attention workspace", err);
         if (st) goto fail;
-        st = cache_alloc(ctx, (void **)&c->attn_cnt,
-                         sizeof(int) * (size_t)DS_CUDA_ATTN_SPLIT_ROWS * (size_t)cfg->n_kv_heads,
-                         "attention combine counters", err);
-        if (st) goto fail;
     }
     if (ctx->failed) {
         st = ds_error_set(err, DS_ERR_DEVICE, "CUDA cache: %s", ctx->errmsg);
@@ -129,7 +125,6 @@ void ds_cuda_cache_free(ds_backend *be, ds_cache *c) {
     cudaFree(c->conv);
     cudaFree(c->inv_freq);
     cudaFree(c->attn_ws);
-    cudaFree(c->attn_cnt);
     free(c);
 }
 

@@ -87,15 +87,6 @@ static __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-/* A global load that later loads cannot pass, seeing whatever was released (st.release or a
- * fence before the store) ahead of the value it reads: the waiting side of a cross-block flag or
- * count. */
-static __device__ __forceinline__ int ld_acquire_gpu(const int32_t *p) {
-    int v;
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
 /* Sum over the whole block (blockDim.x a multiple of 32, ≤ 1024); every thread gets the result.
  * `red` is shared scratch of ≥ 32 floats; the call contains two barriers. */
 static __device__ __forceinline__ float block_sum(float v, float *red) {

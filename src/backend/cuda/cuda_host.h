@@ -26,7 +26,6 @@ struct ds_cache {
     float *inv_freq;       /* [rot/2] RoPE inverse frequencies, computed on the host */
     float *attn_ws;        /* decode split partials [ws_rows][hd + 2] */
     int attn_ws_rows;
-    int *attn_cnt;         /* [DS_CUDA_ATTN_SPLIT_ROWS][nkv] fused-combine arrival counters, zero */
 };
 
 /* Layer index of MTP layer i as the attention op expects it. */

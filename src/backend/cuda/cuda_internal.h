@@ -292,24 +292,6 @@ typedef struct ds_cuda_ctx {
      * DS_CUDA_ATTN_FUSE_PREP=0: the prep launch, for before/after runs; cuda_attention.cu).
      * Same bits. */
     int attn_fuse_prep;
-    /* decode attention's split count fitted to one wave: ⌊resident blocks / (tokens · kv heads)⌋
-     * from the kernel's occupancy (DS_CUDA_ATTN_SPLIT_FIT=1; 0, default: ⌈2 · SMs / (tokens ·
-     * kv heads)⌉, which at batch 8 of the 35B-A3B (2 kv heads, 132 SMs, two blocks an SM) makes
-     * 272 blocks for 264 places; cuda_attention.cu). Same math over other key ranges: results
-     * differ in rounding only. */
-    int attn_split_fit;
-    /* the decode attention's combine of its splits done by the last block of each (token, kv
-     * head) to finish, inside the decode launch (DS_CUDA_ATTN_FUSE_COMBINE=1; 0, default: the
-     * attn_combine_kernel launch). Same bits (combine_head in both). */
-    int attn_fuse_combine;
-    /* decode steps of 2-8 tokens routed by the gate_up launch's first block while its other
-     * blocks wait on a flag, no routing launch (DS_CUDA_ROUTE_IN_GATE_UP=1; 0, default: the
-     * moe_route_group_fast_kernel launch; cuda_moe_experts.cuh moe_gate_up_waiting_kernel).
-     * Same ids, weights and groups. */
-    int route_in_gate_up;
-    /* blocks of attn_decode_kernel resident on one SM, [log2(head_dim / 32)][PREP] (the smaller
-     * of its two LMAX forms), set by ds_cuda_attention_init */
-    int attn_dec_bps[4][2];
     /* prefill attention: the next K / V tile copied in under the current tile's work, query
      * tiles last first (1, default; DS_CUDA_ATTN_PF_PIPE=0: session 20's kernel, for
      * before/after runs; cuda_attention.cu). Same bits. */
@@ -553,9 +535,6 @@ typedef struct ds_cuda_attn_args {
     void *k_cache, *v_cache;
     float *ws;                    /* decode split partials */
     int ws_rows;                  /* capacity in (seq, head, split) rows of hd + 2 floats */
-    int *cnt;                     /* [cnt_tokens][nkv] arrival counters of the fused decode
-                                   * combine, zero between launches (NULL: none) */
-    int cnt_tokens;
 } ds_cuda_attn_args;
 void ds_cuda_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a);
 /* Kernel attributes (dynamic shared-memory limits), set once at backend creation. */

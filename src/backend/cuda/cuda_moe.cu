@@ -216,8 +216,6 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
     const int64_t NL = (int64_t)E + 2 * Is + (Is ? 1 : 0);
     moe_scratch sc;
     moe_layout((char *)ctx->d_moe_scratch, T, H, E, k, I, Is, &sc);
-    int32_t *route_flag = sc.route_flag;
-    sc.route_flag = NULL; /* set below for a step routed inside its gate_up launch */
 
     /* 1. router | shared gate_up | shared gate */
     const int64_t ldl = moe_ldl(E, Is);
@@ -247,14 +245,7 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
      * that with session 10-13's routing in registers */
     const bool route_fused = ctx->opt.moe_route_fused && !use_gemm && T <= ctx->route_fused_max_t &&
                              E <= MOE_WARPS * 32 && T * E <= ROUTE_FUSED_LOGITS && A <= ROUTE_FUSED_A;
-    /* steps of 2-8 tokens: routed by the gate_up launch's first block while the others wait
-     * (moe_gate_up_waiting_kernel, ctx->route_in_gate_up); not with the one-token down + combine */
-    const bool route_waiting = ctx->route_in_gate_up && !route_fused && !use_gemm && T >= 2 &&
-                               T <= DS_CUDA_GEMV_MAX_ROWS && E <= MOE_WARPS * 32 &&
-                               T * E <= ROUTE_FUSED_LOGITS && A <= ROUTE_FUSED_A &&
-                               !(a->residual && !a->normed);
-    if (route_waiting) sc.route_flag = route_flag;
-    if (route_fused || route_waiting) {
+    if (route_fused) {
         /* nothing here: step 4 routes */
     } else if (A <= MOE_FUSED_A && T * E <= ROUTE_FAST_LOGITS && ctx->opt.moe_fast_route) {
         ds_launch(ctx, moe_route_group_fast_kernel, 1, 1024, 0, T, E, k, Is, (int)a->norm_topk, sc,

@@ -14,10 +14,6 @@
 /* ---- 4/5. grouped expert GEMV --------------------------------------------------------------- */
 
 #define MOE_WARPS 8
-/* the routing inside a gate_up launch (moe_gate_up_routed_kernel, moe_gate_up_waiting_kernel):
- * the step's router logits and assignments in shared memory */
-#define ROUTE_FUSED_LOGITS 2048
-#define ROUTE_FUSED_A 256
 
 template <bool DOWN, int ROWS, int UNROLL, int R, bool STREAM>
 static __device__ __forceinline__ void moe_chunk(const bf16 *W, int64_t N, int64_t K, int64_t n0,
@@ -122,13 +118,24 @@ static __device__ __forceinline__ void shared_down_column(const bf16 *__restrict
     });
 }
 
-/* Block (active expert blockIdx.x, row tile blockIdx.y) of moe_expert_kernel after its wait:
- * the groups are in sc. */
+/* Blocks (active expert i, 16·ROWS output rows). With w_sh (down only, catalogue item 1 fused:
+ * the shared expert runs concurrently with the routed ones, in the same launch), the last
+ * column of blocks (blockIdx.x == gridDim.x - 1) computes the shared expert's down projection
+ * for all T tokens instead. pf_w (DS_OPT_PREFETCH; NULL when off): in the gate_up launch the
+ * routed experts' down weights, each block prefetching its slice of its expert's matrix for the
+ * launch that follows; in the down launch the shared expert's down weights, prefetched before
+ * the dependency wait. */
 template <bool DOWN, int ROWS, int UNROLL, int RMAX>
-static __device__ __forceinline__ void moe_expert_block(const bf16 *__restrict__ Wall, int H, int I, int k,
-                                                        const bf16 *__restrict__ x, const moe_scratch &sc,
-                                                        const bf16 *__restrict__ pf_w) {
+__global__ void __launch_bounds__(MOE_WARPS * 32)
+    moe_expert_kernel(const bf16 *__restrict__ Wall, int H, int I, int k,
+                      const bf16 *__restrict__ x, moe_scratch sc, const bf16 *__restrict__ w_sh,
+                      int Is, int T, const bf16 *__restrict__ pf_w) {
     const int i = blockIdx.x;
+    if (DOWN && w_sh && i == (int)gridDim.x - 1) {
+        shared_down_column<ROWS, UNROLL, RMAX>(w_sh, H, Is, T, sc, pf_w, blockIdx.y);
+        return;
+    }
+    pdl_enter(); /* cuda_launch.cuh: before any access */
     if (i >= *sc.n_act) return;
     const int e = sc.act[i];
     const int a0 = sc.off[i], a1 = sc.off[i + 1];
@@ -158,64 +165,6 @@ static __device__ __forceinline__ void moe_expert_block(const bf16 *__restrict__
         if (R == 8 && !stream) moe_chunk<DOWN, ROWS, UNROLL, R, false>(W, N, K, n0, rows, k, H, I, x, sc);
         else moe_chunk<DOWN, ROWS, UNROLL, R, true>(W, N, K, n0, rows, k, H, I, x, sc);
     });
-}
-
-/* Blocks (active expert i, 16·ROWS output rows). With w_sh (down only, catalogue item 1 fused:
- * the shared expert runs concurrently with the routed ones, in the same launch), the last
- * column of blocks (blockIdx.x == gridDim.x - 1) computes the shared expert's down projection
- * for all T tokens instead. pf_w (DS_OPT_PREFETCH; NULL when off): in the gate_up launch the
- * routed experts' down weights, each block prefetching its slice of its expert's matrix for the
- * launch that follows; in the down launch the shared expert's down weights, prefetched before
- * the dependency wait. */
-template <bool DOWN, int ROWS, int UNROLL, int RMAX>
-__global__ void __launch_bounds__(MOE_WARPS * 32)
-    moe_expert_kernel(const bf16 *__restrict__ Wall, int H, int I, int k,
-                      const bf16 *__restrict__ x, moe_scratch sc, const bf16 *__restrict__ w_sh,
-                      int Is, int T, const bf16 *__restrict__ pf_w) {
-    const int i = blockIdx.x;
-    if (DOWN && w_sh && i == (int)gridDim.x - 1) {
-        shared_down_column<ROWS, UNROLL, RMAX>(w_sh, H, Is, T, sc, pf_w, blockIdx.y);
-        return;
-    }
-    pdl_enter(); /* cuda_launch.cuh: before any access */
-    if (DOWN) route_flag_clear(sc);
-    moe_expert_block<DOWN, ROWS, UNROLL, RMAX>(Wall, H, I, k, x, sc, pf_w);
-}
-
-/* The gate_up launch of steps of 2-8 tokens with the routing inside it, once
- * (ctx->route_in_gate_up, DS_CUDA_ROUTE_IN_GATE_UP): block (0, 0) routes and groups the step
- * (route_group_block, moe_route_group_fast_kernel's code and results), writes the groups and
- * releases sc.route_flag; every other block waits for the flag, then serves its (active
- * expert, row tile) as moe_expert_kernel<gate_up> does. So no routing launch sits between the
- * router GEMV and the experts, and the routing is not repeated by every block (routing inside
- * every gate_up block, DS_CUDA_ROUTE_FUSED_MAX_T=8, lost: 4.927 / 8.056 vs 4.598 / 6.895 ms,
- * s17-run2). The waiting blocks' progress rests on block (0, 0), the first dispatched, being
- * resident; the down launch clears the flag. Needs E ≤ blockDim.x (one thread an expert in
- * the grouping), T·E ≤ ROUTE_FUSED_LOGITS, T·k ≤ ROUTE_FUSED_A. */
-template <int ROWS, int UNROLL, int RMAX>
-__global__ void __launch_bounds__(MOE_WARPS * 32)
-    moe_gate_up_waiting_kernel(const bf16 *__restrict__ Wall, int H, int I, int E, int k, int Is,
-                               int norm_topk, int T, const bf16 *__restrict__ x, moe_scratch sc,
-                               int batched, int regs) {
-    __shared__ float lg[ROUTE_FUSED_LOGITS];
-    __shared__ int32_t ids_s[ROUTE_FUSED_A];
-    __shared__ int cnt[MOE_WARPS * 32];
-    __shared__ int wsum[32];
-    pdl_enter(); /* cuda_launch.cuh: before any access */
-    if (blockIdx.x == 0 && blockIdx.y == 0) {
-        route_group_block(T, E, k, Is, norm_topk, sc, moe_prefetch{NULL, 0}, batched, regs, lg, ids_s,
-                          cnt, wsum);
-        __syncthreads(); /* every thread's group writes issued */
-        if (threadIdx.x == 0) {
-            __threadfence();
-            flag_store_release(sc.route_flag, 1);
-        }
-    } else {
-        if (threadIdx.x == 0)
-            while (ld_acquire_gpu(sc.route_flag) == 0) __nanosleep(32);
-        __syncthreads();
-    }
-    moe_expert_block<false, ROWS, UNROLL, RMAX>(Wall, H, I, k, x, sc, (const bf16 *)NULL);
 }
 
 /* The down launch of decode steps of 2+ tokens with the experts' inputs staged
@@ -249,7 +198,6 @@ __global__ void __launch_bounds__(MOE_WARPS * 32, 2) /* ≤ 128 registers: two b
         return;
     }
     pdl_enter(); /* cuda_launch.cuh: before any access */
-    route_flag_clear(sc);
     if (i >= *sc.n_act) return;
     const int e = sc.act[i];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -325,6 +273,8 @@ __global__ void __launch_bounds__(MOE_WARPS * 32, 2) /* ≤ 128 registers: two b
  * the routing (ids, weights) and the groups to the scratch for the down and combine launches;
  * the blocks of column 0 compute the shared expert's SiLU(g)·u and gate. Needs E ≤ blockDim.x
  * (one thread per expert while grouping), T·E ≤ ROUTE_FUSED_LOGITS, T·k ≤ ROUTE_FUSED_A. */
+#define ROUTE_FUSED_LOGITS 2048
+#define ROUTE_FUSED_A 256
 
 /* The groups of a one-token step (ctx->route_ranks) from the k selected expert ids in ids_s,
  * by warp 0: selection i's place is its id's rank among the k, which is what the block-wide
@@ -498,19 +448,13 @@ __global__ void __launch_bounds__(MOE_DC_MAX_WARPS * 32)
     residual[n] = __float2bfloat16_rn(f + out);
 }
 
-/* The largest chunk of rows (8, 4, 2, 1) an expert launch of T tokens compiles in: T, bounded
- * by ctx->moe_rmax (decode) or ctx->moe_rmax_prefill. */
-static inline int moe_chunk_bound(const ds_cuda_ctx *ctx, int T) {
-    const int bound = T <= DS_CUDA_GEMV_MAX_ROWS ? ctx->moe_rmax : ctx->moe_rmax_prefill;
-    return bound >= 1 && T > bound ? bound : T;
-}
-
 /* Launches the expert kernel with the chunk bound RMAX = the largest of 8, 4, 2, 1 not above T
  * (no expert has more assignments than there are tokens), and not above ctx->moe_rmax (decode-
  * sized steps) or ctx->moe_rmax_prefill (occupancy, see cuda_internal.h). */
 template <bool DOWN, int ROWS, int UNROLL, class... Args>
 static void launch_experts(ds_cuda_ctx *ctx, int T, dim3 grid, Args &&...args) {
-    T = moe_chunk_bound(ctx, T);
+    const int bound = T <= DS_CUDA_GEMV_MAX_ROWS ? ctx->moe_rmax : ctx->moe_rmax_prefill;
+    if (bound >= 1 && T > bound) T = bound;
     if (T >= 8) ds_launch(ctx, moe_expert_kernel<DOWN, ROWS, UNROLL, 8>, grid, MOE_WARPS * 32, 0, args...);
     else if (T >= 4) ds_launch(ctx, moe_expert_kernel<DOWN, ROWS, UNROLL, 4>, grid, MOE_WARPS * 32, 0, args...);
     else if (T >= 2) ds_launch(ctx, moe_expert_kernel<DOWN, ROWS, UNROLL, 2>, grid, MOE_WARPS * 32, 0, args...);
@@ -524,17 +468,6 @@ static void launch_gate_up(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a, const mo
                            int nblk, bool route_fused, const bf16 *pf_down) {
     const int T = a->T, H = a->H, I = a->I;
     dim3 grid(nblk, DS_DIV_UP(2 * I, MOE_WARPS * ROWS));
-    if (sc.route_flag) { /* routed by the launch's first block (moe_gate_up_waiting_kernel) */
-        const int tb = moe_chunk_bound(ctx, T); /* T ≤ DS_CUDA_GEMV_MAX_ROWS here */
-        auto kern = tb >= 8   ? moe_gate_up_waiting_kernel<ROWS, UNROLL, 8>
-                    : tb >= 4 ? moe_gate_up_waiting_kernel<ROWS, UNROLL, 4>
-                    : tb >= 2 ? moe_gate_up_waiting_kernel<ROWS, UNROLL, 2>
-                              : moe_gate_up_waiting_kernel<ROWS, UNROLL, 1>;
-        ds_launch(ctx, kern, grid, MOE_WARPS * 32, 0, (const bf16 *)a->w_gu, H, I, a->E, a->top_k, a->Is,
-                  (int)a->norm_topk, T, (const bf16 *)a->x, sc, ctx->route_batched, ds_cuda_route_mode(ctx));
-        DS_CU_LAUNCHED2(ctx, "moe_gate_up_waiting_kernel", T, 2 * I);
-        return;
-    }
     if (route_fused) {
         ds_launch(ctx, moe_gate_up_routed_kernel<ROWS, UNROLL>, grid, MOE_WARPS * 32, 0,
                   (const bf16 *)a->w_gu, H, I, a->E, a->top_k, a->Is, (int)a->norm_topk, T,

@@ -96,6 +96,14 @@ struct tg_params {
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+/* a load that later loads (the act rows' cp.async) cannot pass, seeing what was released before
+ * the value it reads (the gate_up warps' fence + count) */
+static __device__ __forceinline__ int ld_acquire_gpu(const int32_t *p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
 /* The producer warp. */
 static __device__ __forceinline__ void tg_produce(const CUtensorMap *wgu, const CUtensorMap *wdn, const tg_params &p,
                                                   unsigned char *ring, tg_tail &tl) {

@@ -388,14 +388,14 @@ __global__ void __launch_bounds__(1024)
  * stage the T·E logits in shared memory and compute the shared expert's activations with
  * independent loads, then one warp per token routes from shared memory. */
 #define ROUTE_FAST_LOGITS 4096
-
-/* The routing and grouping of a small step by one block (any size with E ≤ blockDim.x): the
- * body of moe_route_group_fast_kernel and of moe_gate_up_waiting_kernel's routing block. lg:
- * T·E floats of shared memory, ids_s: T·k ints, cnt: E ints, wsum: 32 ints. Returns after the
- * grouping's writes were issued (not synchronised). */
-static __device__ void route_group_block(int T, int E, int k, int Is, int norm_topk, const moe_scratch &sc,
-                                         moe_prefetch pf, int batched, int regs, float *lg, int32_t *ids_s,
-                                         int *cnt, int *wsum) {
+__global__ void __launch_bounds__(1024)
+    moe_route_group_fast_kernel(int T, int E, int k, int Is, int norm_topk, moe_scratch sc,
+                                moe_prefetch pf, int batched, int regs) {
+    __shared__ float lg[ROUTE_FAST_LOGITS]; /* [T, E] router logits, then probabilities */
+    __shared__ int32_t ids_s[MOE_FUSED_A];
+    __shared__ int cnt[MOE_MAX_E];
+    __shared__ int wsum[32];
+    pdl_enter(); /* cuda_launch.cuh: before any access */
     const int64_t NL = moe_ldl(E, Is); /* row pitch of L */
     for (int i = threadIdx.x; i < T * E; i += blockDim.x) {
         const int t = i / E;
@@ -440,36 +440,6 @@ static __device__ void route_group_block(int T, int E, int k, int Is, int norm_t
     for (int t = warp; t < T; t += nw) route_from_shared(t, E, k, norm_topk, sc, lg + t * E, ids_s, true, regs);
     __syncthreads();
     group_from_shared(T * k, E, ids_s, cnt, wsum, groups_of(sc), pf);
-}
-
-/* Decode steps with T·E ≤ ROUTE_FAST_LOGITS: the same routing as moe_route_group_kernel (same
- * arithmetic, same results), with the latency taken out. The slow kernel's routing warps walk
- * the router logits and the shared expert's 2·Is gate/up values with one dependent L2 round
- * trip per loop iteration (~17 µs per layer at Qwen3.5-35B-A3B); here all 1024 threads first
- * stage the T·E logits in shared memory and compute the shared expert's activations with
- * independent loads, then one warp per token routes from shared memory. */
-__global__ void __launch_bounds__(1024)
-    moe_route_group_fast_kernel(int T, int E, int k, int Is, int norm_topk, moe_scratch sc,
-                                moe_prefetch pf, int batched, int regs) {
-    __shared__ float lg[ROUTE_FAST_LOGITS]; /* [T, E] router logits, then probabilities */
-    __shared__ int32_t ids_s[MOE_FUSED_A];
-    __shared__ int cnt[MOE_MAX_E];
-    __shared__ int wsum[32];
-    pdl_enter(); /* cuda_launch.cuh: before any access */
-    route_group_block(T, E, k, Is, norm_topk, sc, pf, batched, regs, lg, ids_s, cnt, wsum);
-}
-
-/* The flag of moe_gate_up_waiting_kernel: a release store after the routing block's writes (the
- * other blocks wait with ld_acquire_gpu, cuda_common.cuh, before they read them). */
-static __device__ __forceinline__ void flag_store_release(int32_t *p, int v) {
-    asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-/* The down launch that follows a waiting gate_up launch clears the flag (block (0, 0), after its
- * dependency wait: every gate_up block has read the flag by then, and the next gate_up launch
- * starts after this one completes). */
-static __device__ __forceinline__ void route_flag_clear(const moe_scratch &sc) {
-    if (sc.route_flag && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *sc.route_flag = 0;
 }
 
 #endif

@@ -25,10 +25,6 @@ typedef struct moe_scratch {
     float *y;        /* [A, H] */
     float *ysh;      /* [T, H] */
     int32_t *gemm_sync; /* [DS_MOE_GEMM_SYNC_INTS(A, E)]: the TMA-fed grouped GEMM's tickets, counts */
-    /* [1] at offset 0 whatever T is: set when a gate_up launch's routing block has written the
-     * groups, cleared by the down launch that follows (cuda_moe_experts.cuh
-     * moe_gate_up_waiting_kernel); NULL in launches of steps routed otherwise */
-    int32_t *route_flag;
 } moe_scratch;
 
 static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
@@ -49,7 +45,6 @@ static size_t moe_layout(char *base, int T, int H, int E, int k, int I, int Is, 
         if (s) s->field = (type *)(base + off);                       \
         off += al256(sizeof(type) * (size_t)(count));                 \
     } while (0)
-    TAKE(route_flag, int32_t, 1); /* first: the same word for every T (zeroed at allocation) */
     TAKE(L, float, (size_t)T * NL);
     TAKE(ids, int32_t, A);
     TAKE(wts, float, A);

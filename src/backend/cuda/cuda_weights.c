@@ -426,11 +426,6 @@ ds_status ds_cuda_build_weights(ds_backend *be, const ds_config *cfg, const ds_m
                 goto fail;
             }
             ctx->moe_scratch_bytes = need;
-            /* the routing flag (cuda_moe_scratch.cuh, first word) starts clear */
-            if (DS_CU(ctx, cudaMemset(ctx->d_moe_scratch, 0, 256))) {
-                b.st = ds_error_set(err, DS_ERR_DEVICE, "CUDA weights: %s", ctx->errmsg);
-                goto fail;
-            }
         }
     }
     /* scratch of the GDN prefill form (cuda_gdn_prefill.cu) when it is built for this shape;
