@@ -194,14 +194,15 @@ PREFILL_RUN=(--prompt-len 1024 --steps 2 --warmup 0 --batch 1)
 
 # ncu_detail: ncu's memory, warp-stall and occupancy sections for the first DS_GPU_NCU_COUNT
 # (default 4) kernels whose names match DS_GPU_NCU_KERNEL (regex, default the expert GEMVs) in
-# one eager decode step at batch DS_GPU_NCU_BATCH (default 8) — or, with DS_GPU_NCU_PREFILL=1,
+# one eager decode step at batch DS_GPU_NCU_BATCH (default 8) after a prompt of DS_GPU_NCU_PROMPT
+# (default 16) tokens — or, with DS_GPU_NCU_PREFILL=1,
 # in one 1024-token prefill — with the environment DS_GPU_NCU_ENV (e.g. a knob) → ncu_detail.txt
 t=$(left); [ "$t" -gt 150 ] && t=150
 if want ncu_detail && command -v ncu > /dev/null && [ "$t" -ge 60 ]; then
     if [ "${DS_GPU_NCU_PREFILL:-0}" = 1 ]; then
         NCU_WHICH=("${PREFILL_WHICH[@]}"); NCU_RUN=("${PREFILL_RUN[@]}")
     else
-        NCU_WHICH=(DS_CUDA_PROFILER_STEP=4); NCU_RUN=(--prompt-len 16 --steps 8 --warmup 2 --batch "${DS_GPU_NCU_BATCH:-8}")
+        NCU_WHICH=(DS_CUDA_PROFILER_STEP=4); NCU_RUN=(--prompt-len "${DS_GPU_NCU_PROMPT:-16}" --steps 8 --warmup 2 --batch "${DS_GPU_NCU_BATCH:-8}")
     fi
     log "ncu detail (${DS_GPU_NCU_KERNEL:-moe_expert_kernel}, ${NCU_RUN[*]}, ${DS_GPU_NCU_ENV:-}, timeout $t s)"
     # shellcheck disable=SC2086
