@@ -1,0 +1,49 @@
+#!/bin/bash
+# A change against the defaults from one device run with two binaries, for changes that have no
+# switch (the same bits by construction, so no knob is kept): the new binaries in .carry/gpu
+# (tools/gpu/pack_carry.sh), the defaults' deltaserve in .carry/old/deltaserve.xz (packed from
+# the build before the change; carry both folders). On the device, from the repository root:
+#
+#   bash tools/gpu/ab_bench.sh        → $OUT: run_all's ops + model logs (new binaries),
+#                                        ids_{new,old}.txt (greedy ids of the demo model, which
+#                                        must match), ab.log / ab.jsonl (bench new, old, new, old),
+#                                        ncu_attn.txt when DS_AB_NCU names a kernel regex
+#
+# DS_AB_PARTS (default "ops model") goes to run_all.sh as DS_GPU_PARTS; DS_AB_BENCH_TIMEOUT
+# (default 60 s a bench run).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+OUT=$OUT DS_GPU_PARTS="${DS_AB_PARTS:-ops model}" bash tools/gpu/run_all.sh # unpacks to /tmp/ds-gpu
+BIN=/tmp/ds-gpu
+python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+    .carry/old/deltaserve.xz "$BIN/deltaserve-old" || { echo "no .carry/old/deltaserve.xz" | tee -a "$OUT/ab.log"; exit 1; }
+chmod +x "$BIN/deltaserve-old"
+export LD_LIBRARY_PATH=$BIN/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export DS_CUDA_REQUIRED=1
+for b in deltaserve deltaserve-old; do
+    tag=new; [ "$b" = deltaserve-old ] && tag=old
+    timeout 60 "$BIN/$b" generate -m models/qwen35-demo -p "In the beginning" -n 300 --ignore-eos \
+        --print-ids --device cuda > "$OUT/ids_$tag.txt" 2> "$OUT/ids_$tag.err"
+done
+if [ -s "$OUT/ids_new.txt" ] && cmp -s "$OUT/ids_new.txt" "$OUT/ids_old.txt"; then
+    echo "greedy ids: identical" | tee -a "$OUT/ab.log"
+else
+    echo "greedy ids: DIFFER" | tee -a "$OUT/ab.log"
+fi
+for r in 1 2; do
+    for b in deltaserve deltaserve-old; do
+        echo "### $b run $r" >> "$OUT/ab.log"
+        timeout "${DS_AB_BENCH_TIMEOUT:-60}" "$BIN/$b" bench -m configs/qwen3.5-35b-a3b --dummy-weights \
+            --device cuda --prompt-len 1024 --steps 512 --batch 1,4,8 --graphs 1 \
+            --json-out "$OUT/ab.jsonl" >> "$OUT/ab.log" 2>&1
+    done
+done
+grep -E "^###|^ +[0-9]+ " "$OUT/ab.log"
+if [ -n "${DS_AB_NCU:-}" ] && command -v ncu > /dev/null; then
+    DS_CUDA_PROFILER_STEP=4 timeout 100 ncu --clock-control none --cache-control none --profile-from-start off \
+        -k "regex:$DS_AB_NCU" --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --section WarpStateStats --section SchedulerStats --section SourceCounters \
+        "$BIN/deltaserve" bench -m configs/qwen3.5-35b-a3b --dummy-weights --device cuda --prompt-len 1024 \
+        --steps 8 --warmup 2 --batch 8 > "$OUT/ncu_attn.txt" 2>&1
+fi
