@@ -6,15 +6,22 @@
 #
 #   bash tools/gpu/ab_bench.sh        → $OUT: run_all's ops + model logs (new binaries),
 #                                        ids_{new,old}.txt (greedy ids of the demo model, which
-#                                        must match), ab.log / ab.jsonl (bench new, old, new, old),
-#                                        ncu_attn.txt when DS_AB_NCU names a kernel regex
+#                                        must match), ab.log / ab.jsonl (bench new, old, new, old)
 #
-# DS_AB_PARTS (default "ops model") goes to run_all.sh as DS_GPU_PARTS; DS_AB_BENCH_TIMEOUT
-# (default 60 s a bench run).
+# DS_AB_PARTS (default "ops model") goes to run_all.sh as DS_GPU_PARTS; DS_AB_NCU (a kernel
+# regex) adds run_all's ncu_detail part for the new binary (DS_GPU_NCU_KERNEL; the prompt 1024
+# tokens and one launch unless DS_GPU_NCU_PROMPT / DS_GPU_NCU_COUNT say otherwise);
+# DS_AB_BENCH_TIMEOUT (default 60 s a bench run).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-OUT=$OUT DS_GPU_PARTS="${DS_AB_PARTS:-ops model}" bash tools/gpu/run_all.sh # unpacks to /tmp/ds-gpu
+PARTS=${DS_AB_PARTS:-ops model}
+if [ -n "${DS_AB_NCU:-}" ]; then
+    PARTS="$PARTS ncu_detail"
+    export DS_GPU_NCU_KERNEL=$DS_AB_NCU DS_GPU_NCU_PROMPT=${DS_GPU_NCU_PROMPT:-1024} \
+        DS_GPU_NCU_COUNT=${DS_GPU_NCU_COUNT:-1}
+fi
+OUT=$OUT DS_GPU_PARTS="$PARTS" bash tools/gpu/run_all.sh # unpacks to /tmp/ds-gpu
 BIN=/tmp/ds-gpu
 python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
     .carry/old/deltaserve.xz "$BIN/deltaserve-old" || { echo "no .carry/old/deltaserve.xz" | tee -a "$OUT/ab.log"; exit 1; }
@@ -40,10 +47,3 @@ for r in 1 2; do
     done
 done
 grep -E "^###|^ +[0-9]+ " "$OUT/ab.log"
-if [ -n "${DS_AB_NCU:-}" ] && command -v ncu > /dev/null; then
-    DS_CUDA_PROFILER_STEP=4 timeout 100 ncu --clock-control none --cache-control none --profile-from-start off \
-        -k "regex:$DS_AB_NCU" --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
-        --section WarpStateStats --section SchedulerStats --section SourceCounters \
-        "$BIN/deltaserve" bench -m configs/qwen3.5-35b-a3b --dummy-weights --device cuda --prompt-len 1024 \
-        --steps 8 --warmup 2 --batch 8 > "$OUT/ncu_attn.txt" 2>&1
-fi
