@@ -6,7 +6,8 @@
 #
 #   bash tools/gpu/ab_bench.sh        → $OUT: run_all's ops + model logs (new binaries),
 #                                        ids_{new,old}.txt (greedy ids of the demo model, which
-#                                        must match), ab.log / ab.jsonl (bench new, old, new, old)
+#                                        must match), ab.log / ab.jsonl (bench new, old, new, old);
+#                                        all but ab.log packed into ab.tar.gz at the end
 #
 # DS_AB_PARTS (default "ops model") goes to run_all.sh as DS_GPU_PARTS; DS_AB_NCU (a kernel
 # regex) adds run_all's ncu_detail part for the new binary (DS_GPU_NCU_KERNEL; the prompt 1024
@@ -47,3 +48,7 @@ for r in 1 2; do
     done
 done
 grep -E "^###|^ +[0-9]+ " "$OUT/ab.log"
+# at most 8 files come back from the device: run_all's archive, its summary, and the A/B files
+# in one more archive (s31-run1 lost the summaries to that limit)
+(cd "$OUT" && tar -czf ab.tar.gz ab.jsonl ab.log ids_new.txt ids_old.txt ids_new.err ids_old.err &&
+    rm -f ab.jsonl ids_new.txt ids_old.txt ids_new.err ids_old.err)

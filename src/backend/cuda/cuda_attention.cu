@@ -128,6 +128,17 @@ struct DecSmem {
     static constexpr size_t bytes = kv_bytes + (size_t)DEC_MAXG * HD * 4;
 };
 
+/* Where dimension d of query head g sits in the decode kernel's fp32 query buffer: each head's
+ * HD values as two halves, the first four of every 8-dimension chunk, then the last four, so that
+ * the score phase's eight lanes of a key (one chunk each, float4 reads of each half) read 128
+ * contiguous bytes. With the chunks whole (32 bytes a lane) those reads were two-way bank
+ * conflicts: ncu, s30-run2, batch 8: 32 % of the kernel's shared wavefronts excessive, short
+ * scoreboard 37 % of its stalls. Same values, same order of arithmetic. */
+template <int HD>
+static __device__ __forceinline__ int dec_q_index(int g, int d) {
+    return g * HD + ((d & 7) >> 2) * (HD / 2) + (d >> 3) * 4 + (d & 3);
+}
+
 /* A block serves (token t of sequence s, kv head j, split c) and the G query heads sharing j.
  * The split count is fixed by the launch (it depends on the number of tokens only, so a
  * captured graph stays valid as the context grows); each block finds its key range
@@ -156,8 +167,8 @@ __global__ void __launch_bounds__(HD)
     extern __shared__ __align__(16) unsigned char dsmem[];
     bf16 *Ks = reinterpret_cast<bf16 *>(dsmem);         /* [2][DEC_TILE][HD] */
     bf16 *Vs = Ks + 2 * SM::tile_elems;                  /* [2][DEC_TILE][HD] */
-    float *qs = reinterpret_cast<float *>(dsmem + SM::kv_bytes); /* [DEC_MAXG][HD] */
-    __shared__ float sc[DEC_MAXG][DEC_TILE];
+    float *qs = reinterpret_cast<float *>(dsmem + SM::kv_bytes); /* [DEC_MAXG][HD], dec_q_index */
+    __shared__ __align__(16) float sc[DEC_MAXG][DEC_TILE];
     __shared__ float m_s[DEC_MAXG], l_s[DEC_MAXG], al_s[DEC_MAXG];
     __shared__ float nrm[PREP ? NW : 1][HD];                 /* norm_rope_head's scratch */
     __shared__ __align__(16) bf16 kp[PREP ? HD : 8], vp[PREP ? HD : 8]; /* the new key, value */
@@ -216,7 +227,7 @@ __global__ void __launch_bounds__(HD)
                                    pos, nrm[warp], y);
 #pragma unroll
                 for (int e = 0; e < EPL; e++) /* rounded to bf16 as prep's q, then scaled */
-                    qs[u * HD + lane + 32 * e] = __bfloat162float(__float2bfloat16_rn(y[e])) * a.scale;
+                    qs[dec_q_index<HD>(u, lane + 32 * e)] = __bfloat162float(__float2bfloat16_rn(y[e])) * a.scale;
                 continue;
             }
             if (!covers) break;
@@ -243,7 +254,7 @@ __global__ void __launch_bounds__(HD)
         }
     } else {
         for (int g = 0; g < G; g++)
-            qs[g * HD + tid] = to_f32(((const bf16 *)a.out)[((int64_t)t * nh + j * G + g) * HD + tid]) * a.scale;
+            qs[dec_q_index<HD>(g, tid)] = to_f32(((const bf16 *)a.out)[((int64_t)t * nh + j * G + g) * HD + tid]) * a.scale;
     }
     if (tid < G) {
         m_s[tid] = -INFINITY;
@@ -285,8 +296,9 @@ __global__ void __launch_bounds__(HD)
                 float part = 0.f;
 #pragma unroll
                 for (int cc = 0; cc < CPL; cc++) {
-                    const float4 q0 = *reinterpret_cast<const float4 *>(qs + g * HD + (sub + LPK * cc) * 8);
-                    const float4 q1 = *reinterpret_cast<const float4 *>(qs + g * HD + (sub + LPK * cc) * 8 + 4);
+                    const float *qg = qs + g * HD + (sub + LPK * cc) * 4; /* dec_q_index */
+                    const float4 q0 = *reinterpret_cast<const float4 *>(qg);
+                    const float4 q1 = *reinterpret_cast<const float4 *>(qg + HD / 2);
                     part = fmaf(q0.x, kf[cc][0], part);
                     part = fmaf(q0.y, kf[cc][1], part);
                     part = fmaf(q0.z, kf[cc][2], part);
@@ -323,8 +335,26 @@ __global__ void __launch_bounds__(HD)
 #pragma unroll
         for (int g = 0; g < DEC_MAXG; g++)
             if (g < G) acc[g] *= al_s[g];
+        /* four keys at a time: each head's four weights are one float4 read (a broadcast), where
+         * a read a (key, head) made this loop most of the kernel's shared-memory instructions
+         * (s30-run2); each acc[g] still adds its keys in ascending order, so the same bits */
         const int nk = min(DEC_TILE, end - tile0);
-        for (int kk = 0; kk < nk; kk++) {
+        int kk = 0;
+        for (; kk + 4 <= nk; kk += 4) {
+            float v[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) v[i] = to_f32(Vt[(size_t)(kk + i) * HD + tid]);
+#pragma unroll
+            for (int g = 0; g < DEC_MAXG; g++) {
+                if (g >= G) break;
+                const float4 p = *reinterpret_cast<const float4 *>(&sc[g][kk]);
+                acc[g] = fmaf(p.x, v[0], acc[g]);
+                acc[g] = fmaf(p.y, v[1], acc[g]);
+                acc[g] = fmaf(p.z, v[2], acc[g]);
+                acc[g] = fmaf(p.w, v[3], acc[g]);
+            }
+        }
+        for (; kk < nk; kk++) { /* the last tile's remainder (keys past `end` hold stale V) */
             const float v = to_f32(Vt[(size_t)kk * HD + tid]);
 #pragma unroll
             for (int g = 0; g < DEC_MAXG; g++)
