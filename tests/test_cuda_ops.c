@@ -1671,7 +1671,8 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
         /* the step three times (each rewrites the same keys and values; the defaults last, so
          * that later steps read the keys they wrote), each into a poisoned output: the prep
          * launch on or off (DS_CUDA_ATTN_FUSE_PREP; bit for bit against the defaults), and the
-         * decode kernel's other score layout (DS_CUDA_ATTN_LANES8; against the CPU) */
+         * decode kernel's other score layout (DS_CUDA_ATTN_LANES8; against the CPU); then the
+         * other product form (below) */
         ds_cuda_ctx *cc = (ds_cuda_ctx *)g_cuda->impl;
         pair o2 = pair_out(T, O, DS_DTYPE_BF16), o3 = pair_out(T, O, DS_DTYPE_BF16), cmp = o;
         ds_tensor og2 = tcuda(&o2, DS_DTYPE_BF16), og3 = tcuda(&o3, DS_DTYPE_BF16);
@@ -1684,6 +1685,20 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
         snprintf(name, sizeof name, "attention %s, %s lanes a key", label, cc->attn_lanes8 ? "32" : "8");
         cmp.cuda = o2.cuda;
         compare(name, &cmp, DS_DTYPE_BF16, TOL_FUSED);
+        /* the decode kernel's other product form (DS_CUDA_ATTN_DEC_TC: tensor cores or FMAs;
+         * against the CPU), into a poisoned output again */
+        {
+            pair o4 = pair_out(T, O, DS_DTYPE_BF16);
+            ds_tensor og4 = tcuda(&o4, DS_DTYPE_BF16);
+            cc->attn_dec_tc = !cc->attn_dec_tc;
+            g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og4);
+            cc->attn_dec_tc = !cc->attn_dec_tc;
+            snprintf(name, sizeof name, "attention %s, decode products %s", label,
+                     cc->attn_dec_tc ? "as FMAs" : "on tensor cores");
+            cmp.cuda = o4.cuda;
+            compare(name, &cmp, DS_DTYPE_BF16, TOL_FUSED);
+            pair_free(&o4);
+        }
 #endif
         g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og);
         snprintf(name, sizeof name, "attention %s", label);

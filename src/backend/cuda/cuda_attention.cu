@@ -15,6 +15,8 @@
  *  2b. prefill (any tokens per sequence): a tiled flash kernel on tensor cores. A block serves
  *     64 query rows = (64/G tokens) × G heads of one kv head and walks key tiles of 64 from
  *     position 0 (cache) up to its last query position, causal mask per row.
+ *  2c. decode on tensor cores (ctx->attn_dec_tc, DS_CUDA_ATTN_DEC_TC=1; G ≤ 8, head_dim ≥ 64):
+ *     2a's blocks and splits with both products as bf16 MMAs.
  *  3. decode only: combine the splits, times sigmoid(gate) → out. (Prefill applies the gate in
  *     its epilogue.) */
 #include <math.h>
@@ -372,6 +374,280 @@ __global__ void __launch_bounds__(HD)
             w[HD] = m_s[g];
             w[HD + 1] = l_s[g];
         }
+    }
+}
+
+/* ---- 2c. decode on tensor cores (ctx->attn_dec_tc) ------------------------------------------ */
+
+/* The same work as attn_decode_kernel — a block per (token, kv head, split) and the G ≤ 8 query
+ * heads sharing the kv head — with both products as bf16 m16n8k16 MMAs over 32-key tiles, where
+ * the FMA form spent most of its time on shared-memory reads of q and of the weights (ncu,
+ * s30-run2: 29 µs at batch 8 after a 1024-token prompt, ~5× its K/V bytes at the copy rate).
+ * The heads are the MMA's n = 8 columns:
+ *   scores Sᵀ[key, g] = K[key, :]·q_g — A = the K tile (ldmatrix), B = the bf16 queries (held
+ *     in registers), 4 warps = 2 key halves × 2 head-dim halves, summed in shared memory;
+ *   Oᵀ[d, g] += Vᵀ[d, key]·Pᵀ[key, g] — A = the V tile transposed (ldmatrix.trans), B = P as bf16
+ *     hi + lo halves (two MMAs: P to ~2⁻¹⁷, as the prefill kernel's PV16 form), a warp a quarter
+ *     of the head dims.
+ * q and k are bf16 already (q·k exact products, fp32 sums), so only the order of the sums and P's
+ * last bits differ from the FMA form: not the same bits. K/V tiles are stored with 16-byte chunk
+ * c of row r at chunk c ^ (r & 7) (no bank conflicts for ldmatrix's 8 rows); rows past the key
+ * range are zero-filled (a stale V row times P = 0 could be 0·NaN). PREP as attn_decode_kernel. */
+#define DTC_THREADS 128
+#define DTC_G 8 /* heads a block: one n tile */
+
+template <int HD>
+struct DecTcSmem {
+    static constexpr int QSTR = HD + 8;         /* bf16 query row pitch: conflict-free B loads */
+    static constexpr int PSTR = DEC_TILE + 8;   /* bf16 P row pitch */
+    static constexpr size_t tile_elems = (size_t)DEC_TILE * HD;
+    static constexpr size_t kv_bytes = 2 /* buffers */ * 2 /* K, V */ * tile_elems * 2;
+    static constexpr size_t bytes = kv_bytes + (size_t)DTC_G * QSTR * 2;
+};
+
+/* element offset of (row, d) in a swizzled K/V tile */
+template <int HD>
+static __device__ __forceinline__ int dtc_swz(int row, int d) {
+    return row * HD + (((d >> 3) ^ (row & 7)) << 3) + (d & 7);
+}
+
+template <int HD, bool PREP>
+__global__ void __launch_bounds__(DTC_THREADS)
+    attn_decode_tc_kernel(ds_cuda_batch b, ds_cuda_attn_args a, int G, int nsplit) {
+    pdl_enter(); /* cuda_launch.cuh: first, before any access */
+    static_assert(HD >= 64 && HD % 64 == 0, "swizzle over 8 chunks; a warp 16·k of the head dims");
+    constexpr int NW = DTC_THREADS / 32;
+    constexpr int CPR = HD / 8;        /* 16-byte chunks per K/V row */
+    constexpr int KH = HD / 32;        /* k steps of 16 per head-dim half (score phase) */
+    constexpr int MT = HD / 64;        /* m tiles of 16 dims per warp (P·V phase) */
+    typedef DecTcSmem<HD> SM;
+    extern __shared__ __align__(16) unsigned char dsmem[];
+    bf16 *Ks = reinterpret_cast<bf16 *>(dsmem);                 /* [2][DEC_TILE][HD] swizzled */
+    bf16 *Vs = Ks + 2 * SM::tile_elems;                          /* [2][DEC_TILE][HD] swizzled */
+    bf16 *Qs = reinterpret_cast<bf16 *>(dsmem + SM::kv_bytes);   /* [DTC_G][QSTR] */
+    __shared__ __align__(16) float sp[2][DEC_TILE][DTC_G];      /* score halves [dim half][key][head] */
+    __shared__ __align__(16) bf16 ph[DTC_G][SM::PSTR], pl[DTC_G][SM::PSTR]; /* P = hi + lo */
+    __shared__ float m_s[DTC_G], l_s[DTC_G], al_s[DTC_G];
+    __shared__ float nrm[PREP ? NW : 1][HD];                     /* norm_rope_head's scratch */
+    __shared__ __align__(16) bf16 kp[PREP ? HD : 8], vp[PREP ? HD : 8];
+
+    const int t = blockIdx.x, j = blockIdx.y, c = blockIdx.z;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int lg = lane >> 2, lt = lane & 3; /* MMA fragment row group, thread in group */
+    const int nh = a.nh, nkv = a.nkv, bs = a.block_size;
+    const int s = b.tok_seq[t];
+    const int L = b.positions[t] + 1;
+    const int per = (L + nsplit - 1) / nsplit;
+    const int chunk = (per + DEC_TILE - 1) / DEC_TILE * DEC_TILE;
+    const int start = c * chunk;
+    const int end = min(L, start + chunk);
+    const int32_t *bt = b.block_table + (int64_t)s * b.max_blocks;
+    const bf16 *kc = (const bf16 *)a.k_cache, *vc = (const bf16 *)a.v_cache;
+
+    if (start >= end) { /* an empty split */
+        for (int g = 0; g < G; g++) {
+            float *w = a.ws + (((int64_t)t * nh + j * G + g) * nsplit + c) * (HD + 2);
+            for (int d = tid; d < HD; d += DTC_THREADS) w[d] = 0.f;
+            if (tid == 0) {
+                w[HD] = -INFINITY;
+                w[HD + 1] = 0.f;
+            }
+        }
+        return;
+    }
+
+    auto load_tile = [&](int buf, int tile0) {
+        for (int i = tid; i < DEC_TILE * CPR; i += DTC_THREADS) {
+            const int kk = i / CPR, ch = i % CPR;
+            const int p = tile0 + kk;
+            const size_t o = (size_t)buf * SM::tile_elems + dtc_swz<HD>(kk, ch * 8);
+            if (p < end) {
+                const int64_t row = ((int64_t)bt[p / bs] * bs + p % bs) * nkv + j;
+                cp_async16(Ks + o, kc + row * HD + ch * 8);
+                cp_async16(Vs + o, vc + row * HD + ch * 8);
+            } else {
+                cp_async16(Ks + o, kc, 0);
+                cp_async16(Vs + o, vc, 0);
+            }
+        }
+        cp_async_commit();
+    };
+    load_tile(0, start);
+
+    const int pos = L - 1;
+    const bool covers = PREP && pos >= start && pos < end;
+    if (PREP) {
+        constexpr int EPL = HD / 32;
+        const int64_t ld = (int64_t)nh * 2 * HD + 2 * (int64_t)nkv * HD;
+        const bf16 *row = (const bf16 *)a.qkv + (int64_t)t * ld;
+        for (int u = warp; u < G + 2; u += NW) {
+            float y[EPL];
+            if (u < G) {
+                norm_rope_head<HD>(row + (int64_t)(j * G + u) * 2 * HD, a.q_norm, a.eps, a.rot, a.inv_freq,
+                                   pos, nrm[warp], y);
+#pragma unroll
+                for (int e = 0; e < EPL; e++) Qs[u * SM::QSTR + lane + 32 * e] = __float2bfloat16_rn(y[e]);
+                continue;
+            }
+            if (!covers) break;
+            const int blk = bt[pos / bs];
+            const int64_t off = (((int64_t)blk * bs + pos % bs) * nkv + j) * HD;
+            if (u == G) {
+                norm_rope_head<HD>(row + (int64_t)nh * 2 * HD + (int64_t)j * HD, a.k_norm, a.eps, a.rot,
+                                   a.inv_freq, pos, nrm[warp], y);
+#pragma unroll
+                for (int e = 0; e < EPL; e++) {
+                    const bf16 kv = __float2bfloat16_rn(y[e]);
+                    kp[lane + 32 * e] = kv;
+                    ((bf16 *)a.k_cache)[off + lane + 32 * e] = kv;
+                }
+            } else {
+                const bf16 *vsrc = row + (int64_t)nh * 2 * HD + (int64_t)(nkv + j) * HD;
+#pragma unroll
+                for (int e = 0; e < EPL; e++) {
+                    const bf16 vv = vsrc[lane + 32 * e];
+                    vp[lane + 32 * e] = vv;
+                    ((bf16 *)a.v_cache)[off + lane + 32 * e] = vv;
+                }
+            }
+        }
+    } else {
+        for (int i = tid; i < G * HD; i += DTC_THREADS)
+            Qs[(i / HD) * SM::QSTR + i % HD] = ((const bf16 *)a.out)[((int64_t)t * nh + j * G) * HD + i];
+    }
+    const bf16 zero = __float2bfloat16_rn(0.f);
+    for (int i = G * HD + tid; i < DTC_G * HD; i += DTC_THREADS) Qs[(i / HD) * SM::QSTR + i % HD] = zero;
+    if (tid < DTC_G) {
+        m_s[tid] = -INFINITY;
+        l_s[tid] = 0.f;
+    }
+    __syncthreads();
+
+    /* score phase roles: key half (16 keys, one m tile) and head-dim half; the half's query
+     * B fragments stay in registers for the whole range */
+    const int kh_key = warp & 1, kh_dim = warp >> 1;
+    uint32_t qb[KH][2];
+#pragma unroll
+    for (int ks = 0; ks < KH; ks++) {
+        const bf16 *q = Qs + lg * SM::QSTR + kh_dim * (HD / 2) + ks * 16 + 2 * lt;
+        qb[ks][0] = *reinterpret_cast<const uint32_t *>(q);
+        qb[ks][1] = *reinterpret_cast<const uint32_t *>(q + 8);
+    }
+    float acc[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[mt][i] = 0.f;
+
+    int buf = 0;
+    for (int tile0 = start; tile0 < end; tile0 += DEC_TILE, buf ^= 1) {
+        if (tile0 + DEC_TILE < end) {
+            load_tile(buf ^ 1, tile0 + DEC_TILE);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (covers && pos < tile0 + DEC_TILE) { /* the tile holding the new key: patched */
+            const size_t o = (size_t)buf * SM::tile_elems;
+            for (int d = tid; d < HD; d += DTC_THREADS) {
+                Ks[o + dtc_swz<HD>(pos - tile0, d)] = kp[d];
+                Vs[o + dtc_swz<HD>(pos - tile0, d)] = vp[d];
+            }
+            __syncthreads();
+        }
+        const bf16 *Kt = Ks + (size_t)buf * SM::tile_elems;
+        const bf16 *Vt = Vs + (size_t)buf * SM::tile_elems;
+        /* A: partial scores of 16 keys × 8 heads over half the head dims */
+        {
+            float sc4[4] = {0.f, 0.f, 0.f, 0.f};
+            const int arow = kh_key * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+            for (int ks = 0; ks < KH; ks++) {
+                const int d = kh_dim * (HD / 2) + ks * 16 + (lane >> 4) * 8;
+                uint32_t af[4];
+                ldmatrix_x4(af, (uint32_t)__cvta_generic_to_shared(Kt + dtc_swz<HD>(arow, d)));
+                mma_bf16_16816(sc4, af[0], af[1], af[2], af[3], qb[ks][0], qb[ks][1]);
+            }
+            const int k0 = kh_key * 16 + lg;
+            *reinterpret_cast<float2 *>(&sp[kh_dim][k0][2 * lt]) = make_float2(sc4[0], sc4[1]);
+            *reinterpret_cast<float2 *>(&sp[kh_dim][k0 + 8][2 * lt]) = make_float2(sc4[2], sc4[3]);
+        }
+        __syncthreads();
+        /* B: online softmax, a warp per two heads, a lane per key; heads ≥ G get P = 0 */
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int g = 2 * warp + hh;
+            float p = 0.f;
+            if (g < G) {
+                const bool valid = tile0 + lane < end;
+                const float v = valid ? (sp[0][lane][g] + sp[1][lane][g]) * a.scale : -INFINITY;
+                const float mold = m_s[g];
+                const float mnew = fmaxf(mold, warp_max(v)); /* finite: key tile0 is valid */
+                p = valid ? expf(v - mnew) : 0.f;
+                const float sum = warp_sum(p);
+                if (lane == 0) {
+                    const float al = expf(mold - mnew);
+                    al_s[g] = al;
+                    l_s[g] = l_s[g] * al + sum;
+                    m_s[g] = mnew;
+                }
+            } else if (lane == 0) {
+                al_s[g] = 1.f;
+            }
+            const bf16 hi = __float2bfloat16_rn(p);
+            ph[g][lane] = hi;
+            pl[g][lane] = __float2bfloat16_rn(p - __bfloat162float(hi));
+        }
+        __syncthreads();
+        /* C: this warp's MT m tiles of 16 head dims; acc = acc·α + Vᵀ·P over the tile's keys */
+        {
+            const float a0 = al_s[2 * lt], a1 = al_s[2 * lt + 1];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                acc[mt][0] *= a0;
+                acc[mt][1] *= a1;
+                acc[mt][2] *= a0;
+                acc[mt][3] *= a1;
+            }
+#pragma unroll
+            for (int kq = 0; kq < DEC_TILE / 16; kq++) {
+                const bf16 *hrow = &ph[lg][kq * 16 + 2 * lt], *lrow = &pl[lg][kq * 16 + 2 * lt];
+                const uint32_t bh0 = *reinterpret_cast<const uint32_t *>(hrow);
+                const uint32_t bh1 = *reinterpret_cast<const uint32_t *>(hrow + 8);
+                const uint32_t bl0 = *reinterpret_cast<const uint32_t *>(lrow);
+                const uint32_t bl1 = *reinterpret_cast<const uint32_t *>(lrow + 8);
+                /* matrix i: keys kq·16 + 8(i >> 1) …, dims d0 + 8(i & 1) … (transposed: a_i) */
+                const int vrow = kq * 16 + ((lane >> 4) << 3) + (lane & 7);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    const int d = warp * (HD / 4) + mt * 16 + ((lane >> 3) & 1) * 8;
+                    uint32_t vf[4];
+                    ldmatrix_x4_trans(vf, Vt + dtc_swz<HD>(vrow, d));
+                    mma_bf16_16816(acc[mt], vf[0], vf[1], vf[2], vf[3], bh0, bh1);
+                    mma_bf16_16816(acc[mt], vf[0], vf[1], vf[2], vf[3], bl0, bl1);
+                }
+            }
+        }
+        __syncthreads(); /* buffer buf is refilled two tiles later; sp, ph, pl rewritten */
+    }
+    /* partials: acc[mt] holds dims (d0 + lg, d0 + lg + 8) of heads (2·lt, 2·lt + 1) */
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const int g = 2 * lt + hh;
+        if (g >= G) continue;
+        float *w = a.ws + (((int64_t)t * nh + j * G + g) * nsplit + c) * (HD + 2);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            const int d0 = warp * (HD / 4) + mt * 16 + lg;
+            w[d0] = acc[mt][hh];
+            w[d0 + 8] = acc[mt][2 + hh];
+        }
+    }
+    if (tid < G) {
+        float *w = a.ws + (((int64_t)t * nh + j * G + tid) * nsplit + c) * (HD + 2);
+        w[HD] = m_s[tid];
+        w[HD + 1] = l_s[tid];
     }
 }
 
@@ -795,6 +1071,17 @@ static void run_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a) {
         if (nsplit < 1) nsplit = 1;
         const dim3 grid(T, a->nkv, nsplit);
         const size_t smem = DecSmem<HD>::bytes;
+        if constexpr (HD >= 64) {
+            if (ctx->attn_dec_tc && G <= DTC_G) {
+                const size_t tsmem = DecTcSmem<HD>::bytes;
+                if (fuse_prep) ds_launch(ctx, attn_decode_tc_kernel<HD, true>, grid, DTC_THREADS, tsmem, b, *a, G, nsplit);
+                else ds_launch(ctx, attn_decode_tc_kernel<HD, false>, grid, DTC_THREADS, tsmem, b, *a, G, nsplit);
+                DS_CU_LAUNCHED2(ctx, "attn_decode_tc_kernel", T, nsplit);
+                ds_launch(ctx, attn_combine_kernel<HD>, dim3(T, a->nh), HD, 0, b, *a, nsplit);
+                DS_CU_LAUNCHED2(ctx, "attn_combine_kernel", T, nsplit);
+                return;
+            }
+        }
         if (ctx->attn_lanes8 && fuse_prep) ds_launch(ctx, attn_decode_kernel<HD, 8, true>, grid, HD, smem, b, *a, G, nsplit);
         else if (ctx->attn_lanes8) ds_launch(ctx, attn_decode_kernel<HD, 8, false>, grid, HD, smem, b, *a, G, nsplit);
         else if (fuse_prep) ds_launch(ctx, attn_decode_kernel<HD, 32, true>, grid, HD, smem, b, *a, G, nsplit);
@@ -836,6 +1123,11 @@ static void attention_init(ds_cuda_ctx *ctx) {
     DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD, 32, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, dec));
     DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD, 8, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, dec));
     DS_CU(ctx, cudaFuncSetAttribute(attn_decode_kernel<HD, 32, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, dec));
+    if constexpr (HD >= 64) {
+        const int tc = (int)DecTcSmem<HD>::bytes;
+        DS_CU(ctx, cudaFuncSetAttribute(attn_decode_tc_kernel<HD, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, tc));
+        DS_CU(ctx, cudaFuncSetAttribute(attn_decode_tc_kernel<HD, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, tc));
+    }
 }
 
 /* Shared-memory limits of the kernels, set once at creation (never inside a graph capture). */

@@ -640,6 +640,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->route_ranks = knob_on("DS_CUDA_ROUTE_RANKS");
         c->attn_lanes8 = knob_on("DS_CUDA_ATTN_LANES8");
         c->attn_fuse_prep = knob_on("DS_CUDA_ATTN_FUSE_PREP");
+        const char *dtc = getenv("DS_CUDA_ATTN_DEC_TC"); /* default off until measured */
+        c->attn_dec_tc = dtc && atoi(dtc) == 1;
         /* prefill of 1024 tokens 48.60 / 48.67 (both off) → 48.10 (pipe) → 47.77 / 47.77 ms (pipe +
          * PV16); attention prefill of 2048 tokens 0.689 → 0.652 → 0.556 ms (H100, s21-run2) */
         c->attn_pf_pipe = knob_on("DS_CUDA_ATTN_PF_PIPE");
