@@ -1676,25 +1676,32 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
         ds_cuda_ctx *cc = (ds_cuda_ctx *)g_cuda->impl;
         pair o2 = pair_out(T, O, DS_DTYPE_BF16), o3 = pair_out(T, O, DS_DTYPE_BF16), cmp = o;
         ds_tensor og2 = tcuda(&o2, DS_DTYPE_BF16), og3 = tcuda(&o3, DS_DTYPE_BF16);
+        /* the default product form follows the fused prep (DS_CUDA_ATTN_DEC_TC 2: tensor cores
+         * in steps of two or more one-token sequences): the prep-launch run keeps the form the
+         * default run takes, so the two still compare bit for bit */
+        const int saved_tc = cc->attn_dec_tc, fused_step = T >= 2 && tb->b.n_seqs == T;
+        if (saved_tc == 2) cc->attn_dec_tc = fused_step && cc->attn_fuse_prep ? 1 : 0;
         cc->attn_fuse_prep = !cc->attn_fuse_prep;
         g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og3);
         cc->attn_fuse_prep = !cc->attn_fuse_prep;
+        cc->attn_dec_tc = saved_tc;
         cc->attn_lanes8 = !cc->attn_lanes8;
         g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og2);
         cc->attn_lanes8 = !cc->attn_lanes8;
         snprintf(name, sizeof name, "attention %s, %s lanes a key", label, cc->attn_lanes8 ? "32" : "8");
         cmp.cuda = o2.cuda;
         compare(name, &cmp, DS_DTYPE_BF16, TOL_FUSED);
-        /* the decode kernel's other product form (DS_CUDA_ATTN_DEC_TC: tensor cores or FMAs;
-         * against the CPU), into a poisoned output again */
-        {
+        /* the decode kernel's product forms forced (DS_CUDA_ATTN_DEC_TC 0: FMAs, 1: tensor
+         * cores, in every decode step; the default picks by step shape; against the CPU), each
+         * into a poisoned output again */
+        for (int form = 0; form <= 1; form++) {
             pair o4 = pair_out(T, O, DS_DTYPE_BF16);
             ds_tensor og4 = tcuda(&o4, DS_DTYPE_BF16);
-            cc->attn_dec_tc = !cc->attn_dec_tc;
+            const int saved = cc->attn_dec_tc;
+            cc->attn_dec_tc = form;
             g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og4);
-            cc->attn_dec_tc = !cc->attn_dec_tc;
-            snprintf(name, sizeof name, "attention %s, decode products %s", label,
-                     cc->attn_dec_tc ? "as FMAs" : "on tensor cores");
+            cc->attn_dec_tc = saved;
+            snprintf(name, sizeof name, "attention %s, decode products %s", label, form ? "on tensor cores" : "as FMAs");
             cmp.cuda = o4.cuda;
             compare(name, &cmp, DS_DTYPE_BF16, TOL_FUSED);
             pair_free(&o4);

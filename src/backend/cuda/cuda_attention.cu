@@ -15,8 +15,9 @@
  *  2b. prefill (any tokens per sequence): a tiled flash kernel on tensor cores. A block serves
  *     64 query rows = (64/G tokens) × G heads of one kv head and walks key tiles of 64 from
  *     position 0 (cache) up to its last query position, causal mask per row.
- *  2c. decode on tensor cores (ctx->attn_dec_tc, DS_CUDA_ATTN_DEC_TC=1; G ≤ 8, head_dim ≥ 64):
- *     2a's blocks and splits with both products as bf16 MMAs.
+ *  2c. decode on tensor cores (ctx->attn_dec_tc: by default in steps of two or more sequences
+ *     of one token each; G ≤ 8, head_dim ≥ 64): 2a's blocks and splits with both products as
+ *     bf16 MMAs.
  *  3. decode only: combine the splits, times sigmoid(gate) → out. (Prefill applies the gate in
  *     its epilogue.) */
 #include <math.h>
@@ -1072,7 +1073,7 @@ static void run_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a) {
         const dim3 grid(T, a->nkv, nsplit);
         const size_t smem = DecSmem<HD>::bytes;
         if constexpr (HD >= 64) {
-            if (ctx->attn_dec_tc && G <= DTC_G) {
+            if ((ctx->attn_dec_tc == 1 || (ctx->attn_dec_tc == 2 && fuse_prep)) && G <= DTC_G) {
                 const size_t tsmem = DecTcSmem<HD>::bytes;
                 if (fuse_prep) ds_launch(ctx, attn_decode_tc_kernel<HD, true>, grid, DTC_THREADS, tsmem, b, *a, G, nsplit);
                 else ds_launch(ctx, attn_decode_tc_kernel<HD, false>, grid, DTC_THREADS, tsmem, b, *a, G, nsplit);

@@ -640,8 +640,11 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->route_ranks = knob_on("DS_CUDA_ROUTE_RANKS");
         c->attn_lanes8 = knob_on("DS_CUDA_ATTN_LANES8");
         c->attn_fuse_prep = knob_on("DS_CUDA_ATTN_FUSE_PREP");
-        const char *dtc = getenv("DS_CUDA_ATTN_DEC_TC"); /* default off until measured */
-        c->attn_dec_tc = dtc && atoi(dtc) == 1;
+        /* 2 (default) vs 0: 5.391 / 8.150 and 5.397 / 8.138 vs 5.451 / 8.254 and 5.456 / 8.260 ms
+         * at batch 4 / 8; after 8192 tokens batch 8 8.523 vs 9.031 ms; batch 1 (1: on there
+         * too) 2.949 / 2.954 vs 2.932 / 2.930 ms, after 8192 tokens 3.062 vs 3.126 (H100, s31-run2) */
+        const char *dtc = getenv("DS_CUDA_ATTN_DEC_TC");
+        c->attn_dec_tc = dtc && (atoi(dtc) == 0 || atoi(dtc) == 1) ? atoi(dtc) : 2;
         /* prefill of 1024 tokens 48.60 / 48.67 (both off) → 48.10 (pipe) → 47.77 / 47.77 ms (pipe +
          * PV16); attention prefill of 2048 tokens 0.689 → 0.652 → 0.556 ms (H100, s21-run2) */
         c->attn_pf_pipe = knob_on("DS_CUDA_ATTN_PF_PIPE");

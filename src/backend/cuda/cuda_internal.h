@@ -293,9 +293,11 @@ typedef struct ds_cuda_ctx {
      * Same bits. */
     int attn_fuse_prep;
     /* decode attention's score and P·V products as bf16 m16n8k16 MMAs (attn_decode_tc_kernel;
-     * G ≤ 8 query heads a kv head, head_dim ≥ 64) instead of FMAs from shared memory
-     * (DS_CUDA_ATTN_DEC_TC=1; default 0 until measured; cuda_attention.cu). Not the same bits
-     * (sum order; P as bf16 hi + lo). */
+     * G ≤ 8 query heads a kv head, head_dim ≥ 64) instead of FMAs from shared memory: 2
+     * (default) in steps of two or more sequences of one token each, where it was faster; 1 in
+     * every decode-kernel step (batch 1 and verification too: slower at batch 1 after 1024
+     * tokens, faster after 8192); 0 never (DS_CUDA_ATTN_DEC_TC; s31-run2; cuda_attention.cu).
+     * Not the same bits (sum order; P as bf16 hi + lo). */
     int attn_dec_tc;
     /* prefill attention: the next K / V tile copied in under the current tile's work, query
      * tiles last first (1, default; DS_CUDA_ATTN_PF_PIPE=0: session 20's kernel, for
