@@ -142,6 +142,53 @@ static __device__ __forceinline__ int dec_q_index(int g, int d) {
     return g * HD + ((d & 7) >> 2) * (HD / 2) + (d >> 3) * 4 + (d & 3);
 }
 
+/* The fused prep of a decode block (PREP): units of work, one warp each over the block's NW
+ * warps — the G query heads of kv head j (normed and roped; store_q(u, d, y) keeps dimension d
+ * of head u, unrounded), then, in the block whose split holds the token's own position pos
+ * (covers), its key and value: written to the cache for later steps and kept in kp / vp for the
+ * tile patch. nrm: this warp's HD floats of norm_rope_head scratch. Shared by the FMA and the
+ * tensor-core decode kernels, so both prep exactly as the prep launch does. */
+template <int HD, int NW, typename StoreQ>
+static __device__ __forceinline__ void decode_prep(const ds_cuda_attn_args &a, int t, int j, int G, int pos,
+                                                   const int32_t *__restrict__ bt, bool covers, float *nrm,
+                                                   bf16 *kp, bf16 *vp, StoreQ store_q) {
+    constexpr int EPL = HD / 32;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int nh = a.nh, nkv = a.nkv, bs = a.block_size;
+    const int64_t ld = (int64_t)nh * 2 * HD + 2 * (int64_t)nkv * HD;
+    const bf16 *row = (const bf16 *)a.qkv + (int64_t)t * ld;
+    for (int u = warp; u < G + 2; u += NW) {
+        float y[EPL];
+        if (u < G) {
+            norm_rope_head<HD>(row + (int64_t)(j * G + u) * 2 * HD, a.q_norm, a.eps, a.rot, a.inv_freq, pos, nrm, y);
+#pragma unroll
+            for (int e = 0; e < EPL; e++) store_q(u, lane + 32 * e, y[e]);
+            continue;
+        }
+        if (!covers) break;
+        const int blk = bt[pos / bs];
+        const int64_t off = (((int64_t)blk * bs + pos % bs) * nkv + j) * HD;
+        if (u == G) {
+            norm_rope_head<HD>(row + (int64_t)nh * 2 * HD + (int64_t)j * HD, a.k_norm, a.eps, a.rot, a.inv_freq,
+                               pos, nrm, y);
+#pragma unroll
+            for (int e = 0; e < EPL; e++) {
+                const bf16 kv = __float2bfloat16_rn(y[e]);
+                kp[lane + 32 * e] = kv;
+                ((bf16 *)a.k_cache)[off + lane + 32 * e] = kv;
+            }
+        } else {
+            const bf16 *vsrc = row + (int64_t)nh * 2 * HD + (int64_t)(nkv + j) * HD;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) {
+                const bf16 vv = vsrc[lane + 32 * e];
+                vp[lane + 32 * e] = vv;
+                ((bf16 *)a.v_cache)[off + lane + 32 * e] = vv;
+            }
+        }
+    }
+}
+
 /* A block serves (token t of sequence s, kv head j, split c) and the G query heads sharing j.
  * The split count is fixed by the launch (it depends on the number of tokens only, so a
  * captured graph stays valid as the context grows); each block finds its key range
@@ -219,42 +266,10 @@ __global__ void __launch_bounds__(HD)
     const int pos = L - 1;                          /* the token's own position */
     const bool covers = PREP && pos >= start && pos < end; /* this split holds it */
     if (PREP) {
-        /* units of work, one warp each: the G query heads, then (covering block) k and v */
-        constexpr int EPL = HD / 32;
-        const int64_t ld = (int64_t)nh * 2 * HD + 2 * (int64_t)nkv * HD;
-        const bf16 *row = (const bf16 *)a.qkv + (int64_t)t * ld;
-        for (int u = warp; u < G + 2; u += NW) {
-            float y[EPL];
-            if (u < G) {
-                norm_rope_head<HD>(row + (int64_t)(j * G + u) * 2 * HD, a.q_norm, a.eps, a.rot, a.inv_freq,
-                                   pos, nrm[warp], y);
-#pragma unroll
-                for (int e = 0; e < EPL; e++) /* rounded to bf16 as prep's q, then scaled */
-                    qs[dec_q_index<HD>(u, lane + 32 * e)] = __bfloat162float(__float2bfloat16_rn(y[e])) * a.scale;
-                continue;
-            }
-            if (!covers) break;
-            const int blk = bt[pos / bs];
-            const int64_t off = (((int64_t)blk * bs + pos % bs) * nkv + j) * HD;
-            if (u == G) {
-                norm_rope_head<HD>(row + (int64_t)nh * 2 * HD + (int64_t)j * HD, a.k_norm, a.eps, a.rot,
-                                   a.inv_freq, pos, nrm[warp], y);
-#pragma unroll
-                for (int e = 0; e < EPL; e++) {
-                    const bf16 kv = __float2bfloat16_rn(y[e]);
-                    kp[lane + 32 * e] = kv;
-                    ((bf16 *)a.k_cache)[off + lane + 32 * e] = kv;
-                }
-            } else {
-                const bf16 *vsrc = row + (int64_t)nh * 2 * HD + (int64_t)(nkv + j) * HD;
-#pragma unroll
-                for (int e = 0; e < EPL; e++) {
-                    const bf16 vv = vsrc[lane + 32 * e];
-                    vp[lane + 32 * e] = vv;
-                    ((bf16 *)a.v_cache)[off + lane + 32 * e] = vv;
-                }
-            }
-        }
+        decode_prep<HD, NW>(a, t, j, G, pos, bt, covers, nrm[warp], kp, vp, [&](int u, int d, float y) {
+            /* rounded to bf16 as prep's q, then scaled */
+            qs[dec_q_index<HD>(u, d)] = __bfloat162float(__float2bfloat16_rn(y)) * a.scale;
+        });
     } else {
         for (int g = 0; g < G; g++)
             qs[dec_q_index<HD>(g, tid)] = to_f32(((const bf16 *)a.out)[((int64_t)t * nh + j * G + g) * HD + tid]) * a.scale;
@@ -478,40 +493,8 @@ __global__ void __launch_bounds__(DTC_THREADS)
     const int pos = L - 1;
     const bool covers = PREP && pos >= start && pos < end;
     if (PREP) {
-        constexpr int EPL = HD / 32;
-        const int64_t ld = (int64_t)nh * 2 * HD + 2 * (int64_t)nkv * HD;
-        const bf16 *row = (const bf16 *)a.qkv + (int64_t)t * ld;
-        for (int u = warp; u < G + 2; u += NW) {
-            float y[EPL];
-            if (u < G) {
-                norm_rope_head<HD>(row + (int64_t)(j * G + u) * 2 * HD, a.q_norm, a.eps, a.rot, a.inv_freq,
-                                   pos, nrm[warp], y);
-#pragma unroll
-                for (int e = 0; e < EPL; e++) Qs[u * SM::QSTR + lane + 32 * e] = __float2bfloat16_rn(y[e]);
-                continue;
-            }
-            if (!covers) break;
-            const int blk = bt[pos / bs];
-            const int64_t off = (((int64_t)blk * bs + pos % bs) * nkv + j) * HD;
-            if (u == G) {
-                norm_rope_head<HD>(row + (int64_t)nh * 2 * HD + (int64_t)j * HD, a.k_norm, a.eps, a.rot,
-                                   a.inv_freq, pos, nrm[warp], y);
-#pragma unroll
-                for (int e = 0; e < EPL; e++) {
-                    const bf16 kv = __float2bfloat16_rn(y[e]);
-                    kp[lane + 32 * e] = kv;
-                    ((bf16 *)a.k_cache)[off + lane + 32 * e] = kv;
-                }
-            } else {
-                const bf16 *vsrc = row + (int64_t)nh * 2 * HD + (int64_t)(nkv + j) * HD;
-#pragma unroll
-                for (int e = 0; e < EPL; e++) {
-                    const bf16 vv = vsrc[lane + 32 * e];
-                    vp[lane + 32 * e] = vv;
-                    ((bf16 *)a.v_cache)[off + lane + 32 * e] = vv;
-                }
-            }
-        }
+        decode_prep<HD, NW>(a, t, j, G, pos, bt, covers, nrm[warp], kp, vp,
+                            [&](int u, int d, float y) { Qs[u * SM::QSTR + d] = __float2bfloat16_rn(y); });
     } else {
         for (int i = tid; i < G * HD; i += DTC_THREADS)
             Qs[(i / HD) * SM::QSTR + i % HD] = ((const bf16 *)a.out)[((int64_t)t * nh + j * G) * HD + i];
