@@ -142,6 +142,30 @@ static __device__ __forceinline__ int dec_q_index(int g, int d) {
     return g * HD + ((d & 7) >> 2) * (HD / 2) + (d >> 3) * 4 + (d & 3);
 }
 
+/* Keys [start, end) of split c of nsplit over a context of L keys: chunk = ⌈⌈L / nsplit⌉ / 32⌉·32
+ * (start ≥ end: an empty split). */
+static __device__ __forceinline__ void dec_split_range(int L, int c, int nsplit, int &start, int &end) {
+    const int per = (L + nsplit - 1) / nsplit;
+    const int chunk = (per + DEC_TILE - 1) / DEC_TILE * DEC_TILE;
+    start = c * chunk;
+    end = min(L, start + chunk);
+}
+
+/* The partials of an empty split (its key range starts past the context): m = −∞, l = 0, which
+ * the combine skips; NT threads a block. */
+template <int HD, int NT>
+static __device__ __forceinline__ void dec_write_empty(const ds_cuda_attn_args &a, int t, int j, int G, int nsplit,
+                                                       int c) {
+    for (int g = 0; g < G; g++) {
+        float *w = a.ws + (((int64_t)t * a.nh + j * G + g) * nsplit + c) * (HD + 2);
+        for (int d = threadIdx.x; d < HD; d += NT) w[d] = 0.f;
+        if (threadIdx.x == 0) {
+            w[HD] = -INFINITY;
+            w[HD + 1] = 0.f;
+        }
+    }
+}
+
 /* The fused prep of a decode block (PREP): units of work, one warp each over the block's NW
  * warps — the G query heads of kv head j (normed and roped; store_q(u, d, y) keeps dimension d
  * of head u, unrounded), then, in the block whose split holds the token's own position pos
@@ -228,22 +252,13 @@ __global__ void __launch_bounds__(HD)
     const int nh = a.nh, nkv = a.nkv, bs = a.block_size;
     const int s = b.tok_seq[t];
     const int L = b.positions[t] + 1; /* causal: keys up to this token's own position */
-    const int per = (L + nsplit - 1) / nsplit;
-    const int chunk = (per + DEC_TILE - 1) / DEC_TILE * DEC_TILE;
-    const int start = c * chunk;
-    const int end = min(L, start + chunk);
+    int start, end;
+    dec_split_range(L, c, nsplit, start, end);
     const int32_t *bt = b.block_table + (int64_t)s * b.max_blocks;
     const bf16 *kc = (const bf16 *)a.k_cache, *vc = (const bf16 *)a.v_cache;
 
     if (start >= end) { /* an empty split */
-        for (int g = 0; g < G; g++) {
-            float *w = a.ws + (((int64_t)t * nh + j * G + g) * nsplit + c) * (HD + 2);
-            w[tid] = 0.f;
-            if (tid == 0) {
-                w[HD] = -INFINITY;
-                w[HD + 1] = 0.f;
-            }
-        }
+        dec_write_empty<HD, HD>(a, t, j, G, nsplit, c);
         return;
     }
 
@@ -452,23 +467,14 @@ __global__ void __launch_bounds__(DTC_THREADS)
     const int lg = lane >> 2, lt = lane & 3; /* MMA fragment row group, thread in group */
     const int nh = a.nh, nkv = a.nkv, bs = a.block_size;
     const int s = b.tok_seq[t];
-    const int L = b.positions[t] + 1;
-    const int per = (L + nsplit - 1) / nsplit;
-    const int chunk = (per + DEC_TILE - 1) / DEC_TILE * DEC_TILE;
-    const int start = c * chunk;
-    const int end = min(L, start + chunk);
+    const int L = b.positions[t] + 1; /* causal: keys up to this token's own position */
+    int start, end;
+    dec_split_range(L, c, nsplit, start, end);
     const int32_t *bt = b.block_table + (int64_t)s * b.max_blocks;
     const bf16 *kc = (const bf16 *)a.k_cache, *vc = (const bf16 *)a.v_cache;
 
     if (start >= end) { /* an empty split */
-        for (int g = 0; g < G; g++) {
-            float *w = a.ws + (((int64_t)t * nh + j * G + g) * nsplit + c) * (HD + 2);
-            for (int d = tid; d < HD; d += DTC_THREADS) w[d] = 0.f;
-            if (tid == 0) {
-                w[HD] = -INFINITY;
-                w[HD + 1] = 0.f;
-            }
-        }
+        dec_write_empty<HD, DTC_THREADS>(a, t, j, G, nsplit, c);
         return;
     }
 
