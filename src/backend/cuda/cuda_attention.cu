@@ -1061,22 +1061,22 @@ static void run_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a) {
         if (nsplit < 1) nsplit = 1;
         const dim3 grid(T, a->nkv, nsplit);
         const size_t smem = DecSmem<HD>::bytes;
-        if constexpr (HD >= 64) {
-            if ((ctx->attn_dec_tc == 1 || (ctx->attn_dec_tc == 2 && fuse_prep)) && G <= DTC_G) {
+        /* the tensor-core form (ctx->attn_dec_tc) for G ≤ 8 and head_dim ≥ 64, else the FMA form */
+        const bool tc = (ctx->attn_dec_tc == 1 || (ctx->attn_dec_tc == 2 && fuse_prep)) && G <= DTC_G && HD >= 64;
+        if (tc) {
+            if constexpr (HD >= 64) {
                 const size_t tsmem = DecTcSmem<HD>::bytes;
                 if (fuse_prep) ds_launch(ctx, attn_decode_tc_kernel<HD, true>, grid, DTC_THREADS, tsmem, b, *a, G, nsplit);
                 else ds_launch(ctx, attn_decode_tc_kernel<HD, false>, grid, DTC_THREADS, tsmem, b, *a, G, nsplit);
-                DS_CU_LAUNCHED2(ctx, "attn_decode_tc_kernel", T, nsplit);
-                ds_launch(ctx, attn_combine_kernel<HD>, dim3(T, a->nh), HD, 0, b, *a, nsplit);
-                DS_CU_LAUNCHED2(ctx, "attn_combine_kernel", T, nsplit);
-                return;
             }
+            DS_CU_LAUNCHED2(ctx, "attn_decode_tc_kernel", T, nsplit);
+        } else {
+            if (ctx->attn_lanes8 && fuse_prep) ds_launch(ctx, attn_decode_kernel<HD, 8, true>, grid, HD, smem, b, *a, G, nsplit);
+            else if (ctx->attn_lanes8) ds_launch(ctx, attn_decode_kernel<HD, 8, false>, grid, HD, smem, b, *a, G, nsplit);
+            else if (fuse_prep) ds_launch(ctx, attn_decode_kernel<HD, 32, true>, grid, HD, smem, b, *a, G, nsplit);
+            else ds_launch(ctx, attn_decode_kernel<HD, 32, false>, grid, HD, smem, b, *a, G, nsplit);
+            DS_CU_LAUNCHED2(ctx, "attn_decode_kernel", T, nsplit);
         }
-        if (ctx->attn_lanes8 && fuse_prep) ds_launch(ctx, attn_decode_kernel<HD, 8, true>, grid, HD, smem, b, *a, G, nsplit);
-        else if (ctx->attn_lanes8) ds_launch(ctx, attn_decode_kernel<HD, 8, false>, grid, HD, smem, b, *a, G, nsplit);
-        else if (fuse_prep) ds_launch(ctx, attn_decode_kernel<HD, 32, true>, grid, HD, smem, b, *a, G, nsplit);
-        else ds_launch(ctx, attn_decode_kernel<HD, 32, false>, grid, HD, smem, b, *a, G, nsplit);
-        DS_CU_LAUNCHED2(ctx, "attn_decode_kernel", T, nsplit);
         ds_launch(ctx, attn_combine_kernel<HD>, dim3(T, a->nh), HD, 0, b, *a, nsplit);
         DS_CU_LAUNCHED2(ctx, "attn_combine_kernel", T, nsplit);
         return;
