@@ -1668,7 +1668,7 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
         ds_tensor qc = tcpu(&q), qg = tcuda(&q, DS_DTYPE_BF16), oc = tcpu(&o), og = tcuda(&o, DS_DTYPE_BF16);
         g_cpu->ops->attention(g_cpu, c->cpu, 1, cfg, &m->dev_cpu.layers[1].attn, &qc, &oc);
 #ifdef DS_HAVE_CUDA
-        /* the step three times (each rewrites the same keys and values; the defaults last, so
+        /* the step four times (each rewrites the same keys and values; the defaults last, so
          * that later steps read the keys they wrote), each into a poisoned output: the prep
          * launch on or off (DS_CUDA_ATTN_FUSE_PREP; bit for bit against the defaults), and the
          * decode kernel's other score layout (DS_CUDA_ATTN_LANES8; against the CPU); then the
@@ -1676,6 +1676,15 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
         ds_cuda_ctx *cc = (ds_cuda_ctx *)g_cuda->impl;
         pair o2 = pair_out(T, O, DS_DTYPE_BF16), o3 = pair_out(T, O, DS_DTYPE_BF16), cmp = o;
         ds_tensor og2 = tcuda(&o2, DS_DTYPE_BF16), og3 = tcuda(&o3, DS_DTYPE_BF16);
+        /* first: the first key tile copied before or after the PDL wait (DS_CUDA_ATTN_KV_EARLY),
+         * bit for bit against the defaults (below). First, while the cache rows of the step's
+         * own positions still hold what was there before (nothing: they are new), so that a
+         * copy made before the wait of a row the prep launch writes would show */
+        pair o5 = pair_out(T, O, DS_DTYPE_BF16);
+        ds_tensor og5 = tcuda(&o5, DS_DTYPE_BF16);
+        cc->attn_kv_early = !cc->attn_kv_early;
+        g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og5);
+        cc->attn_kv_early = !cc->attn_kv_early;
         /* the default product form follows the fused prep (DS_CUDA_ATTN_DEC_TC 2: tensor cores
          * in steps of two or more one-token sequences): the prep-launch run keeps the form the
          * default run takes, so the two still compare bit for bit */
@@ -1719,11 +1728,19 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
             printf("  attention %s, prep launch %s: %zu of %zu values differ from the defaults\n", label,
                    cc->attn_fuse_prep ? "on" : "off", diff, n);
             assert_int_equal(diff, 0);
+            float *x5 = act_download(g_cuda, o5.cuda, DS_DTYPE_BF16, n);
+            diff = 0;
+            for (size_t i = 0; i < n; i++) diff += memcmp(&x5[i], &x1[i], 4) != 0;
+            printf("  attention %s, first key tile %s the wait: %zu of %zu values differ from the defaults\n",
+                   label, cc->attn_kv_early ? "after" : "before", diff, n);
+            assert_int_equal(diff, 0);
+            free(x5);
             free(x3);
             free(x1);
         }
         pair_free(&o2);
         pair_free(&o3);
+        pair_free(&o5);
 #endif
         pair_free(&q);
         pair_free(&o);

@@ -20,6 +20,7 @@
  *     bf16 MMAs.
  *  3. decode only: combine the splits, times sigmoid(gate) → out. (Prefill applies the gate in
  *     its epilogue.) */
+#include <limits.h>
 #include <math.h>
 
 #include "cuda_launch.cuh"
@@ -166,6 +167,55 @@ static __device__ __forceinline__ void dec_write_empty(const ds_cuda_attn_args &
     }
 }
 
+/* element offset of (row, d) in a swizzled K/V tile (the tensor-core kernel: ldmatrix reads 8 rows
+ * without bank conflicts) */
+template <int HD>
+static __device__ __forceinline__ int dtc_swz(int row, int d) {
+    return row * HD + (((d >> 3) ^ (row & 7)) << 3) + (d & 7);
+}
+
+/* Copies rows p ∈ [lo, hi) of the key tile that starts at tile0 (keys tile0 … tile0 + 31) of kv
+ * head j into K/V buffers Kb, Vb (one tile each) with cp.async, NT threads; rows p ≥ end are
+ * not copied: zero-filled when ZFILL (the tensor-core kernel: a stale V row times P = 0 could
+ * be 0·NaN), left as they are otherwise (the FMA kernel masks them). SWZ: 16-byte chunk c of
+ * row r at chunk c ^ (r & 7) (dtc_swz). Commits nothing (the caller's group). */
+template <int HD, int NT, bool SWZ, bool ZFILL>
+static __device__ __forceinline__ void dec_copy_rows(bf16 *Kb, bf16 *Vb, const ds_cuda_attn_args &a,
+                                                     const int32_t *__restrict__ bt, int j, int tile0,
+                                                     int lo, int hi, int end) {
+    constexpr int CPR = HD / 8; /* 16-byte chunks per K/V row */
+    const bf16 *kc = (const bf16 *)a.k_cache, *vc = (const bf16 *)a.v_cache;
+    for (int i = threadIdx.x; i < DEC_TILE * CPR; i += NT) {
+        const int kk = i / CPR, ch = i % CPR;
+        const int p = tile0 + kk;
+        if (p < lo || p >= hi) continue;
+        const size_t o = SWZ ? (size_t)dtc_swz<HD>(kk, ch * 8) : (size_t)kk * HD + (size_t)ch * 8;
+        if (p < end) {
+            const int64_t row = ((int64_t)bt[p / a.block_size] * a.block_size + p % a.block_size) * a.nkv + j;
+            cp_async16(Kb + o, kc + row * HD + ch * 8);
+            cp_async16(Vb + o, vc + row * HD + ch * 8);
+        } else if (ZFILL) {
+            cp_async16(Kb + o, kc, 0);
+            cp_async16(Vb + o, vc, 0);
+        }
+    }
+}
+
+/* ctx->attn_kv_early (DS_CUDA_ATTN_KV_EARLY): the first tile's keys below `fresh` — the lowest
+ * position any token of the block's sequence writes in this step — are copied before the PDL
+ * wait, while the prep launch (or, with the prep fused, the qkv projection) still runs. This
+ * widens cuda_launch.cuh's contract as the GDN kernel's early state read does (cuda_gdn.cu),
+ * soundly: under PDL the kernel starts only once every kernel before its predecessor has
+ * completed; those keys were written by earlier steps (and the batch metadata read here —
+ * positions, sequence starts, block table — by the step's upload or its first kernel), and the
+ * predecessor writes only the keys at the step's own positions, ≥ fresh. Those rows, and an
+ * empty split's partials, wait for the predecessor. The same copies, so the same bits. */
+static __device__ __forceinline__ int dec_fresh_position(const ds_cuda_batch &b, int s) {
+    int fresh = INT_MAX;
+    for (int u = b.seq_start[s]; u < b.seq_start[s + 1]; u++) fresh = min(fresh, b.positions[u]);
+    return fresh;
+}
+
 /* The fused prep of a decode block (PREP): units of work, one warp each over the block's NW
  * warps — the G query heads of kv head j (normed and roped; store_q(u, d, y) keeps dimension d
  * of head u, unrounded), then, in the block whose split holds the token's own position pos
@@ -230,8 +280,8 @@ static __device__ __forceinline__ void decode_prep(const ds_cuda_attn_args &a, i
  * that key in this step. */
 template <int HD, int LMAX, bool PREP>
 __global__ void __launch_bounds__(HD)
-    attn_decode_kernel(ds_cuda_batch b, ds_cuda_attn_args a, int G, int nsplit) {
-    pdl_enter(); /* cuda_launch.cuh: first, before any access */
+    attn_decode_kernel(ds_cuda_batch b, ds_cuda_attn_args a, int G, int nsplit, int early) {
+    if (!early) pdl_enter(); /* cuda_launch.cuh: first, before any access (early: below) */
     constexpr int NW = HD / 32;
     constexpr int CPR = HD / 8;                 /* 16-byte chunks per K/V row */
     constexpr int LPK = CPR < LMAX ? CPR : LMAX; /* lanes per key in the score phase */
@@ -249,34 +299,34 @@ __global__ void __launch_bounds__(HD)
 
     const int t = blockIdx.x, j = blockIdx.y, c = blockIdx.z;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int nh = a.nh, nkv = a.nkv, bs = a.block_size;
+    const int nh = a.nh;
     const int s = b.tok_seq[t];
     const int L = b.positions[t] + 1; /* causal: keys up to this token's own position */
     int start, end;
     dec_split_range(L, c, nsplit, start, end);
     const int32_t *bt = b.block_table + (int64_t)s * b.max_blocks;
-    const bf16 *kc = (const bf16 *)a.k_cache, *vc = (const bf16 *)a.v_cache;
 
+    /* cooperative copy of keys [tile0, min(tile0 + 32, end)) into buffer buf */
+    auto load_tile = [&](int buf, int tile0) {
+        dec_copy_rows<HD, HD, false, false>(Ks + (size_t)buf * SM::tile_elems, Vs + (size_t)buf * SM::tile_elems,
+                                            a, bt, j, tile0, tile0, tile0 + DEC_TILE, end);
+        cp_async_commit();
+    };
+    int early_end = start; /* keys [start, early_end) copied before the wait (dec_fresh_position) */
+    if (early) {
+        if (start < end) {
+            early_end = max(start, min(min(end, start + DEC_TILE), dec_fresh_position(b, s)));
+            dec_copy_rows<HD, HD, false, false>(Ks, Vs, a, bt, j, start, start, early_end, end);
+            cp_async_commit();
+        }
+        pdl_enter();
+    }
     if (start >= end) { /* an empty split */
         dec_write_empty<HD, HD>(a, t, j, G, nsplit, c);
         return;
     }
-
-    /* cooperative copy of keys [tile0, min(tile0 + 32, end)) into buffer buf */
-    auto load_tile = [&](int buf, int tile0) {
-        for (int i = tid; i < DEC_TILE * CPR; i += HD) {
-            const int kk = i / CPR, ch = i % CPR;
-            const int p = tile0 + kk;
-            if (p < end) {
-                const int64_t row = ((int64_t)bt[p / bs] * bs + p % bs) * nkv + j;
-                const size_t o = (size_t)buf * SM::tile_elems + (size_t)kk * HD + (size_t)ch * 8;
-                cp_async16(Ks + o, kc + row * HD + ch * 8);
-                cp_async16(Vs + o, vc + row * HD + ch * 8);
-            }
-        }
-        cp_async_commit();
-    };
-    load_tile(0, start);
+    dec_copy_rows<HD, HD, false, false>(Ks, Vs, a, bt, j, start, early_end, start + DEC_TILE, end);
+    cp_async_commit(); /* with the early group (if any): the first tile */
 
     const int pos = L - 1;                          /* the token's own position */
     const bool covers = PREP && pos >= start && pos < end; /* this split holds it */
@@ -436,19 +486,12 @@ struct DecTcSmem {
     static constexpr size_t bytes = kv_bytes + (size_t)DTC_G * QSTR * 2;
 };
 
-/* element offset of (row, d) in a swizzled K/V tile */
-template <int HD>
-static __device__ __forceinline__ int dtc_swz(int row, int d) {
-    return row * HD + (((d >> 3) ^ (row & 7)) << 3) + (d & 7);
-}
-
 template <int HD, bool PREP>
 __global__ void __launch_bounds__(DTC_THREADS)
-    attn_decode_tc_kernel(ds_cuda_batch b, ds_cuda_attn_args a, int G, int nsplit) {
-    pdl_enter(); /* cuda_launch.cuh: first, before any access */
+    attn_decode_tc_kernel(ds_cuda_batch b, ds_cuda_attn_args a, int G, int nsplit, int early) {
+    if (!early) pdl_enter(); /* cuda_launch.cuh: first, before any access (early: below) */
     static_assert(HD >= 64 && HD % 64 == 0, "swizzle over 8 chunks; a warp 16·k of the head dims");
     constexpr int NW = DTC_THREADS / 32;
-    constexpr int CPR = HD / 8;        /* 16-byte chunks per K/V row */
     constexpr int KH = HD / 32;        /* k steps of 16 per head-dim half (score phase) */
     constexpr int MT = HD / 64;        /* m tiles of 16 dims per warp (P·V phase) */
     typedef DecTcSmem<HD> SM;
@@ -465,36 +508,34 @@ __global__ void __launch_bounds__(DTC_THREADS)
     const int t = blockIdx.x, j = blockIdx.y, c = blockIdx.z;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int lg = lane >> 2, lt = lane & 3; /* MMA fragment row group, thread in group */
-    const int nh = a.nh, nkv = a.nkv, bs = a.block_size;
+    const int nh = a.nh;
     const int s = b.tok_seq[t];
     const int L = b.positions[t] + 1; /* causal: keys up to this token's own position */
     int start, end;
     dec_split_range(L, c, nsplit, start, end);
     const int32_t *bt = b.block_table + (int64_t)s * b.max_blocks;
-    const bf16 *kc = (const bf16 *)a.k_cache, *vc = (const bf16 *)a.v_cache;
 
+    auto load_tile = [&](int buf, int tile0) {
+        dec_copy_rows<HD, DTC_THREADS, true, true>(Ks + (size_t)buf * SM::tile_elems,
+                                                   Vs + (size_t)buf * SM::tile_elems, a, bt, j, tile0,
+                                                   tile0, tile0 + DEC_TILE, end);
+        cp_async_commit();
+    };
+    int early_end = start; /* keys [start, early_end) copied before the wait (dec_fresh_position) */
+    if (early) {
+        if (start < end) {
+            early_end = max(start, min(min(end, start + DEC_TILE), dec_fresh_position(b, s)));
+            dec_copy_rows<HD, DTC_THREADS, true, true>(Ks, Vs, a, bt, j, start, start, early_end, end);
+            cp_async_commit();
+        }
+        pdl_enter();
+    }
     if (start >= end) { /* an empty split */
         dec_write_empty<HD, DTC_THREADS>(a, t, j, G, nsplit, c);
         return;
     }
-
-    auto load_tile = [&](int buf, int tile0) {
-        for (int i = tid; i < DEC_TILE * CPR; i += DTC_THREADS) {
-            const int kk = i / CPR, ch = i % CPR;
-            const int p = tile0 + kk;
-            const size_t o = (size_t)buf * SM::tile_elems + dtc_swz<HD>(kk, ch * 8);
-            if (p < end) {
-                const int64_t row = ((int64_t)bt[p / bs] * bs + p % bs) * nkv + j;
-                cp_async16(Ks + o, kc + row * HD + ch * 8);
-                cp_async16(Vs + o, vc + row * HD + ch * 8);
-            } else {
-                cp_async16(Ks + o, kc, 0);
-                cp_async16(Vs + o, vc, 0);
-            }
-        }
-        cp_async_commit();
-    };
-    load_tile(0, start);
+    dec_copy_rows<HD, DTC_THREADS, true, true>(Ks, Vs, a, bt, j, start, early_end, start + DEC_TILE, end);
+    cp_async_commit(); /* with the early group (if any): the first tile */
 
     const int pos = L - 1;
     const bool covers = PREP && pos >= start && pos < end;
@@ -1066,15 +1107,15 @@ static void run_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a) {
         if (tc) {
             if constexpr (HD >= 64) {
                 const size_t tsmem = DecTcSmem<HD>::bytes;
-                if (fuse_prep) ds_launch(ctx, attn_decode_tc_kernel<HD, true>, grid, DTC_THREADS, tsmem, b, *a, G, nsplit);
-                else ds_launch(ctx, attn_decode_tc_kernel<HD, false>, grid, DTC_THREADS, tsmem, b, *a, G, nsplit);
+                if (fuse_prep) ds_launch(ctx, attn_decode_tc_kernel<HD, true>, grid, DTC_THREADS, tsmem, b, *a, G, nsplit, ctx->attn_kv_early);
+                else ds_launch(ctx, attn_decode_tc_kernel<HD, false>, grid, DTC_THREADS, tsmem, b, *a, G, nsplit, ctx->attn_kv_early);
             }
             DS_CU_LAUNCHED2(ctx, "attn_decode_tc_kernel", T, nsplit);
         } else {
-            if (ctx->attn_lanes8 && fuse_prep) ds_launch(ctx, attn_decode_kernel<HD, 8, true>, grid, HD, smem, b, *a, G, nsplit);
-            else if (ctx->attn_lanes8) ds_launch(ctx, attn_decode_kernel<HD, 8, false>, grid, HD, smem, b, *a, G, nsplit);
-            else if (fuse_prep) ds_launch(ctx, attn_decode_kernel<HD, 32, true>, grid, HD, smem, b, *a, G, nsplit);
-            else ds_launch(ctx, attn_decode_kernel<HD, 32, false>, grid, HD, smem, b, *a, G, nsplit);
+            if (ctx->attn_lanes8 && fuse_prep) ds_launch(ctx, attn_decode_kernel<HD, 8, true>, grid, HD, smem, b, *a, G, nsplit, ctx->attn_kv_early);
+            else if (ctx->attn_lanes8) ds_launch(ctx, attn_decode_kernel<HD, 8, false>, grid, HD, smem, b, *a, G, nsplit, ctx->attn_kv_early);
+            else if (fuse_prep) ds_launch(ctx, attn_decode_kernel<HD, 32, true>, grid, HD, smem, b, *a, G, nsplit, ctx->attn_kv_early);
+            else ds_launch(ctx, attn_decode_kernel<HD, 32, false>, grid, HD, smem, b, *a, G, nsplit, ctx->attn_kv_early);
             DS_CU_LAUNCHED2(ctx, "attn_decode_kernel", T, nsplit);
         }
         ds_launch(ctx, attn_combine_kernel<HD>, dim3(T, a->nh), HD, 0, b, *a, nsplit);

@@ -645,6 +645,7 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
          * too) 2.949 / 2.954 vs 2.932 / 2.930 ms, after 8192 tokens 3.062 vs 3.126 (H100, s31-run2) */
         const char *dtc = getenv("DS_CUDA_ATTN_DEC_TC");
         c->attn_dec_tc = dtc && (atoi(dtc) == 0 || atoi(dtc) == 1) ? atoi(dtc) : 2;
+        c->attn_kv_early = ds_env_switch("DS_CUDA_ATTN_KV_EARLY", false);
         /* prefill of 1024 tokens 48.60 / 48.67 (both off) → 48.10 (pipe) → 47.77 / 47.77 ms (pipe +
          * PV16); attention prefill of 2048 tokens 0.689 → 0.652 → 0.556 ms (H100, s21-run2) */
         c->attn_pf_pipe = knob_on("DS_CUDA_ATTN_PF_PIPE");

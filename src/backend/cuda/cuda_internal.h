@@ -299,6 +299,11 @@ typedef struct ds_cuda_ctx {
      * tokens, faster after 8192); 0 never (DS_CUDA_ATTN_DEC_TC; s31-run2; cuda_attention.cu).
      * Not the same bits (sum order; P as bf16 hi + lo). */
     int attn_dec_tc;
+    /* decode attention: each block's first key tile, below the lowest position its sequence
+     * writes in this step, copied before the PDL wait, while the prep launch (or the qkv
+     * projection) still runs (DS_CUDA_ATTN_KV_EARLY=1; 0, default until measured: after the
+     * wait; cuda_attention.cu dec_fresh_position). Same bits. */
+    int attn_kv_early;
     /* prefill attention: the next K / V tile copied in under the current tile's work, query
      * tiles last first (1, default; DS_CUDA_ATTN_PF_PIPE=0: session 20's kernel, for
      * before/after runs; cuda_attention.cu). Same bits. */
