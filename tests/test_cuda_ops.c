@@ -1757,25 +1757,29 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
  * GDN's other one. */
 typedef struct {
     int pipe, pv16, smr, p1, gdn_tf32, gdn_preload, gdn_vchunk, gdn_stored;
+    int gdn_minb; /* the GDN decode kernel's blocks an SM (DS_CUDA_GDN_MINB; 2: the two-block
+                   * form in every step, which the small test shapes would not otherwise take;
+                   * 0: the context's) */
 } prefill_variant;
 static const prefill_variant PREFILL_VARIANTS[] = {
-    {1, 1, 1, 1, 1, 1, 1, 1}, {0, 0, 0, 0, 1, 1, 1, 1}, {1, 0, 0, 0, 1, 1, 1, 1},
-    {1, 1, 0, 0, 1, 1, 1, 1}, {1, 1, 1, 0, 1, 1, 1, 1}, {1, 1, 1, 1, 0, 1, 1, 1},
+    {1, 1, 1, 1, 1, 1, 1, 1, 0}, {0, 0, 0, 0, 1, 1, 1, 1, 2}, {1, 0, 0, 0, 1, 1, 1, 1, 0},
+    {1, 1, 0, 0, 1, 1, 1, 1, 0}, {1, 1, 1, 0, 1, 1, 1, 1, 0}, {1, 1, 1, 1, 0, 1, 1, 1, 0},
     /* the GDN prep's inputs token by token (DS_CUDA_GDN_PREP_PRELOAD=0); v by the prep launch
      * (DS_CUDA_GDN_V_IN_CHUNK=0); the chunked kernels' operands rounded to tf32 at each load
      * (DS_CUDA_GDN_TF32_STORED=0) */
-    {1, 1, 1, 1, 1, 0, 1, 1}, {1, 1, 1, 1, 1, 1, 0, 1}, {1, 1, 1, 1, 1, 1, 1, 0}};
+    {1, 1, 1, 1, 1, 0, 1, 1, 0}, {1, 1, 1, 1, 1, 1, 0, 1, 0}, {1, 1, 1, 1, 1, 1, 1, 0, 0}};
 #define N_PREFILL_VARIANTS (int)(sizeof PREFILL_VARIANTS / sizeof PREFILL_VARIANTS[0])
 
 /* variant v, or (v < 0) the context's own values again */
 static void prefill_variant_set(int v) {
 #ifdef DS_HAVE_CUDA
     ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
-    static prefill_variant saved = {-1, -1, -1, -1, -1, -1, -1, -1};
+    static prefill_variant saved = {-1, -1, -1, -1, -1, -1, -1, -1, -1};
     if (saved.pipe < 0)
         saved = (prefill_variant){c->attn_pf_pipe, c->attn_pf_pv16, c->attn_pf_smr, c->attn_pf_p1, c->gdn_tf32,
-                                  c->gdn_prep_preload, c->gdn_v_in_chunk, c->gdn_tf32_stored};
-    const prefill_variant pv = v < 0 ? saved : PREFILL_VARIANTS[v];
+                                  c->gdn_prep_preload, c->gdn_v_in_chunk, c->gdn_tf32_stored, c->gdn_minb};
+    prefill_variant pv = v < 0 ? saved : PREFILL_VARIANTS[v];
+    if (v >= 0 && pv.gdn_minb == 0) pv.gdn_minb = saved.gdn_minb; /* not set in the row: the context's */
     c->attn_pf_pipe = pv.pipe;
     c->attn_pf_pv16 = pv.pv16;
     c->attn_pf_smr = pv.smr;
@@ -1784,6 +1788,7 @@ static void prefill_variant_set(int v) {
     c->gdn_prep_preload = pv.gdn_preload;
     c->gdn_v_in_chunk = pv.gdn_vchunk;
     c->gdn_tf32_stored = pv.gdn_stored;
+    c->gdn_minb = pv.gdn_minb;
 #else
     (void)v;
 #endif
@@ -1802,10 +1807,11 @@ static void mixers_check(int variant) {
     prefill_variant_set(variant);
     printf("  (prefill attention: pipe %d, P·V in bf16 pairs %d, softmax in registers %d, P one bf16 %d;"
            " chunked GDN in one tf32 pass %d, GDN prep inputs preloaded %d, GDN v in chunk_prep %d,"
-           " GDN operands stored as tf32 %d)\n",
+           " GDN operands stored as tf32 %d, GDN decode blocks an SM %s)\n",
            PREFILL_VARIANTS[variant].pipe, PREFILL_VARIANTS[variant].pv16, PREFILL_VARIANTS[variant].smr,
            PREFILL_VARIANTS[variant].p1, PREFILL_VARIANTS[variant].gdn_tf32, PREFILL_VARIANTS[variant].gdn_preload,
-           PREFILL_VARIANTS[variant].gdn_vchunk, PREFILL_VARIANTS[variant].gdn_stored);
+           PREFILL_VARIANTS[variant].gdn_vchunk, PREFILL_VARIANTS[variant].gdn_stored,
+           PREFILL_VARIANTS[variant].gdn_minb == 2 ? "2 always" : "as the context");
     for (size_t si = 0; si < sizeof SHAPES / sizeof SHAPES[0]; si++) {
         test_rng r = {55 + si};
         tmodel *m = calloc(1, sizeof *m);

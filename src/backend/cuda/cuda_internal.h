@@ -322,6 +322,10 @@ typedef struct ds_cuda_ctx {
     /* the GDN decode kernel reads its state before its PDL wait (1, default; DS_CUDA_GDN_EARLY=0:
      * after, for before/after runs; cuda_gdn.cu) */
     int gdn_early;
+    /* the GDN decode kernel compiled for two blocks an SM (64 registers, a few spilled) where
+     * its (head, sequence) blocks outnumber the SMs (1), always (2: tests), never (0, default
+     * until measured; DS_CUDA_GDN_MINB; cuda_gdn.cu). Same bits. */
+    int gdn_minb;
     /* CUDA-core GEMV: each warp's first batch of weights loaded into registers before the PDL
      * wait (1; DS_CUDA_GEMV_PRELOAD=0: after, for before/after runs; 2, default since session
      * 19: the second batch too where a warp has two, one input row; cuda_gemv.cu) */
