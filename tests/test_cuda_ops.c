@@ -1672,19 +1672,22 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
          * that later steps read the keys they wrote), each into a poisoned output: the prep
          * launch on or off (DS_CUDA_ATTN_FUSE_PREP; bit for bit against the defaults), and the
          * decode kernel's other score layout (DS_CUDA_ATTN_LANES8; against the CPU); then the
-         * other product form (below) */
+         * other product form (below). After the first run every run copies its first key tile
+         * after the PDL wait. */
         ds_cuda_ctx *cc = (ds_cuda_ctx *)g_cuda->impl;
         pair o2 = pair_out(T, O, DS_DTYPE_BF16), o3 = pair_out(T, O, DS_DTYPE_BF16), cmp = o;
         ds_tensor og2 = tcuda(&o2, DS_DTYPE_BF16), og3 = tcuda(&o3, DS_DTYPE_BF16);
-        /* first: the first key tile copied before or after the PDL wait (DS_CUDA_ATTN_KV_EARLY),
-         * bit for bit against the defaults (below). First, while the cache rows of the step's
-         * own positions still hold what was there before (nothing: they are new), so that a
-         * copy made before the wait of a row the prep launch writes would show */
+        /* first: the first key tile copied before the PDL wait (DS_CUDA_ATTN_KV_EARLY=1), bit
+         * for bit against the same copies after it (the defaults' other form; below). First,
+         * while the cache rows of the step's own positions still hold what was there before
+         * (nothing: they are new), so that a copy made before the wait of a row the prep launch
+         * writes would show */
         pair o5 = pair_out(T, O, DS_DTYPE_BF16);
         ds_tensor og5 = tcuda(&o5, DS_DTYPE_BF16);
-        cc->attn_kv_early = !cc->attn_kv_early;
+        const int saved_early = cc->attn_kv_early;
+        cc->attn_kv_early = 1;
         g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og5);
-        cc->attn_kv_early = !cc->attn_kv_early;
+        cc->attn_kv_early = 0; /* the rest of the step copies after the wait (the reference) */
         /* the default product form follows the fused prep (DS_CUDA_ATTN_DEC_TC 2: tensor cores
          * in steps of two or more one-token sequences): the prep-launch run keeps the form the
          * default run takes, so the two still compare bit for bit */
@@ -1720,6 +1723,7 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
         snprintf(name, sizeof name, "attention %s", label);
         compare(name, &o, DS_DTYPE_BF16, TOL_FUSED);
 #ifdef DS_HAVE_CUDA
+        cc->attn_kv_early = saved_early;
         {
             const size_t n = (size_t)T * (size_t)O;
             float *x3 = act_download(g_cuda, o3.cuda, DS_DTYPE_BF16, n), *x1 = act_download(g_cuda, o.cuda, DS_DTYPE_BF16, n);
@@ -1731,8 +1735,8 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
             float *x5 = act_download(g_cuda, o5.cuda, DS_DTYPE_BF16, n);
             diff = 0;
             for (size_t i = 0; i < n; i++) diff += memcmp(&x5[i], &x1[i], 4) != 0;
-            printf("  attention %s, first key tile %s the wait: %zu of %zu values differ from the defaults\n",
-                   label, cc->attn_kv_early ? "after" : "before", diff, n);
+            printf("  attention %s, first key tile before the wait: %zu of %zu values differ from after it\n",
+                   label, diff, n);
             assert_int_equal(diff, 0);
             free(x5);
             free(x3);
@@ -1757,29 +1761,25 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
  * GDN's other one. */
 typedef struct {
     int pipe, pv16, smr, p1, gdn_tf32, gdn_preload, gdn_vchunk, gdn_stored;
-    int gdn_minb; /* the GDN decode kernel's blocks an SM (DS_CUDA_GDN_MINB; 2: the two-block
-                   * form in every step, which the small test shapes would not otherwise take;
-                   * 0: the context's) */
 } prefill_variant;
 static const prefill_variant PREFILL_VARIANTS[] = {
-    {1, 1, 1, 1, 1, 1, 1, 1, 0}, {0, 0, 0, 0, 1, 1, 1, 1, 2}, {1, 0, 0, 0, 1, 1, 1, 1, 0},
-    {1, 1, 0, 0, 1, 1, 1, 1, 0}, {1, 1, 1, 0, 1, 1, 1, 1, 0}, {1, 1, 1, 1, 0, 1, 1, 1, 0},
+    {1, 1, 1, 1, 1, 1, 1, 1}, {0, 0, 0, 0, 1, 1, 1, 1}, {1, 0, 0, 0, 1, 1, 1, 1},
+    {1, 1, 0, 0, 1, 1, 1, 1}, {1, 1, 1, 0, 1, 1, 1, 1}, {1, 1, 1, 1, 0, 1, 1, 1},
     /* the GDN prep's inputs token by token (DS_CUDA_GDN_PREP_PRELOAD=0); v by the prep launch
      * (DS_CUDA_GDN_V_IN_CHUNK=0); the chunked kernels' operands rounded to tf32 at each load
      * (DS_CUDA_GDN_TF32_STORED=0) */
-    {1, 1, 1, 1, 1, 0, 1, 1, 0}, {1, 1, 1, 1, 1, 1, 0, 1, 0}, {1, 1, 1, 1, 1, 1, 1, 0, 0}};
+    {1, 1, 1, 1, 1, 0, 1, 1}, {1, 1, 1, 1, 1, 1, 0, 1}, {1, 1, 1, 1, 1, 1, 1, 0}};
 #define N_PREFILL_VARIANTS (int)(sizeof PREFILL_VARIANTS / sizeof PREFILL_VARIANTS[0])
 
 /* variant v, or (v < 0) the context's own values again */
 static void prefill_variant_set(int v) {
 #ifdef DS_HAVE_CUDA
     ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
-    static prefill_variant saved = {-1, -1, -1, -1, -1, -1, -1, -1, -1};
+    static prefill_variant saved = {-1, -1, -1, -1, -1, -1, -1, -1};
     if (saved.pipe < 0)
         saved = (prefill_variant){c->attn_pf_pipe, c->attn_pf_pv16, c->attn_pf_smr, c->attn_pf_p1, c->gdn_tf32,
-                                  c->gdn_prep_preload, c->gdn_v_in_chunk, c->gdn_tf32_stored, c->gdn_minb};
-    prefill_variant pv = v < 0 ? saved : PREFILL_VARIANTS[v];
-    if (v >= 0 && pv.gdn_minb == 0) pv.gdn_minb = saved.gdn_minb; /* not set in the row: the context's */
+                                  c->gdn_prep_preload, c->gdn_v_in_chunk, c->gdn_tf32_stored};
+    const prefill_variant pv = v < 0 ? saved : PREFILL_VARIANTS[v];
     c->attn_pf_pipe = pv.pipe;
     c->attn_pf_pv16 = pv.pv16;
     c->attn_pf_smr = pv.smr;
@@ -1788,7 +1788,6 @@ static void prefill_variant_set(int v) {
     c->gdn_prep_preload = pv.gdn_preload;
     c->gdn_v_in_chunk = pv.gdn_vchunk;
     c->gdn_tf32_stored = pv.gdn_stored;
-    c->gdn_minb = pv.gdn_minb;
 #else
     (void)v;
 #endif
@@ -1807,11 +1806,10 @@ static void mixers_check(int variant) {
     prefill_variant_set(variant);
     printf("  (prefill attention: pipe %d, P·V in bf16 pairs %d, softmax in registers %d, P one bf16 %d;"
            " chunked GDN in one tf32 pass %d, GDN prep inputs preloaded %d, GDN v in chunk_prep %d,"
-           " GDN operands stored as tf32 %d, GDN decode blocks an SM %s)\n",
+           " GDN operands stored as tf32 %d)\n",
            PREFILL_VARIANTS[variant].pipe, PREFILL_VARIANTS[variant].pv16, PREFILL_VARIANTS[variant].smr,
            PREFILL_VARIANTS[variant].p1, PREFILL_VARIANTS[variant].gdn_tf32, PREFILL_VARIANTS[variant].gdn_preload,
-           PREFILL_VARIANTS[variant].gdn_vchunk, PREFILL_VARIANTS[variant].gdn_stored,
-           PREFILL_VARIANTS[variant].gdn_minb == 2 ? "2 always" : "as the context");
+           PREFILL_VARIANTS[variant].gdn_vchunk, PREFILL_VARIANTS[variant].gdn_stored);
     for (size_t si = 0; si < sizeof SHAPES / sizeof SHAPES[0]; si++) {
         test_rng r = {55 + si};
         tmodel *m = calloc(1, sizeof *m);

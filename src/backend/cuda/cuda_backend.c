@@ -645,7 +645,9 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
          * too) 2.949 / 2.954 vs 2.932 / 2.930 ms, after 8192 tokens 3.062 vs 3.126 (H100, s31-run2) */
         const char *dtc = getenv("DS_CUDA_ATTN_DEC_TC");
         c->attn_dec_tc = dtc && (atoi(dtc) == 0 || atoi(dtc) == 1) ? atoi(dtc) : 2;
-        c->attn_kv_early = ds_env_switch("DS_CUDA_ATTN_KV_EARLY", false);
+        /* 1 (default) vs 0: 2.912 / 5.391 / 8.139 and 2.910 / 5.395 / 8.127 vs 2.930 / 5.397 /
+         * 8.143 and 2.921 / 5.396 / 8.144 ms (H100, s32-run1) */
+        c->attn_kv_early = knob_on("DS_CUDA_ATTN_KV_EARLY");
         /* prefill of 1024 tokens 48.60 / 48.67 (both off) → 48.10 (pipe) → 47.77 / 47.77 ms (pipe +
          * PV16); attention prefill of 2048 tokens 0.689 → 0.652 → 0.556 ms (H100, s21-run2) */
         c->attn_pf_pipe = knob_on("DS_CUDA_ATTN_PF_PIPE");
@@ -664,8 +666,6 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         const char *one = getenv("DS_CUDA_TC_ONE_SEQ");
         c->tc_one_seq = one && atoi(one) == 1;
         c->gdn_early = knob_on("DS_CUDA_GDN_EARLY");
-        const char *gmb = getenv("DS_CUDA_GDN_MINB");
-        c->gdn_minb = gmb && atoi(gmb) >= 0 && atoi(gmb) <= 2 ? atoi(gmb) : 0;
         /* 0, 1 or 2 (default) batches before the PDL wait. 2 vs 1: batch 1 2.962 / 2.980 vs
          * 2.991 / 3.016 ms, batch 4 / 8 unchanged (H100, s19-run1, two rounds) */
         const char *gpre = getenv("DS_CUDA_GEMV_PRELOAD");

@@ -32,12 +32,8 @@
  * cache_reset_slot's memsets (ordered before the step's first kernel) and never by the input
  * projection; the slot ids and snapshot slots come from the batch upload, also ordered before
  * the step's first kernel. */
-/* MINB: blocks an SM the registers must allow (ctx->gdn_minb, DS_CUDA_GDN_MINB). At dk = dv = 128
- * ptxas gives the kernel 126 registers, so one 512-thread block fits an SM and a step of more
- * (sequence, head) pairs than SMs — 32 heads × 8 sequences — runs in two waves; at MINB 2 it
- * has 64 (68 bytes spilled, ptxas) and one wave holds 2 blocks an SM. Same arithmetic. */
-template <int DK, int DV, int MINB>
-__global__ void __launch_bounds__(GDN_SEG * DV, MINB) gdn_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, int early) {
+template <int DK, int DV>
+__global__ void __launch_bounds__(GDN_SEG * DV) gdn_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, int early) {
     constexpr int KC = GDN_KC;
     constexpr int SEG = GDN_SEG;
     constexpr int NT = SEG * DV;      /* threads */
@@ -208,24 +204,16 @@ __global__ void __launch_bounds__(GDN_SEG * DV, MINB) gdn_kernel(ds_cuda_batch b
     }
 }
 
-template <int D>
-static void launch_gdn(ds_cuda_ctx *ctx, dim3 grid, const ds_cuda_gdn_args *a, bool two) {
-    if (two) ds_launch(ctx, gdn_kernel<D, D, 2>, grid, GDN_SEG * D, 0, ctx->batch, *a, ctx->gdn_early);
-    else ds_launch(ctx, gdn_kernel<D, D, 1>, grid, GDN_SEG * D, 0, ctx->batch, *a, ctx->gdn_early);
-}
-
 extern "C" void ds_cuda_gdn(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a) {
     if (ctx->batch.n_tokens <= 0) return;
     if (ds_cuda_gdn_prefill(ctx, a)) return; /* long runs of tokens: cuda_gdn_prefill.cu */
     const dim3 grid(a->hv, ctx->batch.n_seqs);
     const int shape = (a->dk == a->dv && a->kernel == GDN_KC && a->hk > 0 && a->hv % a->hk == 0) ? a->dk : 0;
-    /* two blocks an SM where one would leave a second wave (1), always (2, tests), never (0) */
-    const bool two = ctx->gdn_minb == 2 || (ctx->gdn_minb == 1 && (int64_t)grid.x * grid.y > ctx->sm_count);
     switch (shape) {
-    case 16: launch_gdn<16>(ctx, grid, a, two); break;
-    case 32: launch_gdn<32>(ctx, grid, a, two); break;
-    case 64: launch_gdn<64>(ctx, grid, a, two); break;
-    case 128: launch_gdn<128>(ctx, grid, a, two); break;
+    case 16: ds_launch(ctx, gdn_kernel<16, 16>, grid, GDN_SEG * 16, 0, ctx->batch, *a, ctx->gdn_early); break;
+    case 32: ds_launch(ctx, gdn_kernel<32, 32>, grid, GDN_SEG * 32, 0, ctx->batch, *a, ctx->gdn_early); break;
+    case 64: ds_launch(ctx, gdn_kernel<64, 64>, grid, GDN_SEG * 64, 0, ctx->batch, *a, ctx->gdn_early); break;
+    case 128: ds_launch(ctx, gdn_kernel<128, 128>, grid, GDN_SEG * 128, 0, ctx->batch, *a, ctx->gdn_early); break;
     default:
         ds_cuda_check(ctx, cudaErrorInvalidValue,
                       "gdn: built for dk = dv in {16, 32, 64, 128} and conv kernel 4", __FILE__,

@@ -301,8 +301,8 @@ typedef struct ds_cuda_ctx {
     int attn_dec_tc;
     /* decode attention: each block's first key tile, below the lowest position its sequence
      * writes in this step, copied before the PDL wait, while the prep launch (or the qkv
-     * projection) still runs (DS_CUDA_ATTN_KV_EARLY=1; 0, default until measured: after the
-     * wait; cuda_attention.cu dec_fresh_position). Same bits. */
+     * projection) still runs (1, default; DS_CUDA_ATTN_KV_EARLY=0: after the wait, for
+     * before/after runs; s32-run1; cuda_attention.cu dec_fresh_position). Same bits. */
     int attn_kv_early;
     /* prefill attention: the next K / V tile copied in under the current tile's work, query
      * tiles last first (1, default; DS_CUDA_ATTN_PF_PIPE=0: session 20's kernel, for
@@ -322,10 +322,6 @@ typedef struct ds_cuda_ctx {
     /* the GDN decode kernel reads its state before its PDL wait (1, default; DS_CUDA_GDN_EARLY=0:
      * after, for before/after runs; cuda_gdn.cu) */
     int gdn_early;
-    /* the GDN decode kernel compiled for two blocks an SM (64 registers, a few spilled) where
-     * its (head, sequence) blocks outnumber the SMs (1), always (2: tests), never (0, default
-     * until measured; DS_CUDA_GDN_MINB; cuda_gdn.cu). Same bits. */
-    int gdn_minb;
     /* CUDA-core GEMV: each warp's first batch of weights loaded into registers before the PDL
      * wait (1; DS_CUDA_GEMV_PRELOAD=0: after, for before/after runs; 2, default since session
      * 19: the second batch too where a warp has two, one input row; cuda_gemv.cu) */
