@@ -1253,8 +1253,7 @@ static void assert_bitwise(const float *a, const float *b, size_t n, const char 
  * (DS_CUDA_ROUTE_REDUX), one-token grouping by rank or by counts and scans
  * (DS_CUDA_ROUTE_RANKS), the staged down launch's row tiles per block (DS_CUDA_MOE_DOWN_TILES),
  * routing in the gate_up launch for steps of up to 8 tokens (DS_CUDA_ROUTE_FUSED_MAX_T),
- * the staged down launch's tiles, one after another or pipelined (DS_CUDA_MOE_DOWN_TILES,
- * DS_CUDA_MOE_DOWN_PIPE), and the expert GEMVs' rows per warp
+ * and the expert GEMVs' rows per warp
  * (DS_CUDA_MOE_GU_ROWS, DS_CUDA_MOE_DOWN_ROWS: every output row sums the same chunks in the
  * same order whatever the rows per warp). Steps above 8 tokens take none of these paths and
  * compare the same path with itself. */
@@ -1264,35 +1263,31 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
 #else
     ds_cuda_ctx *c = (ds_cuda_ctx *)g_cuda->impl;
     const int H = m->cfg.hidden;
-    const int saved[10] = {c->opt.moe_route_fused, c->moe_gu_rows, c->moe_down_rows, c->moe_down_staged,
-                           c->route_regs, c->route_ranks, c->route_redux, c->moe_down_tiles,
-                           c->route_fused_max_t, c->moe_down_pipe};
+    const int saved[9] = {c->opt.moe_route_fused, c->moe_gu_rows, c->moe_down_rows, c->moe_down_staged,
+                          c->route_regs, c->route_ranks, c->route_redux, c->moe_down_tiles,
+                          c->route_fused_max_t};
     static const struct {
         const char *name;
-        int route_fused, gu_rows, down_rows, staged, route_regs, route_ranks, route_redux, tiles, fused_t, pipe;
+        int route_fused, gu_rows, down_rows, staged, route_regs, route_ranks, route_redux, tiles, fused_t;
     } variants[] = {
-        {"routing in its own launch", 0, 2, 4, 0, 1, 1, 1, 1, 1, 0},
-        {"grouping by counts and scans", 1, 2, 4, 0, 1, 0, 1, 1, 1, 0},
-        {"argmax rounds by shuffles", 1, 2, 4, 0, 1, 1, 0, 1, 1, 0},
-        {"argmax rounds by shuffles in its own launch", 0, 2, 4, 0, 1, 1, 0, 1, 1, 0},
-        {"gate_up 4 rows per warp", 1, 4, 4, 0, 1, 1, 1, 1, 1, 0},
-        {"down rows by step size", 1, 2, 0, 0, 1, 1, 1, 1, 1, 0},
-        {"down 8 rows per warp", 1, 2, 8, 0, 1, 1, 1, 1, 1, 0},
-        {"down 16 rows per warp", 1, 2, 16, 0, 1, 1, 1, 1, 1, 0},
-        {"down staged in shared memory", 1, 2, 0, 1, 1, 1, 1, 1, 1, 0},
-        {"down staged, routing in its own launch", 0, 2, 0, 1, 1, 1, 1, 1, 1, 0},
-        {"routing from shared memory", 1, 2, 4, 0, 0, 1, 1, 1, 1, 0},
-        {"routing from shared memory in its own launch", 0, 2, 4, 0, 0, 1, 1, 1, 1, 0},
-        {"down staged, 2 tiles a block", 1, 2, 0, 1, 1, 1, 1, 2, 1, 0},
-        {"down staged, 4 tiles a block", 1, 2, 0, 1, 1, 1, 1, 4, 1, 0},
-        {"down staged, 8 tiles a block, routing in its own launch", 0, 2, 0, 1, 1, 1, 1, 8, 1, 0},
-        {"routing in the gate_up launch up to 8 tokens", 1, 2, 4, 0, 1, 1, 1, 1, 8, 0},
-        {"routing in the gate_up launch up to 8 tokens, down staged, 4 tiles", 1, 2, 0, 1, 1, 1, 1, 4, 8, 0},
-        {"routing in the gate_up launch up to 8 tokens, from shared memory", 1, 2, 4, 0, 0, 1, 1, 1, 8, 0},
-        {"down staged, 4 tiles a block, pipelined", 1, 2, 0, 1, 1, 1, 1, 4, 1, 1},
-        {"down staged, 2 tiles a block, pipelined, routing in its own launch", 0, 2, 0, 1, 1, 1, 1, 2, 1, 1},
-        {"down staged, 8 tiles a block, pipelined", 1, 2, 0, 1, 1, 1, 1, 8, 1, 1},
-        {"down staged, 4 tiles a block, later tiles prefetched", 1, 2, 0, 1, 1, 1, 1, 4, 1, 2},
+        {"routing in its own launch", 0, 2, 4, 0, 1, 1, 1, 1, 1},
+        {"grouping by counts and scans", 1, 2, 4, 0, 1, 0, 1, 1, 1},
+        {"argmax rounds by shuffles", 1, 2, 4, 0, 1, 1, 0, 1, 1},
+        {"argmax rounds by shuffles in its own launch", 0, 2, 4, 0, 1, 1, 0, 1, 1},
+        {"gate_up 4 rows per warp", 1, 4, 4, 0, 1, 1, 1, 1, 1},
+        {"down rows by step size", 1, 2, 0, 0, 1, 1, 1, 1, 1},
+        {"down 8 rows per warp", 1, 2, 8, 0, 1, 1, 1, 1, 1},
+        {"down 16 rows per warp", 1, 2, 16, 0, 1, 1, 1, 1, 1},
+        {"down staged in shared memory", 1, 2, 0, 1, 1, 1, 1, 1, 1},
+        {"down staged, routing in its own launch", 0, 2, 0, 1, 1, 1, 1, 1, 1},
+        {"routing from shared memory", 1, 2, 4, 0, 0, 1, 1, 1, 1},
+        {"routing from shared memory in its own launch", 0, 2, 4, 0, 0, 1, 1, 1, 1},
+        {"down staged, 2 tiles a block", 1, 2, 0, 1, 1, 1, 1, 2, 1},
+        {"down staged, 4 tiles a block", 1, 2, 0, 1, 1, 1, 1, 4, 1},
+        {"down staged, 8 tiles a block, routing in its own launch", 0, 2, 0, 1, 1, 1, 1, 8, 1},
+        {"routing in the gate_up launch up to 8 tokens", 1, 2, 4, 0, 1, 1, 1, 1, 8},
+        {"routing in the gate_up launch up to 8 tokens, down staged, 4 tiles", 1, 2, 0, 1, 1, 1, 1, 4, 8},
+        {"routing in the gate_up launch up to 8 tokens, from shared memory", 1, 2, 4, 0, 0, 1, 1, 1, 8},
     };
     const size_t n = (size_t)T * H;
     c->opt.moe_route_fused = 1;
@@ -1304,7 +1299,6 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
     c->route_redux = 1;
     c->moe_down_tiles = 1;
     c->route_fused_max_t = 1;
-    c->moe_down_pipe = 0;
     float *a = moe_run_poisoned(m, l, xg, T);
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         c->opt.moe_route_fused = variants[v].route_fused;
@@ -1316,7 +1310,6 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
         c->route_redux = variants[v].route_redux;
         c->moe_down_tiles = variants[v].tiles;
         c->route_fused_max_t = variants[v].fused_t;
-        c->moe_down_pipe = variants[v].pipe;
         float *b = moe_run_poisoned(m, l, xg, T);
         char what[160];
         snprintf(what, sizeof what, "moe %s", variants[v].name);
@@ -1332,7 +1325,6 @@ static void moe_variants_vs_default(tmodel *m, int l, const ds_tensor *xg, int T
     c->route_redux = saved[6];
     c->moe_down_tiles = saved[7];
     c->route_fused_max_t = saved[8];
-    c->moe_down_pipe = saved[9];
     free(a);
 #endif
 }

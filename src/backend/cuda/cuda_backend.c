@@ -675,8 +675,6 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
          * 6.764; s17-run2, one run) */
         const char *tiles = getenv("DS_CUDA_MOE_DOWN_TILES");
         c->moe_down_tiles = tiles && (atoi(tiles) == 1 || atoi(tiles) == 2 || atoi(tiles) == 8) ? atoi(tiles) : 4;
-        const char *dpipe = getenv("DS_CUDA_MOE_DOWN_PIPE");
-        c->moe_down_pipe = dpipe && atoi(dpipe) >= 0 && atoi(dpipe) <= 2 ? atoi(dpipe) : 0;
         c->diag_skip = getenv("DS_CUDA_DIAG_SKIP");
         if (c->diag_skip && !*c->diag_skip) c->diag_skip = NULL;
         /* 8 vs 4 rows a warp: batch 1 2.985 / 2.984 vs 2.991 / 3.016 ms; with PRELOAD 2 2.945

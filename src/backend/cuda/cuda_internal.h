@@ -334,11 +334,6 @@ typedef struct ds_cuda_ctx {
      * the session-7 launch), 2, 4 (default) or 8 (32 rows each); cuda_moe_experts.cuh
      * moe_down_staged_kernel). Same bits for every value. */
     int moe_down_tiles;
-    /* the staged down launch's later row tiles (DS_CUDA_MOE_DOWN_PIPE; cuda_moe_experts.cuh
-     * moe_down_staged_kernel): 1 the next tile's weights loaded into registers while the block
-     * computes the current one; 2 the block's later tiles prefetched into L2 at its start; 0
-     * (default until measured) a tile's loads after the previous tile's sums. Same bits. */
-    int moe_down_pipe;
     /* the largest step (tokens) routed inside the gate_up launch when DS_OPT_MOE_ROUTE_FUSED
      * (DS_CUDA_ROUTE_FUSED_MAX_T, 1-8; default 1: larger steps route in their own launch).
      * Same ids, weights and outputs. */

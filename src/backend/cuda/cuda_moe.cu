@@ -323,13 +323,12 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
              * expert one a block over `tiles` columns */
             const int tiles = ctx->moe_down_tiles, rows = tiles == 1 ? 8 : 4;
             dim3 grid(nblk + (w_sh ? tiles : 0), DS_DIV_UP(DS_DIV_UP(H, MOE_WARPS * rows), tiles));
-            const bool pipe = ctx->moe_down_pipe == 1;
-            auto kern = tiles == 8 ? (pipe ? moe_down_staged_kernel<4, 2, 2, 8, true> : moe_down_staged_kernel<4, 2, 2, 8, false>)
-                        : tiles == 4 ? (pipe ? moe_down_staged_kernel<4, 2, 2, 4, true> : moe_down_staged_kernel<4, 2, 2, 4, false>)
-                        : tiles == 2 ? (pipe ? moe_down_staged_kernel<4, 2, 2, 2, true> : moe_down_staged_kernel<4, 2, 2, 2, false>)
-                                     : moe_down_staged_kernel<8, 2, 2, 1, false>;
+            auto kern = tiles == 8 ? moe_down_staged_kernel<4, 2, 2, 8>
+                        : tiles == 4 ? moe_down_staged_kernel<4, 2, 2, 4>
+                        : tiles == 2 ? moe_down_staged_kernel<4, 2, 2, 2>
+                                     : moe_down_staged_kernel<8, 2, 2, 1>;
             ds_launch(ctx, kern, grid, MOE_WARPS * 32, staged_smem, (const bf16 *)a->w_down, H, I, sc,
-                      w_sh, Is, T, pf_sh, ctx->moe_down_pipe == 2 ? 1 : 0);
+                      w_sh, Is, T, pf_sh);
         } else if (down_rows == 16) launch_down<16, 1>(ctx, a, sc, nblk, w_sh, pf_sh);
         else if (down_rows == 8) launch_down<8, 2>(ctx, a, sc, nblk, w_sh, pf_sh);
         else launch_down<4, 2>(ctx, a, sc, nblk, w_sh, pf_sh);

@@ -185,11 +185,10 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
  * blockIdx.y. With ROWS 8 a loop over tiles spills (328 bytes: the 64 registers of a weight
  * batch and the loop's invariants), so TILES > 1 runs 4 rows a warp (no spills).
  * Dynamic shared memory: T·I floats. */
-template <int ROWS, int UNROLL, int RMAX, int TILES, bool PIPE>
+template <int ROWS, int UNROLL, int RMAX, int TILES>
 __global__ void __launch_bounds__(MOE_WARPS * 32, 2) /* ≤ 128 registers: two blocks per SM */
     moe_down_staged_kernel(const bf16 *__restrict__ Wall, int H, int I, moe_scratch sc,
-                           const bf16 *__restrict__ w_sh, int Is, int T, const bf16 *__restrict__ pf_w,
-                           int pf_rest) {
+                           const bf16 *__restrict__ w_sh, int Is, int T, const bf16 *__restrict__ pf_w) {
     extern __shared__ __align__(16) float act[]; /* [n, I] */
     const int i = blockIdx.x;
     const int first_shared = (int)gridDim.x - TILES;
@@ -206,41 +205,32 @@ __global__ void __launch_bounds__(MOE_WARPS * 32, 2) /* ≤ 128 registers: two b
     const int tile0 = blockIdx.y * TILES;
     auto row0 = [&](int t) { return ((int64_t)(tile0 + t) * MOE_WARPS + warp) * ROWS; };
     const int a0 = sc.off[i], n = sc.off[i + 1] - a0;
-    if (pf_rest && threadIdx.x == 0) {
-        /* ctx->moe_down_pipe 2: the block's later tiles (rows contiguous: tile t is rows
-         * (tile0 + t)·8·ROWS.., 8·ROWS rows) into L2 now, so that their loads, issued one tile
-         * after another, find them there */
-        const int64_t r1 = (int64_t)(tile0 + 1) * MOE_WARPS * ROWS;
-        const int64_t r2 = min((int64_t)H, (int64_t)(tile0 + TILES) * MOE_WARPS * ROWS);
-        if (r2 > r1) prefetch_l2_range(W + r1 * I, (uint64_t)((r2 - r1) * I * 2));
-    }
-    /* this warp's weight batch of tile t (the whole K = I: one batch) */
-    auto load_tile = [&](int t, WBatch<ROWS, UNROLL> &b) {
+    /* `first` is loaded at the top of every tile, so it is dead across the loop's back edge (a
+     * batch loaded before the loop for tile 0 stayed live through it: 580 bytes of spills) */
+#pragma unroll 1
+    for (int t = 0; t < TILES; t++) {
         const int64_t n0 = row0(t);
+        WBatch<ROWS, UNROLL> first;
         if (n0 < H) {
             const bf16 *wrow[ROWS];
             gemv_rows<ROWS>(W, I, n0, H, wrow);
-            wbatch_load<ROWS, UNROLL, true>(wrow, lane * 8, I, b);
+            wbatch_load<ROWS, UNROLL, true>(wrow, lane * 8, I, first);
         }
-    };
-    /* SiLU(g)·u of the expert's assignments into shared memory, once a block */
-    auto stage = [&]() {
-        const int cpr = I / 8; /* 8-element chunks per row */
-        for (int q = threadIdx.x; q < n * cpr; q += blockDim.x) {
-            const int r = q / cpr, c = q - r * cpr;
-            const XSiluMul<1> hs{{sc.h + (int64_t)sc.sorted[a0 + r] * 2 * I}, I};
-            float g[8];
-            hs.load(0, (int64_t)c * 8, g);
-            float4 *dst = reinterpret_cast<float4 *>(act + (int64_t)r * I + c * 8);
-            dst[0] = make_float4(g[0], g[1], g[2], g[3]);
-            dst[1] = make_float4(g[4], g[5], g[6], g[7]);
+        if (t == 0) { /* tile 0's weights are in flight while the block stages the inputs */
+            const int cpr = I / 8; /* 8-element chunks per row */
+            for (int q = threadIdx.x; q < n * cpr; q += blockDim.x) {
+                const int r = q / cpr, c = q - r * cpr;
+                const XSiluMul<1> hs{{sc.h + (int64_t)sc.sorted[a0 + r] * 2 * I}, I};
+                float g[8];
+                hs.load(0, (int64_t)c * 8, g);
+                float4 *dst = reinterpret_cast<float4 *>(act + (int64_t)r * I + c * 8);
+                dst[0] = make_float4(g[0], g[1], g[2], g[3]);
+                dst[1] = make_float4(g[4], g[5], g[6], g[7]);
+            }
+            __syncthreads();
         }
-        __syncthreads();
-    };
-    /* tile t's rows for every assignment, in chunks as for_chunks<RMAX> walks them; the first
-     * chunk takes the batch `first` already loaded */
-    auto run_tile = [&](int t, const WBatch<ROWS, UNROLL> &first) {
-        const int64_t n0 = row0(t);
+        if (n0 >= H) return; /* after the barrier */
+        /* chunks of assignments as for_chunks<RMAX> walks them; the first takes `first` */
         auto chunk = [&](auto rc, int c, bool pre) {
             constexpr int R = decltype(rc)::value;
             float acc[ROWS][R];
@@ -271,33 +261,6 @@ __global__ void __launch_bounds__(MOE_WARPS * 32, 2) /* ≤ 128 registers: two b
         }
         if (n > c0) /* an expert with more assignments than one chunk: rare in decode */
             for_chunks<RMAX>(n - c0, [&](auto rc, int c) { chunk(rc, c0 + c, false); });
-    };
-    if constexpr (PIPE) {
-        /* ctx->moe_down_pipe 1 (DS_CUDA_MOE_DOWN_PIPE): tile t + 1's batch is in flight while
-         * tile t computes, so a block's TILES round trips overlap (two batches live: the loop is
-         * unrolled, each batch a fixed set of registers; at 4 tiles ptxas spills 136 bytes, at 2
-         * none). Same chunks, same sums. */
-        WBatch<ROWS, UNROLL> b[2];
-        load_tile(0, b[0]);
-        stage(); /* tile 0's weights are in flight while the block stages the inputs */
-#pragma unroll
-        for (int t = 0; t < TILES; t++) {
-            if (row0(t) >= H) return; /* after the barrier */
-            if (t + 1 < TILES) load_tile(t + 1, b[(t + 1) & 1]);
-            run_tile(t, b[t & 1]);
-        }
-    } else {
-        /* `first` is loaded at the top of every tile, so it is dead across the loop's back edge
-         * (a batch loaded before the loop for tile 0 stayed live through it: 580 bytes of
-         * spills) */
-#pragma unroll 1
-        for (int t = 0; t < TILES; t++) {
-            WBatch<ROWS, UNROLL> first;
-            load_tile(t, first);
-            if (t == 0) stage(); /* tile 0's weights are in flight while the block stages the inputs */
-            if (row0(t) >= H) return; /* after the barrier */
-            run_tile(t, first);
-        }
     }
 }
 
