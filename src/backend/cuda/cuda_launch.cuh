@@ -11,9 +11,10 @@
  *
  * The contract every kernel launched through ds_launch keeps:
  *   1. before pdl_enter(): only reads of weights (never written by a step) — in practice only
- *      L2 prefetches of them — and no early return; one documented exception, the GDN decode
- *      kernel's state (cuda_gdn.cu, DS_CUDA_GDN_EARLY: data no kernel of the current step has
- *      written before it);
+ *      L2 prefetches of them — and no early return; two documented exceptions, data no kernel
+ *      of the current step has written before them: the GDN decode kernel's state (cuda_gdn.cu,
+ *      DS_CUDA_GDN_EARLY) and the decode attention's keys older than the step
+ *      (cuda_attention.cu, DS_CUDA_ATTN_KV_EARLY);
  *   2. pdl_enter() (wait for the predecessor grid to complete and flush, then allow the successor
  *      to launch) before any other memory access and before any early return.
  * Because every block of every kernel waits, kernel N complete implies kernels < N complete, so
