@@ -216,6 +216,35 @@ static __device__ __forceinline__ int dec_fresh_position(const ds_cuda_batch &b,
     return fresh;
 }
 
+/* The start of a decode block (NT threads) once it knows its split's keys [start, end): the
+ * first tile's copies into buffer 0 — with early, those of keys below dec_fresh_position
+ * before the PDL wait, then the wait (without early the caller has waited already) — then
+ * either an empty split's partials (returns false: the block is done) or the rest of the first
+ * tile, committed as one group with the early one. SWZ: the tensor-core kernel's swizzled,
+ * zero-filled tiles (dec_copy_rows). */
+template <int HD, int NT, bool SWZ>
+static __device__ __forceinline__ bool dec_first_tile(bf16 *Ks, bf16 *Vs, const ds_cuda_batch &b,
+                                                      const ds_cuda_attn_args &a, const int32_t *__restrict__ bt,
+                                                      int s, int t, int j, int G, int nsplit, int c, int start,
+                                                      int end, int early) {
+    int early_end = start; /* keys [start, early_end) copied before the wait */
+    if (early) {
+        if (start < end) {
+            early_end = max(start, min(min(end, start + DEC_TILE), dec_fresh_position(b, s)));
+            dec_copy_rows<HD, NT, SWZ, SWZ>(Ks, Vs, a, bt, j, start, start, early_end, end);
+            cp_async_commit();
+        }
+        pdl_enter();
+    }
+    if (start >= end) {
+        dec_write_empty<HD, NT>(a, t, j, G, nsplit, c);
+        return false;
+    }
+    dec_copy_rows<HD, NT, SWZ, SWZ>(Ks, Vs, a, bt, j, start, early_end, start + DEC_TILE, end);
+    cp_async_commit();
+    return true;
+}
+
 /* The fused prep of a decode block (PREP): units of work, one warp each over the block's NW
  * warps — the G query heads of kv head j (normed and roped; store_q(u, d, y) keeps dimension d
  * of head u, unrounded), then, in the block whose split holds the token's own position pos
@@ -312,21 +341,8 @@ __global__ void __launch_bounds__(HD)
                                             a, bt, j, tile0, tile0, tile0 + DEC_TILE, end);
         cp_async_commit();
     };
-    int early_end = start; /* keys [start, early_end) copied before the wait (dec_fresh_position) */
-    if (early) {
-        if (start < end) {
-            early_end = max(start, min(min(end, start + DEC_TILE), dec_fresh_position(b, s)));
-            dec_copy_rows<HD, HD, false, false>(Ks, Vs, a, bt, j, start, start, early_end, end);
-            cp_async_commit();
-        }
-        pdl_enter();
-    }
-    if (start >= end) { /* an empty split */
-        dec_write_empty<HD, HD>(a, t, j, G, nsplit, c);
-        return;
-    }
-    dec_copy_rows<HD, HD, false, false>(Ks, Vs, a, bt, j, start, early_end, start + DEC_TILE, end);
-    cp_async_commit(); /* with the early group (if any): the first tile */
+    if (!dec_first_tile<HD, HD, false>(Ks, Vs, b, a, bt, s, t, j, G, nsplit, c, start, end, early))
+        return; /* an empty split */
 
     const int pos = L - 1;                          /* the token's own position */
     const bool covers = PREP && pos >= start && pos < end; /* this split holds it */
@@ -521,21 +537,8 @@ __global__ void __launch_bounds__(DTC_THREADS)
                                                    tile0, tile0 + DEC_TILE, end);
         cp_async_commit();
     };
-    int early_end = start; /* keys [start, early_end) copied before the wait (dec_fresh_position) */
-    if (early) {
-        if (start < end) {
-            early_end = max(start, min(min(end, start + DEC_TILE), dec_fresh_position(b, s)));
-            dec_copy_rows<HD, DTC_THREADS, true, true>(Ks, Vs, a, bt, j, start, start, early_end, end);
-            cp_async_commit();
-        }
-        pdl_enter();
-    }
-    if (start >= end) { /* an empty split */
-        dec_write_empty<HD, DTC_THREADS>(a, t, j, G, nsplit, c);
-        return;
-    }
-    dec_copy_rows<HD, DTC_THREADS, true, true>(Ks, Vs, a, bt, j, start, early_end, start + DEC_TILE, end);
-    cp_async_commit(); /* with the early group (if any): the first tile */
+    if (!dec_first_tile<HD, DTC_THREADS, true>(Ks, Vs, b, a, bt, s, t, j, G, nsplit, c, start, end, early))
+        return; /* an empty split */
 
     const int pos = L - 1;
     const bool covers = PREP && pos >= start && pos < end;
