@@ -1237,10 +1237,16 @@ static float *moe_run_poisoned(tmodel *m, int l, const ds_tensor *xg, int T) {
     return h;
 }
 
-/* b equals a bit for bit (n values); prints the count either way. */
-static void assert_bitwise(const float *a, const float *b, size_t n, const char *what, int l, int T) {
+/* How many of n values differ from the other row's bit for bit. */
+static size_t bit_diffs(const float *a, const float *b, size_t n) {
     size_t diff = 0;
     for (size_t i = 0; i < n; i++) diff += memcmp(&a[i], &b[i], 4) != 0;
+    return diff;
+}
+
+/* b equals a bit for bit (n values); prints the count either way. */
+static void assert_bitwise(const float *a, const float *b, size_t n, const char *what, int l, int T) {
+    const size_t diff = bit_diffs(a, b, n);
     printf("  %s vs the defaults, layer %d T=%d: %zu of %zu values differ\n", what, l, T, diff, n);
     assert_int_equal(diff, 0);
 }
@@ -1727,14 +1733,12 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
         {
             const size_t n = (size_t)T * (size_t)O;
             float *x3 = act_download(g_cuda, o3.cuda, DS_DTYPE_BF16, n), *x1 = act_download(g_cuda, o.cuda, DS_DTYPE_BF16, n);
-            size_t diff = 0;
-            for (size_t i = 0; i < n; i++) diff += memcmp(&x3[i], &x1[i], 4) != 0;
+            size_t diff = bit_diffs(x3, x1, n);
             printf("  attention %s, prep launch %s: %zu of %zu values differ from the defaults\n", label,
                    cc->attn_fuse_prep ? "on" : "off", diff, n);
             assert_int_equal(diff, 0);
             float *x5 = act_download(g_cuda, o5.cuda, DS_DTYPE_BF16, n);
-            diff = 0;
-            for (size_t i = 0; i < n; i++) diff += memcmp(&x5[i], &x1[i], 4) != 0;
+            diff = bit_diffs(x5, x1, n);
             printf("  attention %s, first key tile before the wait: %zu of %zu values differ from after it\n",
                    label, diff, n);
             assert_int_equal(diff, 0);
