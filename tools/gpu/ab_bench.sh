@@ -47,8 +47,27 @@ for r in 1 2; do
             --json-out "$OUT/ab.jsonl" >> "$OUT/ab.log" 2>&1
     done
 done
-grep -E "^###|^ +[0-9]+ " "$OUT/ab.log"
+# DS_AB_NCU also times that kernel in both binaries under ncu (one metric,
+# gpu__time_duration.sum: a single pass, so no kernel replay and no save/restore of the 35B
+# dummy's ~70 GB, which made SpeedOfLight's 10 passes take ~30 s a launch in s33-run1), for
+# DS_AB_NCU_COUNT launches (default 10) of one eager step at batch DS_GPU_NCU_BATCH after
+# DS_GPU_NCU_PROMPT tokens — the kernel's own before/after, below the step's noise
+if [ -n "${DS_AB_NCU:-}" ] && command -v ncu > /dev/null; then
+    for b in deltaserve deltaserve-old; do
+        echo "### ncu $b" >> "$OUT/ab_ncu.txt"
+        timeout 150 env DS_CUDA_PROFILER_STEP=4 ncu --clock-control none --cache-control none \
+            --profile-from-start off -k "regex:$DS_AB_NCU" --launch-count "${DS_AB_NCU_COUNT:-10}" \
+            --metrics gpu__time_duration.sum "$BIN/$b" bench -m configs/qwen3.5-35b-a3b --dummy-weights \
+            --device cuda --prompt-len "${DS_GPU_NCU_PROMPT:-1024}" --steps 8 --warmup 2 \
+            --batch "${DS_GPU_NCU_BATCH:-8}" --graphs 0 >> "$OUT/ab_ncu.txt" 2>&1
+        echo "### ncu $b: kernel durations (us)" >> "$OUT/ab.log"
+        awk '/^### ncu /{on = ($3 == b)} on && /gpu__time_duration.sum/{print $NF, $(NF-1)}' b="$b" "$OUT/ab_ncu.txt" \
+            | tr '\n' ' ' >> "$OUT/ab.log"
+        echo >> "$OUT/ab.log"
+    done
+fi
+grep -E "^###|^ +[0-9]+ |^[0-9. a-z]+$" "$OUT/ab.log"
 # at most 8 files come back from the device: run_all's archive, its summary, and the A/B files
 # in one more archive (s31-run1 lost the summaries to that limit)
-(cd "$OUT" && tar -czf ab.tar.gz ab.jsonl ab.log ids_new.txt ids_old.txt ids_new.err ids_old.err &&
-    rm -f ab.jsonl ids_new.txt ids_old.txt ids_new.err ids_old.err)
+(cd "$OUT" && touch ab_ncu.txt && tar -czf ab.tar.gz ab.jsonl ab.log ab_ncu.txt ids_new.txt ids_old.txt ids_new.err ids_old.err &&
+    rm -f ab.jsonl ab_ncu.txt ids_new.txt ids_old.txt ids_new.err ids_old.err)

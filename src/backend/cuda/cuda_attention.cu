@@ -515,7 +515,11 @@ __global__ void __launch_bounds__(DTC_THREADS)
     bf16 *Ks = reinterpret_cast<bf16 *>(dsmem);                 /* [2][DEC_TILE][HD] swizzled */
     bf16 *Vs = Ks + 2 * SM::tile_elems;                          /* [2][DEC_TILE][HD] swizzled */
     bf16 *Qs = reinterpret_cast<bf16 *>(dsmem + SM::kv_bytes);   /* [DTC_G][QSTR] */
-    __shared__ __align__(16) float sp[2][DEC_TILE][DTC_G];      /* score halves [dim half][key][head] */
+    /* score halves [dim half][head][key], rows padded by 4 floats: the softmax's lanes read 32
+     * consecutive keys of a head, and the score stores' lanes (key lg, heads 2·lt, 2·lt + 1)
+     * land on banks 8·lt + lg — both conflict-free (the [key][head] layout read at an 8-float
+     * stride: 8-way conflicts, 32 % of the kernel's shared wavefronts in ncu, s32-run1) */
+    __shared__ float sp[2][DTC_G][DEC_TILE + 4];
     __shared__ __align__(16) bf16 ph[DTC_G][SM::PSTR], pl[DTC_G][SM::PSTR]; /* P = hi + lo */
     __shared__ float m_s[DTC_G], l_s[DTC_G], al_s[DTC_G];
     __shared__ float nrm[PREP ? NW : 1][HD];                     /* norm_rope_head's scratch */
@@ -604,8 +608,10 @@ __global__ void __launch_bounds__(DTC_THREADS)
                 mma_bf16_16816(sc4, af[0], af[1], af[2], af[3], qb[ks][0], qb[ks][1]);
             }
             const int k0 = kh_key * 16 + lg;
-            *reinterpret_cast<float2 *>(&sp[kh_dim][k0][2 * lt]) = make_float2(sc4[0], sc4[1]);
-            *reinterpret_cast<float2 *>(&sp[kh_dim][k0 + 8][2 * lt]) = make_float2(sc4[2], sc4[3]);
+            sp[kh_dim][2 * lt][k0] = sc4[0];
+            sp[kh_dim][2 * lt + 1][k0] = sc4[1];
+            sp[kh_dim][2 * lt][k0 + 8] = sc4[2];
+            sp[kh_dim][2 * lt + 1][k0 + 8] = sc4[3];
         }
         __syncthreads();
         /* B: online softmax, a warp per two heads, a lane per key; heads ≥ G get P = 0 */
@@ -615,7 +621,7 @@ __global__ void __launch_bounds__(DTC_THREADS)
             float p = 0.f;
             if (g < G) {
                 const bool valid = tile0 + lane < end;
-                const float v = valid ? (sp[0][lane][g] + sp[1][lane][g]) * a.scale : -INFINITY;
+                const float v = valid ? (sp[0][g][lane] + sp[1][g][lane]) * a.scale : -INFINITY;
                 const float mold = m_s[g];
                 const float mnew = fmaxf(mold, warp_max(v)); /* finite: key tile0 is valid */
                 p = valid ? expf(v - mnew) : 0.f;
