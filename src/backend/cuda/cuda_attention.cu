@@ -522,13 +522,8 @@ __global__ void __launch_bounds__(DTC_THREADS)
     __shared__ float sp[2][DTC_G][DEC_TILE + 4];
     __shared__ __align__(16) bf16 ph[DTC_G][SM::PSTR], pl[DTC_G][SM::PSTR]; /* P = hi + lo */
     __shared__ float m_s[DTC_G], l_s[DTC_G], al_s[DTC_G];
+    __shared__ float nrm[PREP ? NW : 1][HD];                     /* norm_rope_head's scratch */
     __shared__ __align__(16) bf16 kp[PREP ? HD : 8], vp[PREP ? HD : 8];
-    /* norm_rope_head's scratch [NW][HD] floats (PREP): V's second tile buffer, which nothing
-     * fills before the range loop (the first tile goes to buffer 0; the loop's first refill
-     * follows the barrier after the prep). Static, the 4 KB kept the block at 78.5 KB of shared
-     * memory, two an SM; without them three fit (228 KB an SM on Hopper) */
-    static_assert(NW * HD * sizeof(float) <= SM::tile_elems * sizeof(bf16), "prep scratch in a V tile");
-    float *nrm = reinterpret_cast<float *>(Vs + SM::tile_elems);
 
     const int t = blockIdx.x, j = blockIdx.y, c = blockIdx.z;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -552,7 +547,7 @@ __global__ void __launch_bounds__(DTC_THREADS)
     const int pos = L - 1;
     const bool covers = PREP && pos >= start && pos < end;
     if (PREP) {
-        decode_prep<HD, NW>(a, t, j, G, pos, bt, covers, nrm + warp * HD, kp, vp,
+        decode_prep<HD, NW>(a, t, j, G, pos, bt, covers, nrm[warp], kp, vp,
                             [&](int u, int d, float y) { Qs[u * SM::QSTR + d] = __float2bfloat16_rn(y); });
     } else {
         for (int i = tid; i < G * HD; i += DTC_THREADS)
@@ -1172,16 +1167,6 @@ static void attention_init(ds_cuda_ctx *ctx) {
         const int tc = (int)DecTcSmem<HD>::bytes;
         DS_CU(ctx, cudaFuncSetAttribute(attn_decode_tc_kernel<HD, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, tc));
         DS_CU(ctx, cudaFuncSetAttribute(attn_decode_tc_kernel<HD, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, tc));
-        /* all of the SM's 228 KB as shared memory: at head_dim 256 three blocks need ~221 KB
-         * (their K/V tiles go through L2 only, cp.async.cg, so the smaller L1 costs nothing) */
-        if (ctx->attn_tc_carveout) {
-            DS_CU(ctx, cudaFuncSetAttribute(attn_decode_tc_kernel<HD, false>,
-                                            cudaFuncAttributePreferredSharedMemoryCarveout,
-                                            (int)cudaSharedmemCarveoutMaxShared));
-            DS_CU(ctx, cudaFuncSetAttribute(attn_decode_tc_kernel<HD, true>,
-                                            cudaFuncAttributePreferredSharedMemoryCarveout,
-                                            (int)cudaSharedmemCarveoutMaxShared));
-        }
     }
 }
 

@@ -648,7 +648,6 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         /* 1 (default) vs 0: 2.912 / 5.391 / 8.139 and 2.910 / 5.395 / 8.127 vs 2.930 / 5.397 /
          * 8.143 and 2.921 / 5.396 / 8.144 ms (H100, s32-run1) */
         c->attn_kv_early = knob_on("DS_CUDA_ATTN_KV_EARLY");
-        c->attn_tc_carveout = knob_on("DS_CUDA_ATTN_TC_CARVEOUT");
         /* prefill of 1024 tokens 48.60 / 48.67 (both off) → 48.10 (pipe) → 47.77 / 47.77 ms (pipe +
          * PV16); attention prefill of 2048 tokens 0.689 → 0.652 → 0.556 ms (H100, s21-run2) */
         c->attn_pf_pipe = knob_on("DS_CUDA_ATTN_PF_PIPE");
@@ -667,8 +666,6 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         const char *one = getenv("DS_CUDA_TC_ONE_SEQ");
         c->tc_one_seq = one && atoi(one) == 1;
         c->gdn_early = knob_on("DS_CUDA_GDN_EARLY");
-        const char *gsm = getenv("DS_CUDA_GDN_SMEM");
-        c->gdn_smem = gsm && atoi(gsm) == 1;
         /* 0, 1 or 2 (default) batches before the PDL wait. 2 vs 1: batch 1 2.962 / 2.980 vs
          * 2.991 / 3.016 ms, batch 4 / 8 unchanged (H100, s19-run1, two rounds) */
         const char *gpre = getenv("DS_CUDA_GEMV_PRELOAD");
@@ -821,7 +818,6 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
     }
     ds_cuda_attention_init(c);
     ds_cuda_gdn_chunked_init(c);
-    ds_cuda_gdn_init(c);
     ds_cuda_moe_init(c);
     if (c->failed) {
         st = ds_error_set(err, DS_ERR_DEVICE, "CUDA backend: %s", c->errmsg);

@@ -32,16 +32,8 @@
  * cache_reset_slot's memsets (ordered before the step's first kernel) and never by the input
  * projection; the slot ids and snapshot slots come from the batch upload, also ordered before
  * the step's first kernel. */
-/* SMEM (ctx->gdn_smem, DS_CUDA_GDN_SMEM): the state lives in shared memory ([DK][DV] fp32,
- * dynamic, 64 KB at 128 × 128) instead of registers, copied in with cp.async (before the wait
- * when early: no registers held) and each thread touching only its own elements, so the sums
- * are the register form's, in the same order. Without the 32 state registers a thread the
- * 512-thread block fits two an SM (the register form: one, so batch 8's 256 blocks of the
- * 35B-A3B took two waves, and only the first wave's state reads could go before the wait;
- * compiling the register form for two an SM spilled and lost, session 32). */
-template <int DK, int DV, bool SMEM>
-__global__ void __launch_bounds__(GDN_SEG * DV, SMEM ? 2 : 0)
-    gdn_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, int early) {
+template <int DK, int DV>
+__global__ void __launch_bounds__(GDN_SEG * DV) gdn_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, int early) {
     constexpr int KC = GDN_KC;
     constexpr int SEG = GDN_SEG;
     constexpr int NT = SEG * DV;      /* threads */
@@ -54,7 +46,6 @@ __global__ void __launch_bounds__(GDN_SEG * DV, SMEM ? 2 : 0)
     __shared__ float scal[2];
     __shared__ float qred[NW], kred[NW]; /* q/k sums of squares per warp */
     __shared__ float ored[NW];           /* o² per warp (separate arrays: no reuse race) */
-    extern __shared__ __align__(16) float4 gdn_dyn[]; /* SMEM: the state [DK][DV] */
 
     if (!early) pdl_enter(); /* cuda_launch.cuh: before any access */
 
@@ -83,13 +74,7 @@ __global__ void __launch_bounds__(GDN_SEG * DV, SMEM ? 2 : 0)
     else if (c < 2 * DK) gc = (int64_t)hk * DK + (int64_t)kh * DK + (c - DK);
     else if (c < NCH) gc = 2 * (int64_t)hk * DK + (int64_t)h * DV + (c - 2 * DK);
     float cw[KC], hist[KC - 1];
-    /* this thread's state elements (seg·RPS + ii, j), ii < RPS: registers, or shared memory */
-    float st_reg[SMEM ? 1 : RPS];
-    float *const st_sm = reinterpret_cast<float *>(gdn_dyn) + (seg * RPS) * DV + j;
-    auto st = [&](int ii) -> float & {
-        if constexpr (SMEM) return st_sm[ii * DV];
-        else return st_reg[ii];
-    };
+    float st[RPS];
     if (ts < te) {
         if (c < NCH) {
 #pragma unroll
@@ -97,14 +82,8 @@ __global__ void __launch_bounds__(GDN_SEG * DV, SMEM ? 2 : 0)
 #pragma unroll
             for (int i = 0; i < KC - 1; i++) hist[i] = CH[c * (KC - 1) + i];
         }
-        if constexpr (SMEM) { /* 16-byte pieces, waited for before the first use below */
-            for (int i = tid; i < DK * DV / 4; i += NT)
-                cp_async16(reinterpret_cast<float *>(gdn_dyn) + 4 * i, S + 4 * i);
-            cp_async_commit();
-        } else {
 #pragma unroll
-            for (int ii = 0; ii < RPS; ii++) st(ii) = S[(int64_t)(seg * RPS + ii) * DV + j];
-        }
+        for (int ii = 0; ii < RPS; ii++) st[ii] = S[(int64_t)(seg * RPS + ii) * DV + j];
     }
     if (early) pdl_enter();
     if (ts >= te) return;
@@ -158,7 +137,6 @@ __global__ void __launch_bounds__(GDN_SEG * DV, SMEM ? 2 : 0)
             qred[warp] = sq;
             kred[warp] = sk;
         }
-        if constexpr (SMEM) cp_async_wait<0>(); /* this thread's pieces of the state (first token) */
         __syncthreads();
         float qss = 0.f, kss = 0.f;
 #pragma unroll
@@ -172,10 +150,10 @@ __global__ void __launch_bounds__(GDN_SEG * DV, SMEM ? 2 : 0)
 
         /* S ← α·S;  kv = Sᵀk */
         float part = 0.f;
-#pragma unroll(SMEM ? 8 : RPS) /* SMEM: 8 at a time, within 64 registers (two blocks an SM) */
+#pragma unroll
         for (int ii = 0; ii < RPS; ii++) {
-            st(ii) *= alpha;
-            part = fmaf(st(ii), ks[seg * RPS + ii] * kscale, part);
+            st[ii] *= alpha;
+            part = fmaf(st[ii], ks[seg * RPS + ii] * kscale, part);
         }
         red1[seg][j] = part;
         __syncthreads();
@@ -185,16 +163,16 @@ __global__ void __launch_bounds__(GDN_SEG * DV, SMEM ? 2 : 0)
         /* δ = β·(v − kv);  S ← S + k·δᵀ;  o = Sᵀq */
         const float delta = beta * (vs[j] - kv);
         float part2 = 0.f;
-#pragma unroll(SMEM ? 8 : RPS)
+#pragma unroll
         for (int ii = 0; ii < RPS; ii++) {
-            st(ii) = fmaf(ks[seg * RPS + ii] * kscale, delta, st(ii));
-            part2 = fmaf(st(ii), qs[seg * RPS + ii] * qscale, part2);
+            st[ii] = fmaf(ks[seg * RPS + ii] * kscale, delta, st[ii]);
+            part2 = fmaf(st[ii], qs[seg * RPS + ii] * qscale, part2);
         }
         red2[seg][j] = part2;
         if (snap && b.state_out[t] >= 0) {
             float *So = a.state + (int64_t)b.state_out[t] * a.state_slot_stride + (int64_t)h * DK * DV;
 #pragma unroll
-            for (int ii = 0; ii < RPS; ii++) So[(int64_t)(seg * RPS + ii) * DV + j] = st(ii);
+            for (int ii = 0; ii < RPS; ii++) So[(int64_t)(seg * RPS + ii) * DV + j] = st[ii];
         }
         __syncthreads();
         /* gated RMSNorm over dv: o·rsqrt(mean(o²) + eps)·w·SiLU(z) */
@@ -219,30 +197,11 @@ __global__ void __launch_bounds__(GDN_SEG * DV, SMEM ? 2 : 0)
 
     if (snap) return;
 #pragma unroll
-    for (int ii = 0; ii < RPS; ii++) S[(int64_t)(seg * RPS + ii) * DV + j] = st(ii);
+    for (int ii = 0; ii < RPS; ii++) S[(int64_t)(seg * RPS + ii) * DV + j] = st[ii];
     if (c < NCH) {
 #pragma unroll
         for (int i = 0; i < KC - 1; i++) CH[c * (KC - 1) + i] = hist[i];
     }
-}
-
-/* The decode kernel's launch for dk = dv = D: the shared-memory form where ctx->gdn_smem. */
-template <int D>
-static void launch_gdn(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a, dim3 grid) {
-    if (ctx->gdn_smem)
-        ds_launch(ctx, gdn_kernel<D, D, true>, grid, GDN_SEG * D, sizeof(float) * D * D, ctx->batch, *a,
-                  ctx->gdn_early);
-    else
-        ds_launch(ctx, gdn_kernel<D, D, false>, grid, GDN_SEG * D, 0, ctx->batch, *a, ctx->gdn_early);
-}
-
-extern "C" void ds_cuda_gdn_init(ds_cuda_ctx *ctx) {
-    /* the shared-memory form's state: 64 KB at 128 × 128, past the default 48 KB */
-    DS_CU(ctx, cudaFuncSetAttribute(gdn_kernel<128, 128, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)(sizeof(float) * 128 * 128)));
-    /* two blocks an SM need ~142 KB of shared memory: ask for the largest split */
-    DS_CU(ctx, cudaFuncSetAttribute(gdn_kernel<128, 128, true>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                    (int)cudaSharedmemCarveoutMaxShared));
 }
 
 extern "C" void ds_cuda_gdn(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a) {
@@ -251,15 +210,15 @@ extern "C" void ds_cuda_gdn(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a) {
     const dim3 grid(a->hv, ctx->batch.n_seqs);
     const int shape = (a->dk == a->dv && a->kernel == GDN_KC && a->hk > 0 && a->hv % a->hk == 0) ? a->dk : 0;
     switch (shape) {
-    case 16: launch_gdn<16>(ctx, a, grid); break;
-    case 32: launch_gdn<32>(ctx, a, grid); break;
-    case 64: launch_gdn<64>(ctx, a, grid); break;
-    case 128: launch_gdn<128>(ctx, a, grid); break;
+    case 16: ds_launch(ctx, gdn_kernel<16, 16>, grid, GDN_SEG * 16, 0, ctx->batch, *a, ctx->gdn_early); break;
+    case 32: ds_launch(ctx, gdn_kernel<32, 32>, grid, GDN_SEG * 32, 0, ctx->batch, *a, ctx->gdn_early); break;
+    case 64: ds_launch(ctx, gdn_kernel<64, 64>, grid, GDN_SEG * 64, 0, ctx->batch, *a, ctx->gdn_early); break;
+    case 128: ds_launch(ctx, gdn_kernel<128, 128>, grid, GDN_SEG * 128, 0, ctx->batch, *a, ctx->gdn_early); break;
     default:
         ds_cuda_check(ctx, cudaErrorInvalidValue,
                       "gdn: built for dk = dv in {16, 32, 64, 128} and conv kernel 4", __FILE__,
                       __LINE__);
         return;
     }
-    DS_CU_LAUNCHED2(ctx, ctx->gdn_smem ? "gdn_kernel<smem>" : "gdn_kernel", a->hv, ctx->batch.n_seqs);
+    DS_CU_LAUNCHED2(ctx, "gdn_kernel", a->hv, ctx->batch.n_seqs);
 }

@@ -304,9 +304,6 @@ typedef struct ds_cuda_ctx {
      * projection) still runs (1, default; DS_CUDA_ATTN_KV_EARLY=0: after the wait, for
      * before/after runs; s32-run1; cuda_attention.cu dec_fresh_position). Same bits. */
     int attn_kv_early;
-    /* the tensor-core decode attention asks for the largest shared-memory split (1, default;
-     * DS_CUDA_ATTN_TC_CARVEOUT=0: the driver's choice, for before/after runs; cuda_attention.cu) */
-    int attn_tc_carveout;
     /* prefill attention: the next K / V tile copied in under the current tile's work, query
      * tiles last first (1, default; DS_CUDA_ATTN_PF_PIPE=0: session 20's kernel, for
      * before/after runs; cuda_attention.cu). Same bits. */
@@ -325,9 +322,6 @@ typedef struct ds_cuda_ctx {
     /* the GDN decode kernel reads its state before its PDL wait (1, default; DS_CUDA_GDN_EARLY=0:
      * after, for before/after runs; cuda_gdn.cu) */
     int gdn_early;
-    /* the GDN decode kernel's state in shared memory, not registers (1; DS_CUDA_GDN_SMEM, default
-     * 0 until measured: the same sums; cuda_gdn.cu) */
-    int gdn_smem;
     /* CUDA-core GEMV: each warp's first batch of weights loaded into registers before the PDL
      * wait (1; DS_CUDA_GEMV_PRELOAD=0: after, for before/after runs; 2, default since session
      * 19: the second batch too where a warp has two, one input row; cuda_gemv.cu) */
@@ -558,12 +552,6 @@ void ds_cuda_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a);
 /* Kernel attributes (dynamic shared-memory limits), set once at backend creation. */
 void ds_cuda_attention_init(ds_cuda_ctx *ctx);
 void ds_cuda_gdn_chunked_init(ds_cuda_ctx *ctx);
-void ds_cuda_gdn_init(ds_cuda_ctx *ctx);
-/* A cache's GDN state and conv-history pools (every slot and layer) and their sizes in floats:
- * for tests that run a step twice from the same states (test_cuda_ops). */
-struct ds_cache;
-void ds_cuda_cache_gdn_pools(struct ds_cache *c, float **state, size_t *state_floats, float **conv,
-                             size_t *conv_floats);
 void ds_cuda_moe_init(ds_cuda_ctx *ctx);
 
 /* Gated DeltaNet (cuda_gdn.cu). */
