@@ -1659,57 +1659,9 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
         pair p = pair_in(pv, T, W), o = pair_out(T, O, DS_DTYPE_BF16);
         ds_tensor pc = tcpu(&p), pg = tcuda(&p, DS_DTYPE_BF16), oc = tcpu(&o), og = tcuda(&o, DS_DTYPE_BF16);
         g_cpu->ops->gdn(g_cpu, c->cpu, 0, cfg, &m->dev_cpu.layers[0].gdn, &pc, &oc);
-#ifdef DS_HAVE_CUDA
-        /* the decode kernel's other form first (DS_CUDA_GDN_SPLIT: a head's state columns over
-         * a cluster of blocks, or one block a head), from the states and conv histories before
-         * the step, which are then put back for the defaults' run: outputs, states and histories
-         * must match bit for bit */
-        ds_cuda_ctx *cc = (ds_cuda_ctx *)g_cuda->impl;
-        float *kst, *kcv;
-        size_t sfl, cfl;
-        ds_cuda_cache_gdn_pools(c->cuda, &kst, &sfl, &kcv, &cfl);
-        float *st0 = malloc(sfl * 4), *cv0 = malloc(cfl * 4), *st1 = malloc(sfl * 4), *cv1 = malloc(cfl * 4);
-        ds_error serr = {0};
-        if (g_cuda->ops->synchronize(g_cuda, &serr) != DS_OK) fail_msg("%s", serr.msg);
-        assert_int_equal(cudaMemcpy(st0, kst, sfl * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-        assert_int_equal(cudaMemcpy(cv0, kcv, cfl * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-        pair o_alt = pair_out(T, O, DS_DTYPE_BF16);
-        ds_tensor og_alt = tcuda(&o_alt, DS_DTYPE_BF16);
-        cc->gdn_split = !cc->gdn_split;
-        g_cuda->ops->gdn(g_cuda, c->cuda, 0, cfg, &m->dev_cuda.layers[0].gdn, &pg, &og_alt);
-        cc->gdn_split = !cc->gdn_split;
-        if (g_cuda->ops->synchronize(g_cuda, &serr) != DS_OK) fail_msg("%s", serr.msg);
-        assert_int_equal(cudaMemcpy(st1, kst, sfl * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-        assert_int_equal(cudaMemcpy(cv1, kcv, cfl * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-        assert_int_equal(cudaMemcpy(kst, st0, sfl * 4, cudaMemcpyHostToDevice), cudaSuccess);
-        assert_int_equal(cudaMemcpy(kcv, cv0, cfl * 4, cudaMemcpyHostToDevice), cudaSuccess);
-        assert_int_equal(cudaDeviceSynchronize(), cudaSuccess); /* pageable copies: done before the step */
-#endif
         g_cuda->ops->gdn(g_cuda, c->cuda, 0, cfg, &m->dev_cuda.layers[0].gdn, &pg, &og);
         snprintf(name, sizeof name, "gdn %s", label);
         compare(name, &o, DS_DTYPE_BF16, TOL_FUSED);
-#ifdef DS_HAVE_CUDA
-        {
-            const size_t n = (size_t)T * (size_t)O;
-            float *xa = act_download(g_cuda, o_alt.cuda, DS_DTYPE_BF16, n), *xd = act_download(g_cuda, o.cuda, DS_DTYPE_BF16, n);
-            assert_int_equal(cudaMemcpy(st0, kst, sfl * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-            assert_int_equal(cudaMemcpy(cv0, kcv, cfl * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-            const size_t d_out = bit_diffs(xa, xd, n), d_st = bit_diffs(st1, st0, sfl), d_cv = bit_diffs(cv1, cv0, cfl);
-            printf("  gdn %s, %s vs %s: %zu of %zu outputs, %zu of %zu state and %zu of %zu "
-                   "conv values differ\n", label, cc->gdn_split ? "one block a head" : "a head over a cluster",
-                   cc->gdn_split ? "a head over a cluster" : "one block a head", d_out, n, d_st, sfl, d_cv, cfl);
-            assert_int_equal(d_out, 0);
-            assert_int_equal(d_st, 0);
-            assert_int_equal(d_cv, 0);
-            free(xa);
-            free(xd);
-        }
-        pair_free(&o_alt);
-        free(st0);
-        free(cv0);
-        free(st1);
-        free(cv1);
-#endif
         pair_free(&p);
         pair_free(&o);
         free(pv);
@@ -1957,21 +1909,9 @@ static void gdn_only(tmodel *m, caches *c, const tbatch *tb, test_rng *r, const 
     free(pv);
 }
 
-/* Both forms of the decode kernel (DS_CUDA_GDN_SPLIT 0 and 1), each from fresh caches. */
 static void test_gdn_snapshots(void **state) {
     (void)state;
-#ifdef DS_HAVE_CUDA
-    ds_cuda_ctx *cc = (ds_cuda_ctx *)g_cuda->impl;
-    const int saved_split = cc->gdn_split;
-#endif
-    for (size_t run = 0; run < 2 * sizeof SHAPES / sizeof SHAPES[0]; run++) {
-        const size_t si = run % (sizeof SHAPES / sizeof SHAPES[0]);
-#ifdef DS_HAVE_CUDA
-        cc->gdn_split = (int)(run / (sizeof SHAPES / sizeof SHAPES[0]));
-        printf("  gdn snapshots, %s, %s\n", SHAPES[si].name, cc->gdn_split ? "a head over a cluster" : "one block a head");
-#else
-        if (run >= sizeof SHAPES / sizeof SHAPES[0]) break;
-#endif
+    for (size_t si = 0; si < sizeof SHAPES / sizeof SHAPES[0]; si++) {
         test_rng r = {66 + si};
         tmodel *m = calloc(1, sizeof *m);
         model_build(m, &SHAPES[si], 15 + si);
@@ -2003,9 +1943,6 @@ static void test_gdn_snapshots(void **state) {
         model_free(m);
         free(m);
     }
-#ifdef DS_HAVE_CUDA
-    cc->gdn_split = saved_split;
-#endif
 }
 
 /* ---- the whole model on the fixture checkpoints ---------------------------------------------- */

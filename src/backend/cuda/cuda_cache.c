@@ -128,14 +128,6 @@ void ds_cuda_cache_free(ds_backend *be, ds_cache *c) {
     free(c);
 }
 
-void ds_cuda_cache_gdn_pools(struct ds_cache *c, float **state, size_t *state_floats, float **conv,
-                             size_t *conv_floats) {
-    *state = c->state;
-    *state_floats = (size_t)c->n_slots * (size_t)c->n_gdn * (size_t)c->state_layer_floats;
-    *conv = c->conv;
-    *conv_floats = (size_t)c->n_slots * (size_t)c->n_gdn * (size_t)c->conv_layer_floats;
-}
-
 void ds_cuda_cache_reset_slot(ds_backend *be, ds_cache *c, int slot) {
     ds_cuda_ctx *ctx = ds_cuda_ctx_of(be);
     DS_ASSERT(slot >= 0 && slot < c->n_slots);

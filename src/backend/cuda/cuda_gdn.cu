@@ -19,8 +19,10 @@
  * state_out[t] ≥ 0 into that slot (the recurrence has the per-token state anyway). */
 #include <math.h>
 
-#include "cuda_gdn.cuh"
 #include "cuda_launch.cuh"
+
+#define GDN_KC 4  /* conv kernel (all Qwen3.5 configs) */
+#define GDN_SEG 4 /* row segments of the state: block = GDN_SEG·dv threads */
 
 /* early (ctx->gdn_early, DS_CUDA_GDN_EARLY): the block reads its state, conv history and conv
  * weights before its dependency wait, while the input projection that precedes it still runs.
@@ -205,7 +207,6 @@ __global__ void __launch_bounds__(GDN_SEG * DV) gdn_kernel(ds_cuda_batch b, ds_c
 extern "C" void ds_cuda_gdn(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a) {
     if (ctx->batch.n_tokens <= 0) return;
     if (ds_cuda_gdn_prefill(ctx, a)) return; /* long runs of tokens: cuda_gdn_prefill.cu */
-    if (ds_cuda_gdn_split(ctx, a)) return;   /* a head over a cluster: cuda_gdn_split.cu */
     const dim3 grid(a->hv, ctx->batch.n_seqs);
     const int shape = (a->dk == a->dv && a->kernel == GDN_KC && a->hk > 0 && a->hv % a->hk == 0) ? a->dk : 0;
     switch (shape) {

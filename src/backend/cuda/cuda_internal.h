@@ -322,9 +322,6 @@ typedef struct ds_cuda_ctx {
     /* the GDN decode kernel reads its state before its PDL wait (1, default; DS_CUDA_GDN_EARLY=0:
      * after, for before/after runs; cuda_gdn.cu) */
     int gdn_early;
-    /* the GDN decode kernel with each head's state columns over a cluster of 4 blocks (1;
-     * DS_CUDA_GDN_SPLIT, default 0 until measured: the same bits; cuda_gdn_split.cu) */
-    int gdn_split;
     /* CUDA-core GEMV: each warp's first batch of weights loaded into registers before the PDL
      * wait (1; DS_CUDA_GEMV_PRELOAD=0: after, for before/after runs; 2, default since session
      * 19: the second batch too where a warp has two, one input row; cuda_gemv.cu) */
@@ -555,11 +552,6 @@ void ds_cuda_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a);
 /* Kernel attributes (dynamic shared-memory limits), set once at backend creation. */
 void ds_cuda_attention_init(ds_cuda_ctx *ctx);
 void ds_cuda_gdn_chunked_init(ds_cuda_ctx *ctx);
-/* A cache's GDN state and conv-history pools (every slot and layer) and their sizes in floats:
- * for tests that run a step twice from the same states (test_cuda_ops). */
-struct ds_cache;
-void ds_cuda_cache_gdn_pools(struct ds_cache *c, float **state, size_t *state_floats, float **conv,
-                             size_t *conv_floats);
 void ds_cuda_moe_init(ds_cuda_ctx *ctx);
 
 /* Gated DeltaNet (cuda_gdn.cu). */
@@ -580,9 +572,6 @@ void ds_cuda_gdn(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a);
 /* The prefill form (cuda_gdn_prefill.cu): runs it and returns true when the step suits it. */
 #define DS_CUDA_GDN_PREFILL_MIN_TOKENS 16
 bool ds_cuda_gdn_prefill(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a);
-/* The decode form with a head's state columns over a cluster of blocks (cuda_gdn_split.cu,
- * ctx->gdn_split): runs it and returns true when switched on and built for the shape. */
-bool ds_cuda_gdn_split(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a);
 /* Bytes of its scratch for DS_CUDA_MAX_TOKENS tokens; 0 when it is not built for the shape. */
 size_t ds_cuda_gdn_prefill_scratch_bytes(int hk, int hv, int dk, int dv, int kernel);
 

@@ -61,38 +61,21 @@ static __device__ __forceinline__ void prefetch_l2_range(const void *p, uint64_t
 
 /* Launches kernel<<<grid, block, smem, ctx->stream>>>(args...), with the PDL attribute when
  * ctx->opt.pdl (never while profiling: the per-kernel events would sit between the kernels). */
-/* cluster_x > 1: thread block clusters of cluster_x consecutive blocks along x (sm_90), e.g. the
- * GDN decode kernel's column split (cuda_gdn_split.cu), with PDL as any other launch. */
 template <typename... KArgs, typename... Args>
-static void ds_launch_clustered(ds_cuda_ctx *ctx, void (*kernel)(KArgs...), dim3 grid, dim3 block,
-                                size_t smem, int cluster_x, Args &&...args) {
+static void ds_launch(ds_cuda_ctx *ctx, void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                      size_t smem, Args &&...args) {
     if (ctx->diag_skip && ds_cuda_diag_skip(ctx, (const void *)kernel)) return; /* measurement only */
-    cudaLaunchAttribute attr[2];
-    unsigned n = 0;
-    if (ctx->opt.pdl && !ctx->prof_on) {
-        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[n++].val.programmaticStreamSerializationAllowed = 1;
-    }
-    if (cluster_x > 1) {
-        attr[n].id = cudaLaunchAttributeClusterDimension;
-        attr[n].val.clusterDim.x = (unsigned)cluster_x;
-        attr[n].val.clusterDim.y = 1;
-        attr[n++].val.clusterDim.z = 1;
-    }
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = ctx->stream;
     cfg.attrs = attr;
-    cfg.numAttrs = n;
+    cfg.numAttrs = ctx->opt.pdl && !ctx->prof_on ? 1 : 0;
     DS_CU(ctx, cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
-}
-
-template <typename... KArgs, typename... Args>
-static void ds_launch(ds_cuda_ctx *ctx, void (*kernel)(KArgs...), dim3 grid, dim3 block,
-                      size_t smem, Args &&...args) {
-    ds_launch_clustered(ctx, kernel, grid, block, smem, 1, std::forward<Args>(args)...);
 }
 
 /* Whether a kernel's pre-wait prefetch can overlap anything (PDL on, prefetch on). */
