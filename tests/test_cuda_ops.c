@@ -1607,6 +1607,27 @@ static void test_moe(void **state) {
                         moe_sublayer_vs_pair(m, l, T, 1, 0, true, &r);
                     }
                     cc->moe_dc_rows = saved_dcr;
+                    /* and with its routed warps' first weights before the PDL wait, ordered
+                     * by the gate_up launch's routing flag (DS_CUDA_MOE_DOWN_EARLY, the other
+                     * setting), at 8 and 4 rows a warp; the flag and its count are zero after */
+                    const int saved_early = cc->moe_down_early;
+                    cc->moe_down_early = !saved_early;
+                    for (int dcr = 4; dcr <= 8; dcr *= 2) {
+                        cc->moe_dc_rows = dcr;
+                        moe_sublayer_vs_pair(m, l, T, 1, 0, true, &r);
+                        ds_error ferr = {0};
+                        if (g_cuda->ops->synchronize(g_cuda, &ferr) != DS_OK) fail_msg("%s", ferr.msg);
+                        int flag[2] = {-1, -1};
+                        assert_int_equal(cudaMemcpy(flag, cc->d_route_flag, sizeof flag, cudaMemcpyDeviceToHost),
+                                         cudaSuccess);
+                        printf("  moe %s layer %d T=1, down + combine %s (%d rows a warp): routing flag %d, "
+                               "count %d after\n", SHAPES[si].name, l,
+                               cc->moe_down_early ? "early" : "after the wait", dcr, flag[0], flag[1]);
+                        assert_int_equal(flag[0], 0);
+                        assert_int_equal(flag[1], 0);
+                    }
+                    cc->moe_dc_rows = saved_dcr;
+                    cc->moe_down_early = saved_early;
                 }
 #endif
                 if (T > 1) moe_sublayer_vs_pair(m, l, T, T, 0, true, &r);

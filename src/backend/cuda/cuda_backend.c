@@ -244,6 +244,7 @@ static void cu_destroy(ds_backend *be) {
         cudaFree(c->d_lt_ws);
         cudaFree(c->d_splitk_ws);
         cudaFree(c->d_splitk_cnt);
+        cudaFree(c->d_route_flag);
         cudaFree(c->d_meta);
         cudaFree(c->d_ids);
         cudaFree(c->d_tokbuf);
@@ -723,6 +724,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         /* batch 1 2.617 → 2.517 ms, 303 → 264 launches a step (s13-run1, two runs each; batch
          * 4 / 8 have no one-token MoE steps) */
         c->moe_down_combine = knob_on("DS_CUDA_MOE_DOWN_COMBINE");
+        const char *dearly = getenv("DS_CUDA_MOE_DOWN_EARLY");
+        c->moe_down_early = dearly && atoi(dearly) == 1;
         c->gemv_narrow = knob_on("DS_CUDA_GEMV_NARROW");
         const char *spm = getenv("DS_CUDA_SPLITK_PER_SM"), *tspm = getenv("DS_CUDA_TC_SPLITK_PER_SM");
         c->splitk_per_sm = spm && atoi(spm) >= 1 && atoi(spm) <= 8 ? atoi(spm) : 2;
@@ -760,6 +763,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
     CREATE_CHECK(cudaMalloc((void **)&c->d_splitk_ws, sizeof(float) * DS_CUDA_SPLITK_WS_FLOATS));
     CREATE_CHECK(cudaMalloc((void **)&c->d_splitk_cnt, sizeof(int) * DS_CUDA_SPLITK_COUNTERS));
     CREATE_CHECK(cudaMemset(c->d_splitk_cnt, 0, sizeof(int) * DS_CUDA_SPLITK_COUNTERS));
+    CREATE_CHECK(cudaMalloc((void **)&c->d_route_flag, sizeof(int) * 2));
+    CREATE_CHECK(cudaMemset(c->d_route_flag, 0, sizeof(int) * 2));
     CREATE_CHECK(cudaMalloc(&c->d_lt_ws, DS_CUDA_LT_WS_BYTES));
     CREATE_CHECK(cudaMalloc((void **)&c->d_ids, sizeof(int32_t) * DS_CUDA_MAX_TOKENS));
     CREATE_CHECK(cudaHostAlloc((void **)&c->h_ids, sizeof(int32_t) * DS_CUDA_MAX_TOKENS,

@@ -363,6 +363,11 @@ typedef struct ds_cuda_ctx {
      * norm launch (DS_CUDA_MOE_DOWN_COMBINE, default 1; cuda_moe_experts.cuh
      * moe_down_combine_kernel). Same bits by construction, tested so. */
     int moe_down_combine;
+    /* one-token MoE steps: the down + combine launch's routed warps wait for the gate_up
+     * launch's routing through a flag (d_route_flag), then load their first weights before the
+     * PDL wait, as the shared expert's warp does (1; DS_CUDA_MOE_DOWN_EARLY, default 0 until
+     * measured: the same sums; cuda_moe_experts.cuh) */
+    int moe_down_early;
     /* GEMV split-K: K is split until a launch has this many blocks per SM — CUDA-core GEMV 2
      * (DS_CUDA_SPLITK_PER_SM, 1..8), tensor-core GEMV 0 = never (DS_CUDA_TC_SPLITK_PER_SM,
      * 0..8), for measurements (cuda_gemv.cuh gemv_split_k). Another value changes the order of
@@ -401,6 +406,9 @@ typedef struct ds_cuda_ctx {
     /* GEMV split-K */
     float *d_splitk_ws;           /* [DS_CUDA_SPLITK_WS_FLOATS] */
     int *d_splitk_cnt;            /* [DS_CUDA_SPLITK_COUNTERS], zero between launches */
+    /* [2]: the routing-done flag a one-token gate_up launch sets and the down + combine launch
+     * waits on, and that launch's count of finished blocks; both zero between MoE blocks */
+    int *d_route_flag;
 
     /* cuBLASLt */
     cublasLtHandle_t lt;

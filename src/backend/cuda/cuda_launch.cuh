@@ -14,7 +14,10 @@
  *      L2 prefetches of them — and no early return; two documented exceptions, data no kernel
  *      of the current step has written before them: the GDN decode kernel's state (cuda_gdn.cu,
  *      DS_CUDA_GDN_EARLY) and the decode attention's keys older than the step
- *      (cuda_attention.cu, DS_CUDA_ATTN_KV_EARLY);
+ *      (cuda_attention.cu, DS_CUDA_ATTN_KV_EARLY); and a third, ordered by a flag instead: the
+ *      one-token down + combine launch reads the expert ids its predecessor wrote after
+ *      waiting for that predecessor's release of them (cuda_moe_experts.cuh,
+ *      DS_CUDA_MOE_DOWN_EARLY);
  *   2. pdl_enter() (wait for the predecessor grid to complete and flush, then allow the successor
  *      to launch) before any other memory access and before any early return.
  * Because every block of every kernel waits, kernel N complete implies kernels < N complete, so

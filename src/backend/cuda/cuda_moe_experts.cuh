@@ -313,7 +313,7 @@ template <int ROWS, int UNROLL>
 __global__ void __launch_bounds__(MOE_WARPS * 32, 4)
     moe_gate_up_routed_kernel(const bf16 *__restrict__ Wall, int H, int I, int E, int k, int Is,
                               int norm_topk, int T, const bf16 *__restrict__ x, moe_scratch sc,
-                              const bf16 *__restrict__ pf_w, int regs, int ranks) {
+                              const bf16 *__restrict__ pf_w, int regs, int ranks, int *route_flag) {
     __shared__ float lg[ROUTE_FUSED_LOGITS]; /* [T, E] router logits, then probabilities */
     __shared__ int32_t ids_s[ROUTE_FUSED_A];
     __shared__ int cnt[MOE_WARPS * 32];
@@ -364,6 +364,14 @@ __global__ void __launch_bounds__(MOE_WARPS * 32, 4)
             *sc.n_act = n_act;
             sc.off[n_act] = A;
         }
+        if (route_flag) { /* the routing (ids, weights above, groups) is out: release it to the
+                           * down + combine launch's early warps (moe_down_combine_kernel) */
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                __threadfence();
+                asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(route_flag), "r"(1u) : "memory");
+            }
+        }
     }
     const int i = blockIdx.x;
     if (i >= n_act) return;
@@ -401,32 +409,62 @@ __global__ void __launch_bounds__(MOE_WARPS * 32, 4)
  * the residual is bit-identical to down + moe_combine_norm_kernel. The RMSNorm that follows is
  * left to the next launch (a GEMV with the norm as its prologue, cuda_gemv_norm.cu): it needs
  * the whole row, which no block here holds. Block: k + (w_sh ? 1 : 0) ≤ MOE_DC_MAX_WARPS warps.
- * The shared warp's first batch of weights is loaded before the PDL wait (not routed). */
+ * The shared warp's first batch of weights is loaded before the PDL wait (not routed).
+ *
+ * route_flag (ctx->moe_down_early; NULL: off): the routed warps' first batch too. The gate_up
+ * launch's writer block sets route_flag[0] (release) once the step's expert ids and weights are
+ * written; under PDL this launch starts while gate_up still runs, so each routed warp's lane 0
+ * waits for the flag (acquire) and the warp reads its expert id and loads its first weights
+ * before the PDL wait (cuda_launch.cuh's third exception). The last block to finish clears the
+ * flag and its count (route_flag[1]); the next MoE block's gate_up sets it only after its own
+ * wait, so after this launch. Never spins without PDL: then gate_up has completed. The same sums
+ * as without (gemv_warp_sums with the batch preloaded). */
 #define MOE_DC_MAX_WARPS 16
-template <int ROWS, int UNROLL>
-__global__ void __launch_bounds__(MOE_DC_MAX_WARPS * 32)
+/* EARLY: at most 9 warps (top-8 + the shared expert) and two blocks an SM (≤ 113 registers), so
+ * that the 35B-A3B's 256 blocks of 8 rows stay one wave (unbounded, the early form took 122) */
+#define MOE_DC_EARLY_WARPS 9
+template <int ROWS, int UNROLL, bool EARLY>
+__global__ void __launch_bounds__(EARLY ? MOE_DC_EARLY_WARPS * 32 : MOE_DC_MAX_WARPS * 32, EARLY ? 2 : 0)
     moe_down_combine_kernel(const bf16 *__restrict__ Wall, int H, int I, int k, moe_scratch sc,
                             const bf16 *__restrict__ w_sh, int Is, bf16 *__restrict__ residual,
-                            const bf16 *__restrict__ pre, int preload) {
+                            const bf16 *__restrict__ pre, int preload, int *route_flag) {
     __shared__ float y_s[MOE_DC_MAX_WARPS][ROWS]; /* [slot (k routed, then shared), row] */
     __shared__ float w_s[MOE_DC_MAX_WARPS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t n0 = (int64_t)blockIdx.x * ROWS;
     const bool shared_warp = w_sh && warp == k;
     WBatch<ROWS, UNROLL> first;
-    const bool pre_loaded = shared_warp && gemv_preload<ROWS, UNROLL>(w_sh, Is, n0, H, 0, Is, lane, preload, first);
-    pdl_enter(); /* cuda_launch.cuh: weights only before this */
+    bool pre_loaded = shared_warp && gemv_preload<ROWS, UNROLL>(w_sh, Is, n0, H, 0, Is, lane, preload, first);
+    const bf16 *W_e = NULL; /* routed warps: this slot's expert's [H, I] matrix */
+    if (EARLY && warp < k) {
+        if (lane == 0) {
+            unsigned f;
+            for (;;) {
+                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(f) : "l"(route_flag) : "memory");
+                if (f) break;
+                __nanosleep(64);
+            }
+        }
+        __syncwarp(); /* the lanes' reads below follow lane 0's acquire */
+        W_e = Wall + (int64_t)__ldcg(sc.ids + warp) * H * I;
+        pre_loaded = gemv_preload<ROWS, UNROLL>(W_e, I, n0, H, 0, I, lane, 1, first);
+    }
+    pdl_enter(); /* cuda_launch.cuh: weights only before this (and, with route_flag, the ids) */
     float acc[ROWS][1];
     if (warp < k) {
         if (lane == 0) w_s[warp] = sc.wts[warp];
         XSiluMul<1> xs;
         xs.I = I;
         xs.base[0] = sc.h + (int64_t)warp * 2 * I; /* T = 1: assignment i is slot i */
+        if constexpr (EARLY) {
+            gemv_warp_sums<1, ROWS, UNROLL>(W_e, I, n0, H, xs, 0, I, pre_loaded, first, acc);
+        } else {
 #pragma unroll
-        for (int rr = 0; rr < ROWS; rr++) acc[rr][0] = 0.f;
-        gemv_warp_partial<1, ROWS, UNROLL, true>(Wall + (int64_t)sc.ids[warp] * H * I, I, n0, H, xs,
-                                                 0, I, acc);
-        gemv_warp_reduce<1, ROWS>(acc);
+            for (int rr = 0; rr < ROWS; rr++) acc[rr][0] = 0.f;
+            gemv_warp_partial<1, ROWS, UNROLL, true>(Wall + (int64_t)sc.ids[warp] * H * I, I, n0, H, xs,
+                                                     0, I, acc);
+            gemv_warp_reduce<1, ROWS>(acc);
+        }
     } else if (shared_warp) {
         XRows<1> xs;
         xs.base[0] = sc.sh_act;
@@ -437,6 +475,10 @@ __global__ void __launch_bounds__(MOE_DC_MAX_WARPS * 32)
         for (int rr = 0; rr < ROWS; rr++) y_s[warp][rr] = acc[rr][0];
     }
     __syncthreads();
+    if (EARLY && threadIdx.x == 0 && atomicAdd(route_flag + 1, 1) == (int)gridDim.x - 1) {
+        route_flag[1] = 0; /* the last block: every block is past its wait for the flag */
+        route_flag[0] = 0;
+    }
     const int64_t n = n0 + threadIdx.x;
     if (threadIdx.x >= ROWS || n >= H) return;
     float s = 0.f;
@@ -465,13 +507,13 @@ static void launch_experts(ds_cuda_ctx *ctx, int T, dim3 grid, Args &&...args) {
  * with the routing inside it when route_fused. */
 template <int ROWS, int UNROLL>
 static void launch_gate_up(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a, const moe_scratch &sc,
-                           int nblk, bool route_fused, const bf16 *pf_down) {
+                           int nblk, bool route_fused, const bf16 *pf_down, int *route_flag) {
     const int T = a->T, H = a->H, I = a->I;
     dim3 grid(nblk, DS_DIV_UP(2 * I, MOE_WARPS * ROWS));
     if (route_fused) {
         ds_launch(ctx, moe_gate_up_routed_kernel<ROWS, UNROLL>, grid, MOE_WARPS * 32, 0,
                   (const bf16 *)a->w_gu, H, I, a->E, a->top_k, a->Is, (int)a->norm_topk, T,
-                  (const bf16 *)a->x, sc, pf_down, ds_cuda_route_mode(ctx), ctx->route_ranks);
+                  (const bf16 *)a->x, sc, pf_down, ds_cuda_route_mode(ctx), ctx->route_ranks, route_flag);
         DS_CU_LAUNCHED2(ctx, "moe_gate_up_routed_kernel", T, 2 * I);
     } else {
         launch_experts<false, ROWS, UNROLL>(ctx, T, grid, (const bf16 *)a->w_gu, H, I, a->top_k,
