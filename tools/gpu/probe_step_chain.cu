@@ -40,14 +40,8 @@
 #include <cstdio>
 #include <vector>
 
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e_ = (x);                                                                  \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));        \
-            return 1;                                                                          \
-        }                                                                                      \
-    } while (0)
+#include "probe_check.cuh"
+
 
 constexpr int WARPS = 8;   /* warps a block, both forms */
 constexpr int CHUNKS = 16; /* 16-byte weight loads a lane holds for one task (64 registers) */
@@ -232,6 +226,25 @@ static float median(std::vector<float> v) {
     return v[v.size() / 2];
 }
 
+/* The median over reps runs (after two warm-up runs) of the time enqueue() takes on stream st,
+ * in µs. */
+template <class F>
+static cudaError_t time_median_us(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, int reps, F enqueue,
+                                  float *us) {
+    std::vector<float> t;
+    for (int i = 0; i < reps + 2; i++) {
+        cudaError_t e;
+        if ((e = cudaEventRecord(e0, st)) != cudaSuccess || (e = enqueue()) != cudaSuccess ||
+            (e = cudaEventRecord(e1, st)) != cudaSuccess || (e = cudaEventSynchronize(e1)) != cudaSuccess)
+            return e;
+        float ms;
+        if ((e = cudaEventElapsedTime(&ms, e0, e1)) != cudaSuccess) return e;
+        if (i >= 2) t.push_back(ms);
+    }
+    *us = median(t) * 1e3f;
+    return cudaSuccess;
+}
+
 int main() {
     int dev = 0, sms = 0;
     CK(cudaSetDevice(dev));
@@ -342,17 +355,8 @@ int main() {
         for (int pdl = 1; pdl >= 0; pdl--) {
             cudaGraphExec_t ex;
             if (capture_chain(empty, pdl, &ex)) return 1;
-            std::vector<float> t;
-            for (int i = 0; i < reps + 2; i++) {
-                CK(cudaEventRecord(e0, st));
-                CK(cudaGraphLaunch(ex, st));
-                CK(cudaEventRecord(e1, st));
-                CK(cudaEventSynchronize(e1));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                if (i >= 2) t.push_back(ms);
-            }
-            const float us = median(t) * 1e3f;
+            float us;
+            CK(time_median_us(st, e0, e1, reps, [&] { return cudaGraphLaunch(ex, st); }, &us));
             printf("chain%s%s       : %8.1f us a step, %6.0f GB/s, %.2f us a phase\n",
                    empty ? "-empty" : "", pdl ? "" : "-nopdl", us,
                    empty ? 0.f : total * 2 / (us * 1e-6f) / 1e9f, us / PHASES);
@@ -360,22 +364,17 @@ int main() {
             CK(cudaGraphExecDestroy(ex));
         }
         for (int blocks_an_sm = 1; blocks_an_sm <= occ; blocks_an_sm++) {
-            std::vector<float> t;
-            int grid = sms * blocks_an_sm;
-            for (int i = 0; i < reps + 2; i++) {
-                CK(cudaEventRecord(e0, st)); /* the input copy inside, as in the chain's graph */
-                CK(cudaMemcpyAsync(h.vec[0], d_x0, VEC_MAX * 2, cudaMemcpyDeviceToDevice, st));
-                CK(cudaMemsetAsync(arrive, 0, PHASES * sizeof(unsigned), st));
+            const int grid = sms * blocks_an_sm;
+            float us;
+            CK(time_median_us(st, e0, e1, reps, [&] { /* the input copy inside, as in the chain's graph */
+                cudaError_t e = cudaMemcpyAsync(h.vec[0], d_x0, VEC_MAX * 2, cudaMemcpyDeviceToDevice, st);
+                if (e == cudaSuccess) e = cudaMemsetAsync(arrive, 0, PHASES * sizeof(unsigned), st);
                 void *args[] = {&d_chain, &arrive, &empty};
-                CK(cudaLaunchCooperativeKernel((void *)persistent_kernel, dim3(grid), dim3(WARPS * 32),
-                                               args, 0, st));
-                CK(cudaEventRecord(e1, st));
-                CK(cudaEventSynchronize(e1));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                if (i >= 2) t.push_back(ms);
-            }
-            const float us = median(t) * 1e3f;
+                if (e == cudaSuccess)
+                    e = cudaLaunchCooperativeKernel((void *)persistent_kernel, dim3(grid), dim3(WARPS * 32),
+                                                    args, 0, st);
+                return e;
+            }, &us));
             printf("persistent%s x%d : %8.1f us a step, %6.0f GB/s, %.2f us a phase\n",
                    empty ? "-empty" : "", blocks_an_sm, us,
                    empty ? 0.f : total * 2 / (us * 1e-6f) / 1e9f, us / PHASES);

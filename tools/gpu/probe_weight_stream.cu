@@ -25,18 +25,12 @@
 #include <cuda.h> /* CUtensorMap (the driver entry point is taken through the runtime) */
 #include <cuda_runtime.h>
 
+#include "probe_check.cuh"
+
 /* the engine's mbarrier / TMA and mma primitives (header-only, no other engine headers) */
 #include "../../src/backend/cuda/cuda_mma.cuh"
 #include "../../src/backend/cuda/cuda_tma.cuh"
 
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e_ = (x);                                                                  \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));        \
-            return 1;                                                                          \
-        }                                                                                      \
-    } while (0)
 
 static __device__ __forceinline__ void cp16(void *s, const void *g) {
     unsigned sa = (unsigned)__cvta_generic_to_shared(s);
