@@ -197,6 +197,13 @@ extern "C" int ds_cuda_moe_down_combine_ok(const ds_cuda_ctx *ctx, int T, int H,
            k + (Is > 0 ? 1 : 0) <= MOE_DC_MAX_WARPS && H % 8 == 0 && I % 8 == 0 && Is % 8 == 0;
 }
 
+/* The one-token down + combine kernel at dr rows a warp (8 × 1 batch, 4 or 2 × 2 batches). */
+template <bool EARLY>
+static auto down_combine_kernel(int dr) {
+    return dr == 8 ? moe_down_combine_kernel<8, 1, EARLY>
+           : dr == 2 ? moe_down_combine_kernel<2, 2, EARLY> : moe_down_combine_kernel<4, 2, EARLY>;
+}
+
 extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
     const int T = a->T;
     if (T <= 0) return;
@@ -293,26 +300,24 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
         /* the gate_up blocks' L2 prefetch of their expert's down slice: with DS_OPT_PREFETCH
          * only (alone, s7-run4: 2.765 / 5.184 / 7.518 vs 2.691 / 5.066 / 7.399 ms, slower) */
         const bf16 *pf_down = pf_on ? (const bf16 *)a->w_down : (const bf16 *)NULL;
+        /* 5-7 in one launch (moe_down_combine_kernel), the norm left to the caller */
+        const bool down_combine = a->residual && !a->normed;
+        const int dc_warps = k + (Is > 0 ? 1 : 0); /* its block: a warp a slot, one for the shared expert */
         /* the routing flag between the one-token gate_up (routing inside) and the down +
          * combine launch (ctx->moe_down_early): set by the one, waited on by the other, so only
          * when both run (a launch dropped by DS_CUDA_DIAG_SKIP would leave the other waiting) */
-        int *route_flag = ctx->moe_down_early && route_fused && a->residual && !a->normed &&
-                                  k + (Is > 0 ? 1 : 0) <= MOE_DC_EARLY_WARPS
+        int *route_flag = ctx->moe_down_early && route_fused && down_combine && dc_warps <= MOE_DC_EARLY_WARPS
                               ? ctx->d_route_flag
                               : NULL;
         if (ctx->moe_gu_rows == 4) launch_gate_up<4, 2>(ctx, a, sc, nblk, route_fused, pf_down, route_flag);
         else launch_gate_up<2, 4>(ctx, a, sc, nblk, route_fused, pf_down, route_flag);
-        if (a->residual && !a->normed) { /* 5-7 in one launch, the norm left to the caller */
-            const int warps = k + (Is > 0 ? 1 : 0);
+        if (down_combine) {
             /* rows a warp (ctx->moe_dc_rows): 4 × 2 batches, 89 registers, 2 blocks of 9 warps
              * an SM, so the 35B-A3B's 512 blocks take two waves; 8 × 1 (105 registers: 256
              * blocks, one wave, two round trips a warp) or 2 × 2 (62: 3 blocks an SM). Same sums. */
             const int dr = ctx->moe_dc_rows == 4 || ctx->moe_dc_rows == 2 ? ctx->moe_dc_rows : 8;
-            auto kern = route_flag ? (dr == 8 ? moe_down_combine_kernel<8, 1, true>
-                                      : dr == 2 ? moe_down_combine_kernel<2, 2, true> : moe_down_combine_kernel<4, 2, true>)
-                                   : (dr == 8 ? moe_down_combine_kernel<8, 1, false>
-                                      : dr == 2 ? moe_down_combine_kernel<2, 2, false> : moe_down_combine_kernel<4, 2, false>);
-            ds_launch(ctx, kern, DS_DIV_UP(H, dr), warps * 32, 0,
+            auto kern = route_flag ? down_combine_kernel<true>(dr) : down_combine_kernel<false>(dr);
+            ds_launch(ctx, kern, DS_DIV_UP(H, dr), dc_warps * 32, 0,
                       (const bf16 *)a->w_down, H, I, k, sc, (const bf16 *)a->w_sh_down, Is,
                       (bf16 *)a->residual, (const bf16 *)a->pre_delta, ctx->gemv_preload, route_flag);
             DS_CU_LAUNCHED2(ctx, "moe_down_combine_kernel", T, H);
