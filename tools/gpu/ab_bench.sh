@@ -12,7 +12,8 @@
 # DS_AB_PARTS (default "ops model") goes to run_all.sh as DS_GPU_PARTS; DS_AB_NCU (a kernel
 # regex) adds run_all's ncu_detail part for the new binary (DS_GPU_NCU_KERNEL; the prompt 1024
 # tokens and one launch unless DS_GPU_NCU_PROMPT / DS_GPU_NCU_COUNT say otherwise);
-# DS_AB_BENCH_TIMEOUT (default 60 s a bench run).
+# DS_AB_BENCH_TIMEOUT (default 60 s a bench run); DS_AB_ENV (switches, e.g.
+# "DS_CUDA_MOE_DOWN_EARLY=1") adds a third bench a round: the new binary under those switches.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -40,9 +41,10 @@ else
     echo "greedy ids: DIFFER" | tee -a "$OUT/ab.log"
 fi
 for r in 1 2; do
-    for b in deltaserve deltaserve-old; do
+    for b in deltaserve deltaserve-old ${DS_AB_ENV:+deltaserve+env}; do
         echo "### $b run $r" >> "$OUT/ab.log"
-        timeout "${DS_AB_BENCH_TIMEOUT:-60}" "$BIN/$b" bench -m configs/qwen3.5-35b-a3b --dummy-weights \
+        envs=(); [ "$b" = deltaserve+env ] && read -ra envs <<< "$DS_AB_ENV"
+        timeout "${DS_AB_BENCH_TIMEOUT:-60}" env "${envs[@]}" "$BIN/${b%+env}" bench -m configs/qwen3.5-35b-a3b --dummy-weights \
             --device cuda --prompt-len 1024 --steps 512 --batch 1,4,8 --graphs 1 \
             --json-out "$OUT/ab.jsonl" >> "$OUT/ab.log" 2>&1
     done
