@@ -10,7 +10,7 @@
 #                                        all but ab.log packed into ab.tar.gz at the end
 #
 # DS_AB_PARTS (default "ops model") goes to run_all.sh as DS_GPU_PARTS; DS_AB_NCU (a kernel
-# regex) adds run_all's ncu_detail part for the new binary (DS_GPU_NCU_KERNEL; the prompt 1024
+# regex) adds run_all's ncu_detail part for the new binary (not with DS_AB_NCU_DETAIL=0) (DS_GPU_NCU_KERNEL; the prompt 1024
 # tokens and one launch unless DS_GPU_NCU_PROMPT / DS_GPU_NCU_COUNT say otherwise);
 # DS_AB_BENCH_TIMEOUT (default 60 s a bench run); DS_AB_ENV (switches, e.g.
 # "DS_CUDA_MOE_DOWN_EARLY=1") adds a third bench a round: the new binary under those switches.
@@ -19,7 +19,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 PARTS=${DS_AB_PARTS:-ops model}
 if [ -n "${DS_AB_NCU:-}" ]; then
-    PARTS="$PARTS ncu_detail"
+    [ "${DS_AB_NCU_DETAIL:-1}" = 0 ] || PARTS="$PARTS ncu_detail"
     export DS_GPU_NCU_KERNEL=$DS_AB_NCU DS_GPU_NCU_PROMPT=${DS_GPU_NCU_PROMPT:-1024} \
         DS_GPU_NCU_COUNT=${DS_GPU_NCU_COUNT:-1}
 fi
