@@ -1745,6 +1745,25 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
             compare(name, &cmp, DS_DTYPE_BF16, TOL_FUSED);
             pair_free(&o4);
         }
+        /* longer splits (DS_CUDA_ATTN_MIN_KEYS: 32 and 64 keys at least) with the prep fused
+         * at one token too (DS_CUDA_ATTN_FUSE_PREP1), in both product forms, against the CPU */
+        for (int v = 0; v < 4; v++) {
+            pair o6 = pair_out(T, O, DS_DTYPE_BF16);
+            ds_tensor og6 = tcuda(&o6, DS_DTYPE_BF16);
+            const int saved_form = cc->attn_dec_tc, saved_mk = cc->attn_min_keys, saved_fp1 = cc->attn_fuse_prep1;
+            cc->attn_dec_tc = v & 1;
+            cc->attn_min_keys = v < 2 ? 32 : 64;
+            cc->attn_fuse_prep1 = 1;
+            g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og6);
+            cc->attn_dec_tc = saved_form;
+            cc->attn_min_keys = saved_mk;
+            cc->attn_fuse_prep1 = saved_fp1;
+            snprintf(name, sizeof name, "attention %s, splits of %d keys at least, prep fused, products %s", label,
+                     v < 2 ? 32 : 64, v & 1 ? "on tensor cores" : "as FMAs");
+            cmp.cuda = o6.cuda;
+            compare(name, &cmp, DS_DTYPE_BF16, TOL_FUSED);
+            pair_free(&o6);
+        }
 #endif
         g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og);
         snprintf(name, sizeof name, "attention %s", label);

@@ -12,8 +12,9 @@
 # DS_AB_PARTS (default "ops model") goes to run_all.sh as DS_GPU_PARTS; DS_AB_NCU (a kernel
 # regex) adds run_all's ncu_detail part for the new binary (not with DS_AB_NCU_DETAIL=0) (DS_GPU_NCU_KERNEL; the prompt 1024
 # tokens and one launch unless DS_GPU_NCU_PROMPT / DS_GPU_NCU_COUNT say otherwise);
-# DS_AB_BENCH_TIMEOUT (default 60 s a bench run); DS_AB_ENV (switches, e.g.
-# "DS_CUDA_MOE_DOWN_EARLY=1") adds a third bench a round: the new binary under those switches.
+# DS_AB_BENCH_TIMEOUT (default 60 s a bench run); DS_AB_ENV (sets of switches separated by ';',
+# e.g. "DS_CUDA_MOE_DOWN_EARLY=1;DS_CUDA_ATTN_MIN_KEYS=64 DS_CUDA_ATTN_FUSE_PREP1=1") adds a
+# bench a round for each set: the new binary under those switches.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -40,11 +41,15 @@ if [ -s "$OUT/ids_new.txt" ] && cmp -s "$OUT/ids_new.txt" "$OUT/ids_old.txt"; th
 else
     echo "greedy ids: DIFFER" | tee -a "$OUT/ab.log"
 fi
+IFS=';' read -ra ENV_SETS <<< "${DS_AB_ENV:-}"
+RUNS=(deltaserve deltaserve-old)
+for i in "${!ENV_SETS[@]}"; do RUNS+=("deltaserve+env$i"); done
 for r in 1 2; do
-    for b in deltaserve deltaserve-old ${DS_AB_ENV:+deltaserve+env}; do
-        echo "### $b run $r" >> "$OUT/ab.log"
-        envs=(); [ "$b" = deltaserve+env ] && read -ra envs <<< "$DS_AB_ENV"
-        timeout "${DS_AB_BENCH_TIMEOUT:-60}" env "${envs[@]}" "$BIN/${b%+env}" bench -m configs/qwen3.5-35b-a3b --dummy-weights \
+    for b in "${RUNS[@]}"; do
+        envs=()
+        [[ "$b" == *+env* ]] && read -ra envs <<< "${ENV_SETS[${b##*+env}]}"
+        echo "### $b run $r ${envs[*]}" >> "$OUT/ab.log"
+        timeout "${DS_AB_BENCH_TIMEOUT:-60}" env "${envs[@]}" "$BIN/${b%+env*}" bench -m configs/qwen3.5-35b-a3b --dummy-weights \
             --device cuda --prompt-len 1024 --steps 512 --batch 1,4,8 --graphs 1 \
             --json-out "$OUT/ab.jsonl" >> "$OUT/ab.log" 2>&1
     done

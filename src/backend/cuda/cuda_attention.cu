@@ -143,11 +143,12 @@ static __device__ __forceinline__ int dec_q_index(int g, int d) {
     return g * HD + ((d & 7) >> 2) * (HD / 2) + (d >> 3) * 4 + (d & 3);
 }
 
-/* Keys [start, end) of split c of nsplit over a context of L keys: chunk = ⌈⌈L / nsplit⌉ / 32⌉·32
- * (start ≥ end: an empty split). */
-static __device__ __forceinline__ void dec_split_range(int L, int c, int nsplit, int &start, int &end) {
+/* Keys [start, end) of split c of nsplit over a context of L keys: chunk = ⌈⌈L / nsplit⌉ / 32⌉·32,
+ * at least min_chunk (ctx->attn_min_keys, a multiple of 32) (start ≥ end: an empty split). */
+static __device__ __forceinline__ void dec_split_range(int L, int c, int nsplit, int min_chunk, int &start,
+                                                       int &end) {
     const int per = (L + nsplit - 1) / nsplit;
-    const int chunk = (per + DEC_TILE - 1) / DEC_TILE * DEC_TILE;
+    const int chunk = max(min_chunk, (per + DEC_TILE - 1) / DEC_TILE * DEC_TILE);
     start = c * chunk;
     end = min(L, start + chunk);
 }
@@ -332,7 +333,7 @@ __global__ void __launch_bounds__(HD)
     const int s = b.tok_seq[t];
     const int L = b.positions[t] + 1; /* causal: keys up to this token's own position */
     int start, end;
-    dec_split_range(L, c, nsplit, start, end);
+    dec_split_range(L, c, nsplit, a.min_chunk, start, end);
     const int32_t *bt = b.block_table + (int64_t)s * b.max_blocks;
 
     /* cooperative copy of keys [tile0, min(tile0 + 32, end)) into buffer buf */
@@ -532,7 +533,7 @@ __global__ void __launch_bounds__(DTC_THREADS)
     const int s = b.tok_seq[t];
     const int L = b.positions[t] + 1; /* causal: keys up to this token's own position */
     int start, end;
-    dec_split_range(L, c, nsplit, start, end);
+    dec_split_range(L, c, nsplit, a.min_chunk, start, end);
     const int32_t *bt = b.block_table + (int64_t)s * b.max_blocks;
 
     auto load_tile = [&](int buf, int tile0) {
@@ -1096,7 +1097,7 @@ static void run_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a) {
      * query prep made the step longer than the prep launch it saves, which overlaps its
      * neighbours under PDL (2.502 vs 2.483 / 2.477 ms at batch 1; batch 4 / 8 4.675 / 7.012 vs
      * 4.700 / 7.031 ms, s13-run7) */
-    const bool fuse_prep = decode && ctx->info.max_seq_tokens == 1 && T >= 2 && ctx->attn_fuse_prep;
+    const bool fuse_prep = decode && ctx->info.max_seq_tokens == 1 && (T >= 2 || ctx->attn_fuse_prep1) && ctx->attn_fuse_prep;
     if (!fuse_prep) {
         dim3 pgrid(T, DS_DIV_UP(a->nh + 2 * a->nkv, 8));
         ds_launch(ctx, attn_prep_kernel<HD>, pgrid, 256, 0, b, *a);

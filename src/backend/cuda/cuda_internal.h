@@ -292,6 +292,18 @@ typedef struct ds_cuda_ctx {
      * DS_CUDA_ATTN_FUSE_PREP=0: the prep launch, for before/after runs; cuda_attention.cu).
      * Same bits. */
     int attn_fuse_prep;
+    /* with attn_fuse_prep: also in steps of one sequence of one token (0, default: the prep
+     * launch there, s13-run7; DS_CUDA_ATTN_FUSE_PREP1=1, for before/after runs with
+     * attn_min_keys, which cuts the blocks that repeat the query prep). Same bits as the prep
+     * launch. */
+    int attn_fuse_prep1;
+    /* decode attention: a non-empty split takes at least this many keys (a multiple of the
+     * 32-key tile; 0, default: ⌈L / splits⌉ rounded up to a tile; DS_CUDA_ATTN_MIN_KEYS). Found
+     * on the device from the context length, so graph-safe: the launch keeps its split count,
+     * the splits past the context write empty partials and the combine skips them. Fewer
+     * partials for the combine at short contexts, at longer splits. Other key ranges, so other
+     * roundings (test_cuda_ops compares with the CPU). */
+    int attn_min_keys;
     /* decode attention's score and P·V products as bf16 m16n8k16 MMAs (attn_decode_tc_kernel;
      * G ≤ 8 query heads a kv head, head_dim ≥ 64) instead of FMAs from shared memory: 2
      * (default) in steps of two or more sequences of one token each, where it was faster; 1 in
@@ -555,6 +567,7 @@ typedef struct ds_cuda_attn_args {
     void *k_cache, *v_cache;
     float *ws;                    /* decode split partials */
     int ws_rows;                  /* capacity in (seq, head, split) rows of hd + 2 floats */
+    int min_chunk;                /* decode: keys a non-empty split takes at least (0: none) */
 } ds_cuda_attn_args;
 void ds_cuda_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a);
 /* Kernel attributes (dynamic shared-memory limits), set once at backend creation. */
