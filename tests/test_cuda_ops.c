@@ -1724,6 +1724,13 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
         g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og3);
         cc->attn_fuse_prep = !cc->attn_fuse_prep;
         cc->attn_dec_tc = saved_tc;
+        /* the combine's wide loads and lean empty splits (DS_CUDA_ATTN_COMBINE_WIDE): bit for
+         * bit against the defaults (below) */
+        pair o7 = pair_out(T, O, DS_DTYPE_BF16);
+        ds_tensor og7 = tcuda(&o7, DS_DTYPE_BF16);
+        cc->attn_combine_wide = !cc->attn_combine_wide;
+        g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og7);
+        cc->attn_combine_wide = !cc->attn_combine_wide;
         cc->attn_lanes8 = !cc->attn_lanes8;
         g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og2);
         cc->attn_lanes8 = !cc->attn_lanes8;
@@ -1782,6 +1789,12 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
             printf("  attention %s, first key tile before the wait: %zu of %zu values differ from after it\n",
                    label, diff, n);
             assert_int_equal(diff, 0);
+            float *x7 = act_download(g_cuda, o7.cuda, DS_DTYPE_BF16, n);
+            diff = bit_diffs(x7, x1, n);
+            printf("  attention %s, combine %s: %zu of %zu values differ from the defaults\n", label,
+                   cc->attn_combine_wide ? "narrow" : "wide", diff, n);
+            assert_int_equal(diff, 0);
+            free(x7);
             free(x5);
             free(x3);
             free(x1);
@@ -1789,6 +1802,7 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
         pair_free(&o2);
         pair_free(&o3);
         pair_free(&o5);
+        pair_free(&o7);
 #endif
         pair_free(&q);
         pair_free(&o);

@@ -643,6 +643,8 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->attn_fuse_prep = knob_on("DS_CUDA_ATTN_FUSE_PREP");
         const char *fp1 = getenv("DS_CUDA_ATTN_FUSE_PREP1"), *amk = getenv("DS_CUDA_ATTN_MIN_KEYS");
         c->attn_fuse_prep1 = fp1 && atoi(fp1) == 1;
+        const char *acw = getenv("DS_CUDA_ATTN_COMBINE_WIDE");
+        c->attn_combine_wide = acw && atoi(acw) == 1;
         c->attn_min_keys = amk && atoi(amk) > 0 && atoi(amk) <= 1 << 20 ? (atoi(amk) + 31) / 32 * 32 : 0;
         /* 2 (default) vs 0: 5.391 / 8.150 and 5.397 / 8.138 vs 5.451 / 8.254 and 5.456 / 8.260 ms
          * at batch 4 / 8; after 8192 tokens batch 8 8.523 vs 9.031 ms; batch 1 (1: on there

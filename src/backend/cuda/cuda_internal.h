@@ -304,6 +304,11 @@ typedef struct ds_cuda_ctx {
      * partials for the combine at short contexts, at longer splits. Other key ranges, so other
      * roundings (test_cuda_ops compares with the CPU). */
     int attn_min_keys;
+    /* decode attention's combine with up to 16 splits' partial loads in flight a thread (4
+     * before), and an empty split writing only its (m = −∞, l = 0), not also hd zeros the
+     * combine never reads (0, default; DS_CUDA_ATTN_COMBINE_WIDE=1, for before/after runs).
+     * Same sums in the same order: the same bits. */
+    int attn_combine_wide;
     /* decode attention's score and P·V products as bf16 m16n8k16 MMAs (attn_decode_tc_kernel;
      * G ≤ 8 query heads a kv head, head_dim ≥ 64) instead of FMAs from shared memory: 2
      * (default) in steps of two or more sequences of one token each, where it was faster; 1 in
@@ -568,6 +573,7 @@ typedef struct ds_cuda_attn_args {
     float *ws;                    /* decode split partials */
     int ws_rows;                  /* capacity in (seq, head, split) rows of hd + 2 floats */
     int min_chunk;                /* decode: keys a non-empty split takes at least (0: none) */
+    int lean_empty;               /* decode: an empty split writes only its (m, l) */
 } ds_cuda_attn_args;
 void ds_cuda_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a);
 /* Kernel attributes (dynamic shared-memory limits), set once at backend creation. */

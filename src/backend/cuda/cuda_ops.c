@@ -313,6 +313,7 @@ void ds_cuda_op_attention(ds_backend *be, ds_cache *cache, int layer, const ds_c
         .ws = cache->attn_ws,
         .ws_rows = cache->attn_ws_rows,
         .min_chunk = c->attn_min_keys,
+        .lean_empty = c->attn_combine_wide,
     };
     ds_cuda_attention(c, &a);
 }
