@@ -143,26 +143,24 @@ static __device__ __forceinline__ int dec_q_index(int g, int d) {
     return g * HD + ((d & 7) >> 2) * (HD / 2) + (d >> 3) * 4 + (d & 3);
 }
 
-/* Keys [start, end) of split c of nsplit over a context of L keys: chunk = ⌈⌈L / nsplit⌉ / 32⌉·32,
- * at least min_chunk (ctx->attn_min_keys, a multiple of 32) (start ≥ end: an empty split). */
-static __device__ __forceinline__ void dec_split_range(int L, int c, int nsplit, int min_chunk, int &start,
-                                                       int &end) {
+/* Keys [start, end) of split c of nsplit over a context of L keys: chunk = ⌈⌈L / nsplit⌉ / g⌉·g
+ * for the grain g (ctx->attn_split_grain: 32, the tile, or 16) (start ≥ end: an empty split). A
+ * split's tiles start at `start`, so a 16-key chunk is one tile half full. */
+static __device__ __forceinline__ void dec_split_range(int L, int c, int nsplit, int grain, int &start, int &end) {
     const int per = (L + nsplit - 1) / nsplit;
-    const int chunk = max(min_chunk, (per + DEC_TILE - 1) / DEC_TILE * DEC_TILE);
+    const int chunk = (per + grain - 1) / grain * grain;
     start = c * chunk;
     end = min(L, start + chunk);
 }
 
 /* The partials of an empty split (its key range starts past the context): m = −∞, l = 0, which
- * the combine skips (its weight exp(m − M) is 0, so it never reads the split's hd values: with
- * a.lean_empty they are not written); NT threads a block. */
+ * the combine skips; NT threads a block. */
 template <int HD, int NT>
 static __device__ __forceinline__ void dec_write_empty(const ds_cuda_attn_args &a, int t, int j, int G, int nsplit,
                                                        int c) {
     for (int g = 0; g < G; g++) {
         float *w = a.ws + (((int64_t)t * a.nh + j * G + g) * nsplit + c) * (HD + 2);
-        if (!a.lean_empty)
-            for (int d = threadIdx.x; d < HD; d += NT) w[d] = 0.f;
+        for (int d = threadIdx.x; d < HD; d += NT) w[d] = 0.f;
         if (threadIdx.x == 0) {
             w[HD] = -INFINITY;
             w[HD + 1] = 0.f;
@@ -335,7 +333,7 @@ __global__ void __launch_bounds__(HD)
     const int s = b.tok_seq[t];
     const int L = b.positions[t] + 1; /* causal: keys up to this token's own position */
     int start, end;
-    dec_split_range(L, c, nsplit, a.min_chunk, start, end);
+    dec_split_range(L, c, nsplit, a.split_grain == 16 ? 16 : DEC_TILE, start, end);
     const int32_t *bt = b.block_table + (int64_t)s * b.max_blocks;
 
     /* cooperative copy of keys [tile0, min(tile0 + 32, end)) into buffer buf */
@@ -535,7 +533,7 @@ __global__ void __launch_bounds__(DTC_THREADS)
     const int s = b.tok_seq[t];
     const int L = b.positions[t] + 1; /* causal: keys up to this token's own position */
     int start, end;
-    dec_split_range(L, c, nsplit, a.min_chunk, start, end);
+    dec_split_range(L, c, nsplit, a.split_grain == 16 ? 16 : DEC_TILE, start, end);
     const int32_t *bt = b.block_table + (int64_t)s * b.max_blocks;
 
     auto load_tile = [&](int buf, int tile0) {
@@ -696,10 +694,7 @@ __global__ void __launch_bounds__(DTC_THREADS)
 
 /* ---- 3. decode combine + output gate -------------------------------------------------------- */
 
-/* WIDE (ctx->attn_combine_wide): up to 16 splits' loads in flight a thread in the final sum
- * (a batch-1 step after 1024 tokens has 32 non-empty splits: 8 rounds of L2 latency at 4, 2 at
- * 16); the same sum in the same order. */
-template <int HD, bool WIDE>
+template <int HD>
 __global__ void __launch_bounds__(HD)
     attn_combine_kernel(ds_cuda_batch b, ds_cuda_attn_args a, int nsplit) {
     pdl_enter(); /* cuda_launch.cuh: first, before any access */
@@ -728,25 +723,10 @@ __global__ void __launch_bounds__(HD)
     }
     const float den = block_sum(dpart, red); /* its barriers also publish sf */
     float num = 0.f;
-    if (WIDE) {
-        constexpr int U = 16;
-        for (int c0 = 0; c0 < nsplit; c0 += U) {
-            float x[U]; /* the loads first (an empty split's values are never read) */
-#pragma unroll
-            for (int i = 0; i < U; i++)
-                x[i] = c0 + i < nsplit && sf[c0 + i] != 0.f ? w[(c0 + i) * (HD + 2) + d] : 0.f;
-#pragma unroll
-            for (int i = 0; i < U; i++) {
-                const float f = c0 + i < nsplit ? sf[c0 + i] : 0.f;
-                if (f != 0.f) num += f * x[i];
-            }
-        }
-    } else {
 #pragma unroll 4
-        for (int c = 0; c < nsplit; c++) {
-            const float f = sf[c];
-            if (f != 0.f) num += f * w[c * (HD + 2) + d];
-        }
+    for (int c = 0; c < nsplit; c++) {
+        const float f = sf[c];
+        if (f != 0.f) num += f * w[c * (HD + 2) + d];
     }
     const int64_t ld = (int64_t)nh * 2 * HD + 2 * (int64_t)a.nkv * HD;
     const float gate = to_f32(((const bf16 *)a.qkv)[(int64_t)t * ld + (int64_t)h * 2 * HD + HD + d]);
@@ -1148,8 +1128,7 @@ static void run_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a) {
             else ds_launch(ctx, attn_decode_kernel<HD, 32, false>, grid, HD, smem, b, *a, G, nsplit, ctx->attn_kv_early);
             DS_CU_LAUNCHED2(ctx, "attn_decode_kernel", T, nsplit);
         }
-        if (ctx->attn_combine_wide) ds_launch(ctx, attn_combine_kernel<HD, true>, dim3(T, a->nh), HD, 0, b, *a, nsplit);
-        else ds_launch(ctx, attn_combine_kernel<HD, false>, dim3(T, a->nh), HD, 0, b, *a, nsplit);
+        ds_launch(ctx, attn_combine_kernel<HD>, dim3(T, a->nh), HD, 0, b, *a, nsplit);
         DS_CU_LAUNCHED2(ctx, "attn_combine_kernel", T, nsplit);
         return;
     }

@@ -641,11 +641,10 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->route_ranks = knob_on("DS_CUDA_ROUTE_RANKS");
         c->attn_lanes8 = knob_on("DS_CUDA_ATTN_LANES8");
         c->attn_fuse_prep = knob_on("DS_CUDA_ATTN_FUSE_PREP");
-        const char *fp1 = getenv("DS_CUDA_ATTN_FUSE_PREP1"), *amk = getenv("DS_CUDA_ATTN_MIN_KEYS");
+        const char *fp1 = getenv("DS_CUDA_ATTN_FUSE_PREP1");
         c->attn_fuse_prep1 = fp1 && atoi(fp1) == 1;
-        const char *acw = getenv("DS_CUDA_ATTN_COMBINE_WIDE");
-        c->attn_combine_wide = acw && atoi(acw) == 1;
-        c->attn_min_keys = amk && atoi(amk) > 0 && atoi(amk) <= 1 << 20 ? (atoi(amk) + 31) / 32 * 32 : 0;
+        const char *grain = getenv("DS_CUDA_ATTN_SPLIT_GRAIN");
+        c->attn_split_grain = grain && atoi(grain) == 16 ? 16 : 32;
         /* 2 (default) vs 0: 5.391 / 8.150 and 5.397 / 8.138 vs 5.451 / 8.254 and 5.456 / 8.260 ms
          * at batch 4 / 8; after 8192 tokens batch 8 8.523 vs 9.031 ms; batch 1 (1: on there
          * too) 2.949 / 2.954 vs 2.932 / 2.930 ms, after 8192 tokens 3.062 vs 3.126 (H100, s31-run2) */
@@ -729,8 +728,7 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         /* batch 1 2.617 → 2.517 ms, 303 → 264 launches a step (s13-run1, two runs each; batch
          * 4 / 8 have no one-token MoE steps) */
         c->moe_down_combine = knob_on("DS_CUDA_MOE_DOWN_COMBINE");
-        const char *dearly = getenv("DS_CUDA_MOE_DOWN_EARLY");
-        c->moe_down_early = dearly && atoi(dearly) == 1;
+        c->moe_down_early = knob_on("DS_CUDA_MOE_DOWN_EARLY"); /* cuda_internal.h: its numbers */
         c->gemv_narrow = knob_on("DS_CUDA_GEMV_NARROW");
         const char *spm = getenv("DS_CUDA_SPLITK_PER_SM"), *tspm = getenv("DS_CUDA_TC_SPLITK_PER_SM");
         c->splitk_per_sm = spm && atoi(spm) >= 1 && atoi(spm) <= 8 ? atoi(spm) : 2;

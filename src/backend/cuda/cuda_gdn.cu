@@ -5,9 +5,7 @@
  * order, so prefill runs the exact token-by-token recurrence (phase 1; the chunked form is
  * phase 2). The head's fp32 state S [dk, dv] lives in registers for the whole step: thread
  * (seg, j) of the 4·dv threads holds column j, rows [seg·dk/4, (seg+1)·dk/4); it is read once
- * and written once per step. The four segments of a column are four adjacent lanes of one warp
- * (seg = lane % 4), so the column sums Sᵀk and Sᵀq are shuffles, not block barriers: a token
- * costs two barriers (after the conv; after the output's sum of squares), not four.
+ * and written once per step.
  *
  * Conv history: every block owns the pre-conv inputs of the 2·dk + dv channels it convolves
  * (its key head's q and k channels and its own v channels), stored per value head. The q/k
@@ -43,11 +41,8 @@ __global__ void __launch_bounds__(GDN_SEG * DV) gdn_kernel(ds_cuda_batch b, ds_c
     constexpr int NCH = 2 * DK + DV;  /* channels convolved by this block */
     constexpr int NW = NT / 32;
     static_assert(NCH < NT, "one thread per conv channel plus one for the gates");
-    static_assert(SEG == 4 && DV % 8 == 0, "a column's segments are 4 adjacent lanes");
-    /* q and k padded by one float a segment: one instruction of a warp reads rows seg·RPS + ii
-     * of its four segments, which unpadded would be four addresses in one bank */
-    constexpr int RPAD = RPS + 1;
-    __shared__ float qs[SEG * RPAD], ks[SEG * RPAD], vs[DV];
+    __shared__ float qs[DK], ks[DK], vs[DV];
+    __shared__ float red1[SEG][DV], red2[SEG][DV];
     __shared__ float scal[2];
     __shared__ float qred[NW], kred[NW]; /* q/k sums of squares per warp */
     __shared__ float ored[NW];           /* o² per warp (separate arrays: no reuse race) */
@@ -56,8 +51,7 @@ __global__ void __launch_bounds__(GDN_SEG * DV) gdn_kernel(ds_cuda_batch b, ds_c
 
     const int h = blockIdx.x, s = blockIdx.y;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int seg = lane % SEG, j = tid / SEG; /* column j's segments: lanes 4·(lane/4) + 0..3 */
-    const int seg0_lane = lane & ~(SEG - 1);
+    const int j = tid % DV, seg = tid / DV;
     const int hk = a.hk, hv = a.hv;
     const int kh = h / (hv / hk);
     const int64_t conv_dim = 2 * (int64_t)hk * DK + (int64_t)hv * DV;
@@ -106,10 +100,10 @@ __global__ void __launch_bounds__(GDN_SEG * DV) gdn_kernel(ds_cuda_batch b, ds_c
             bv = prow[g_off + h];
             av = prow[g_off + hv + h];
         }
-        if (seg == 0) zv = prow[conv_dim + (int64_t)h * DV + j];
+        if (tid < DV) zv = prow[conv_dim + (int64_t)h * DV + tid];
     };
     const float dt_bias_h = a.dt_bias[h], neg_a_h = a.neg_exp_A[h];
-    const float norm_w_j = seg == 0 ? a.norm_w[j] : 0.f;
+    const float norm_w_j = tid < DV ? a.norm_w[tid] : 0.f;
     const bf16 zero = __float2bfloat16_rn(0.f);
     bf16 nx = zero, nb = zero, na = zero, nz = zero;
     load_inputs(ts, nx, nb, na, nz);
@@ -126,8 +120,8 @@ __global__ void __launch_bounds__(GDN_SEG * DV) gdn_kernel(ds_cuda_batch b, ds_c
 #pragma unroll
                 for (int i = 0; i < KC - 1; i++) CHo[c * (KC - 1) + i] = hist[i];
             }
-            if (c < DK) qs[c / RPS * RPAD + c % RPS] = y;
-            else if (c < 2 * DK) ks[(c - DK) / RPS * RPAD + (c - DK) % RPS] = y;
+            if (c < DK) qs[c] = y;
+            else if (c < 2 * DK) ks[c - DK] = y;
             else vs[c - 2 * DK] = y;
         } else if (c == NCH) {
             const float bb = to_f32(cb);
@@ -159,46 +153,44 @@ __global__ void __launch_bounds__(GDN_SEG * DV) gdn_kernel(ds_cuda_batch b, ds_c
 #pragma unroll
         for (int ii = 0; ii < RPS; ii++) {
             st[ii] *= alpha;
-            part = fmaf(st[ii], ks[seg * RPAD + ii] * kscale, part);
+            part = fmaf(st[ii], ks[seg * RPS + ii] * kscale, part);
         }
-        /* the column's four segment sums, added in segment order (as a shared-memory
-         * reduction over segments would) by every lane of the column */
-        auto column_sum = [&](float v) {
-            float sum = 0.f;
+        red1[seg][j] = part;
+        __syncthreads();
+        float kv = 0.f;
 #pragma unroll
-            for (int sg = 0; sg < SEG; sg++) sum += __shfl_sync(0xffffffffu, v, seg0_lane + sg);
-            return sum;
-        };
-        const float kv = column_sum(part);
+        for (int sg = 0; sg < SEG; sg++) kv += red1[sg][j];
         /* δ = β·(v − kv);  S ← S + k·δᵀ;  o = Sᵀq */
         const float delta = beta * (vs[j] - kv);
         float part2 = 0.f;
 #pragma unroll
         for (int ii = 0; ii < RPS; ii++) {
-            st[ii] = fmaf(ks[seg * RPAD + ii] * kscale, delta, st[ii]);
-            part2 = fmaf(st[ii], qs[seg * RPAD + ii] * qscale, part2);
+            st[ii] = fmaf(ks[seg * RPS + ii] * kscale, delta, st[ii]);
+            part2 = fmaf(st[ii], qs[seg * RPS + ii] * qscale, part2);
         }
-        const float o = column_sum(part2);
+        red2[seg][j] = part2;
         if (snap && b.state_out[t] >= 0) {
             float *So = a.state + (int64_t)b.state_out[t] * a.state_slot_stride + (int64_t)h * DK * DV;
 #pragma unroll
             for (int ii = 0; ii < RPS; ii++) So[(int64_t)(seg * RPS + ii) * DV + j] = st[ii];
         }
-        /* gated RMSNorm over dv: o·rsqrt(mean(o²) + eps)·w·SiLU(z); segment 0's lane of each
-         * column counts it and writes the output */
-        const float o2 = warp_sum(seg == 0 ? o * o : 0.f);
-        if (lane == 0) ored[warp] = o2;
-        /* the one barrier after the conv's: it also orders this token's reads of qs / ks / vs /
-         * scal / qred / kred before the next token's writes, and ored's writes before its reads
-         * here (the next token writes ored only after its own first barrier) */
         __syncthreads();
-        if (seg == 0) {
+        /* gated RMSNorm over dv: o·rsqrt(mean(o²) + eps)·w·SiLU(z) */
+        float o = 0.f;
+        if (tid < DV) {
+#pragma unroll
+            for (int sg = 0; sg < SEG; sg++) o += red2[sg][tid];
+        }
+        const float o2 = warp_sum(tid < DV ? o * o : 0.f);
+        if (lane == 0) ored[warp] = o2;
+        __syncthreads();
+        if (tid < DV) {
             float ms = 0.f;
 #pragma unroll
-            for (int w = 0; w < NW; w++) ms += ored[w];
+            for (int w = 0; w < (DV + 31) / 32; w++) ms += ored[w];
             const float n = o * rsqrtf(ms / (float)DV + a.eps);
             const float z = to_f32(cz);
-            ((bf16 *)a.out)[(int64_t)t * hv * DV + (int64_t)h * DV + j] =
+            ((bf16 *)a.out)[(int64_t)t * hv * DV + (int64_t)h * DV + tid] =
                 __float2bfloat16_rn(n * norm_w_j * silu_f(z));
         }
     }

@@ -293,22 +293,17 @@ typedef struct ds_cuda_ctx {
      * Same bits. */
     int attn_fuse_prep;
     /* with attn_fuse_prep: also in steps of one sequence of one token (0, default: the prep
-     * launch there, s13-run7; DS_CUDA_ATTN_FUSE_PREP1=1, for before/after runs with
-     * attn_min_keys, which cuts the blocks that repeat the query prep). Same bits as the prep
-     * launch. */
+     * launch there; DS_CUDA_ATTN_FUSE_PREP1=1, for before/after runs). Same bits as the prep
+     * launch. With splits of at least 128 keys (a switch of session 34, since removed) it was
+     * 2.5 % faster at batch 1 than the prep launch, but those splits were 4.8 % slower than
+     * today's (H100, s34-run1). */
     int attn_fuse_prep1;
-    /* decode attention: a non-empty split takes at least this many keys (a multiple of the
-     * 32-key tile; 0, default: ⌈L / splits⌉ rounded up to a tile; DS_CUDA_ATTN_MIN_KEYS). Found
-     * on the device from the context length, so graph-safe: the launch keeps its split count,
-     * the splits past the context write empty partials and the combine skips them. Fewer
-     * partials for the combine at short contexts, at longer splits. Other key ranges, so other
-     * roundings (test_cuda_ops compares with the CPU). */
-    int attn_min_keys;
-    /* decode attention's combine with up to 16 splits' partial loads in flight a thread (4
-     * before), and an empty split writing only its (m = −∞, l = 0), not also hd zeros the
-     * combine never reads (0, default; DS_CUDA_ATTN_COMBINE_WIDE=1, for before/after runs).
-     * Same sums in the same order: the same bits. */
-    int attn_combine_wide;
+    /* decode attention: a split's key count is rounded up to a multiple of this, 32 (default:
+     * the kernels' tile) or 16 (DS_CUDA_ATTN_SPLIT_GRAIN=16: at batch 1 after 1024 tokens all
+     * 64 splits hold 16 keys instead of 32 splits 32, for before/after runs; session 34 item 3
+     * found the blocks latency-bound tile by tile). Other key ranges, so other roundings
+     * (test_cuda_ops compares with the CPU). */
+    int attn_split_grain;
     /* decode attention's score and P·V products as bf16 m16n8k16 MMAs (attn_decode_tc_kernel;
      * G ≤ 8 query heads a kv head, head_dim ≥ 64) instead of FMAs from shared memory: 2
      * (default) in steps of two or more sequences of one token each, where it was faster; 1 in
@@ -382,8 +377,9 @@ typedef struct ds_cuda_ctx {
     int moe_down_combine;
     /* one-token MoE steps: the down + combine launch's routed warps wait for the gate_up
      * launch's routing through a flag (d_route_flag), then load their first weights before the
-     * PDL wait, as the shared expert's warp does (1; DS_CUDA_MOE_DOWN_EARLY, default 0 until
-     * measured: the same sums; cuda_moe_experts.cuh) */
+     * PDL wait, as the shared expert's warp does (1, default; DS_CUDA_MOE_DOWN_EARLY=0: after
+     * the wait, for before/after runs; the same sums; cuda_moe_experts.cuh). 1 vs 0: batch 1
+     * 2.884 / 2.885 vs 2.927 / 2.928 ms; batch 4 / 8 do not take it (H100, s34-run1) */
     int moe_down_early;
     /* GEMV split-K: K is split until a launch has this many blocks per SM — CUDA-core GEMV 2
      * (DS_CUDA_SPLITK_PER_SM, 1..8), tensor-core GEMV 0 = never (DS_CUDA_TC_SPLITK_PER_SM,
@@ -572,8 +568,7 @@ typedef struct ds_cuda_attn_args {
     void *k_cache, *v_cache;
     float *ws;                    /* decode split partials */
     int ws_rows;                  /* capacity in (seq, head, split) rows of hd + 2 floats */
-    int min_chunk;                /* decode: keys a non-empty split takes at least (0: none) */
-    int lean_empty;               /* decode: an empty split writes only its (m, l) */
+    int split_grain;              /* decode: a split's keys are a multiple of this (16 or 32) */
 } ds_cuda_attn_args;
 void ds_cuda_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a);
 /* Kernel attributes (dynamic shared-memory limits), set once at backend creation. */

@@ -306,7 +306,11 @@ extern "C" void ds_cuda_moe(ds_cuda_ctx *ctx, const ds_cuda_moe_args *a) {
         /* the routing flag between the one-token gate_up (routing inside) and the down +
          * combine launch (ctx->moe_down_early): set by the one, waited on by the other, so only
          * when both run (a launch dropped by DS_CUDA_DIAG_SKIP would leave the other waiting) */
-        int *route_flag = ctx->moe_down_early && route_fused && down_combine && dc_warps <= MOE_DC_EARLY_WARPS
+        const void *gate_up_routed = ctx->moe_gu_rows == 4 ? (const void *)moe_gate_up_routed_kernel<4, 2>
+                                                           : (const void *)moe_gate_up_routed_kernel<2, 4>;
+        const bool gate_up_runs = !ctx->diag_skip || !ds_cuda_diag_skip(ctx, gate_up_routed);
+        int *route_flag = ctx->moe_down_early && route_fused && down_combine && dc_warps <= MOE_DC_EARLY_WARPS &&
+                                  gate_up_runs
                               ? ctx->d_route_flag
                               : NULL;
         if (ctx->moe_gu_rows == 4) launch_gate_up<4, 2>(ctx, a, sc, nblk, route_fused, pf_down, route_flag);
