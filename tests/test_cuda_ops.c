@@ -1718,9 +1718,10 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
         g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og5);
         cc->attn_kv_early = 0; /* the rest of the step copies after the wait (the reference) */
         /* the default product form follows the fused prep (DS_CUDA_ATTN_DEC_TC 2: tensor cores
-         * in steps of two or more one-token sequences): the prep-launch run keeps the form the
-         * default run takes, so the two still compare bit for bit */
-        const int saved_tc = cc->attn_dec_tc, fused_step = T >= 2 && tb->b.n_seqs == T;
+         * in steps whose prep is fused: one-token sequences, at batch 1 with
+         * DS_CUDA_ATTN_FUSE_PREP1): the prep-launch run keeps the form the default run takes,
+         * so the two still compare bit for bit */
+        const int saved_tc = cc->attn_dec_tc, fused_step = (T >= 2 || cc->attn_fuse_prep1) && tb->b.n_seqs == T;
         if (saved_tc == 2) cc->attn_dec_tc = fused_step && cc->attn_fuse_prep ? 1 : 0;
         cc->attn_fuse_prep = !cc->attn_fuse_prep;
         g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og3);
@@ -1747,21 +1748,23 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
             compare(name, &cmp, DS_DTYPE_BF16, TOL_FUSED);
             pair_free(&o4);
         }
-        /* the prep fused at one token too (DS_CUDA_ATTN_FUSE_PREP1), in both product forms,
-         * against the CPU */
-        for (int v = 0; v < 4; v++) { /* and with 16-key split grains (DS_CUDA_ATTN_SPLIT_GRAIN) */
+        /* the split grain (DS_CUDA_ATTN_SPLIT_GRAIN) forced to 32 with the prep launch at one
+         * token (DS_CUDA_ATTN_FUSE_PREP1=0), and to 16 at every step with the prep fused, in
+         * both product forms, against the CPU */
+        for (int v = 0; v < 4; v++) {
             pair o6 = pair_out(T, O, DS_DTYPE_BF16);
             ds_tensor og6 = tcuda(&o6, DS_DTYPE_BF16);
             const int saved_form = cc->attn_dec_tc, saved_fp1 = cc->attn_fuse_prep1, saved_grain = cc->attn_split_grain;
             cc->attn_dec_tc = v & 1;
-            cc->attn_fuse_prep1 = v < 2;
-            cc->attn_split_grain = v < 2 ? saved_grain : 16;
+            cc->attn_fuse_prep1 = v >= 2; /* the other setting of the default */
+            cc->attn_split_grain = v < 2 ? 32 : 16;
             g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og6);
             cc->attn_dec_tc = saved_form;
             cc->attn_fuse_prep1 = saved_fp1;
             cc->attn_split_grain = saved_grain;
             snprintf(name, sizeof name, "attention %s, %s, products %s", label,
-                     v < 2 ? "prep fused at any batch" : "16-key split grain", v & 1 ? "on tensor cores" : "as FMAs");
+                     v < 2 ? "32-key split grain, prep launch at batch 1" : "16-key split grain, prep fused at batch 1",
+                     v & 1 ? "on tensor cores" : "as FMAs");
             cmp.cuda = o6.cuda;
             compare(name, &cmp, DS_DTYPE_BF16, TOL_FUSED);
             pair_free(&o6);

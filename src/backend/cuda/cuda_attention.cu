@@ -1092,11 +1092,11 @@ static void run_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a) {
     const int T = b.n_tokens, S = b.n_seqs;
     const int G = a->nh / a->nkv;
     const bool decode = ctx->info.max_seq_tokens <= DEC_MAX_Q && G <= DEC_MAXG && (int64_t)T * a->nh <= a->ws_rows;
-    /* one token per sequence, two or more sequences: the decode kernel does the prep itself
-     * (ctx->attn_fuse_prep). Not at one token: there the 128 decode blocks each repeating the
-     * query prep made the step longer than the prep launch it saves, which overlaps its
-     * neighbours under PDL (2.502 vs 2.483 / 2.477 ms at batch 1; batch 4 / 8 4.675 / 7.012 vs
-     * 4.700 / 7.031 ms, s13-run7) */
+    /* one token per sequence: the decode kernel does the prep itself (ctx->attn_fuse_prep;
+     * batch 4 / 8 4.675 / 7.012 vs 4.700 / 7.031 ms, s13-run7). At one token (batch 1) only
+     * with ctx->attn_fuse_prep1: there the FMA kernel's 128 blocks each repeating the query
+     * prep made the step longer than the prep launch it saves (2.502 vs 2.483 / 2.477 ms,
+     * s13-run7); the tensor-core kernel with 16-key splits gains a little (s34-run2) */
     const bool fuse_prep = decode && ctx->info.max_seq_tokens == 1 && (T >= 2 || ctx->attn_fuse_prep1) && ctx->attn_fuse_prep;
     if (!fuse_prep) {
         dim3 pgrid(T, DS_DIV_UP(a->nh + 2 * a->nkv, 8));

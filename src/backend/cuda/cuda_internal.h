@@ -292,24 +292,25 @@ typedef struct ds_cuda_ctx {
      * DS_CUDA_ATTN_FUSE_PREP=0: the prep launch, for before/after runs; cuda_attention.cu).
      * Same bits. */
     int attn_fuse_prep;
-    /* with attn_fuse_prep: also in steps of one sequence of one token (0, default: the prep
-     * launch there; DS_CUDA_ATTN_FUSE_PREP1=1, for before/after runs). Same bits as the prep
-     * launch. With splits of at least 128 keys (a switch of session 34, since removed) it was
-     * 2.5 % faster at batch 1 than the prep launch, but those splits were 4.8 % slower than
-     * today's (H100, s34-run1). */
+    /* with attn_fuse_prep: also in steps of one sequence of one token (1, default;
+     * DS_CUDA_ATTN_FUSE_PREP1=0: the prep launch there, for before/after runs). Same bits as
+     * the prep launch. With attn_split_grain's 16 at batch 1: 2.823 / 2.827 vs 2.837 / 2.839
+     * ms (either alone: 2.832 / 2.836 and 2.826 / 2.837; H100, s34-run2). */
     int attn_fuse_prep1;
-    /* decode attention: a split's key count is rounded up to a multiple of this, 32 (default:
-     * the kernels' tile) or 16 (DS_CUDA_ATTN_SPLIT_GRAIN=16: at batch 1 after 1024 tokens all
-     * 64 splits hold 16 keys instead of 32 splits 32, for before/after runs; session 34 item 3
-     * found the blocks latency-bound tile by tile). Other key ranges, so other roundings
-     * (test_cuda_ops compares with the CPU). */
+    /* decode attention: a split's key count is rounded up to a multiple of this: 0 (default)
+     * 16 in steps of one token (batch 1: after 1024 tokens all 64 splits hold 16 keys instead
+     * of 32 splits 32; the blocks are latency-bound tile by tile, cuda_notes session 34), 32 —
+     * the kernels' tile — otherwise; DS_CUDA_ATTN_SPLIT_GRAIN=16 or 32 everywhere, for
+     * before/after runs (16 at batch 4 / 8: even, s34-run2). Other key ranges, so other
+     * roundings (test_cuda_ops compares with the CPU). */
     int attn_split_grain;
     /* decode attention's score and P·V products as bf16 m16n8k16 MMAs (attn_decode_tc_kernel;
      * G ≤ 8 query heads a kv head, head_dim ≥ 64) instead of FMAs from shared memory: 2
-     * (default) in steps of two or more sequences of one token each, where it was faster; 1 in
-     * every decode-kernel step (batch 1 and verification too: slower at batch 1 after 1024
-     * tokens, faster after 8192); 0 never (DS_CUDA_ATTN_DEC_TC; s31-run2; cuda_attention.cu).
-     * Not the same bits (sum order; P as bf16 hi + lo). */
+     * (default) in steps whose prep is fused (sequences of one token each; batch 1 too with
+     * attn_fuse_prep1, since session 34), where it was faster; 1 in every decode-kernel step
+     * (verification too; with the prep launch it was slower at batch 1 after 1024 tokens,
+     * faster after 8192); 0 never (DS_CUDA_ATTN_DEC_TC; s31-run2; cuda_attention.cu). Not the
+     * same bits (sum order; P as bf16 hi + lo). */
     int attn_dec_tc;
     /* decode attention: each block's first key tile, below the lowest position its sequence
      * writes in this step, copied before the PDL wait, while the prep launch (or the qkv

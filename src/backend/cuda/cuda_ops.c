@@ -312,7 +312,7 @@ void ds_cuda_op_attention(ds_backend *be, ds_cache *cache, int layer, const ds_c
         .v_cache = kv + cache->kv_pool_elems * 2,
         .ws = cache->attn_ws,
         .ws_rows = cache->attn_ws_rows,
-        .split_grain = c->attn_split_grain,
+        .split_grain = c->attn_split_grain ? c->attn_split_grain : c->batch.n_tokens == 1 ? 16 : 32,
     };
     ds_cuda_attention(c, &a);
 }
