@@ -10,11 +10,12 @@
 #                                        all but ab.log packed into ab.tar.gz at the end
 #
 # DS_AB_PARTS (default "ops model") goes to run_all.sh as DS_GPU_PARTS; DS_AB_NCU (a kernel
-# regex) adds run_all's ncu_detail part for the new binary (not with DS_AB_NCU_DETAIL=0) (DS_GPU_NCU_KERNEL; the prompt 1024
-# tokens and one launch unless DS_GPU_NCU_PROMPT / DS_GPU_NCU_COUNT say otherwise);
-# DS_AB_BENCH_TIMEOUT (default 60 s a bench run); DS_AB_ENV (sets of switches separated by ';',
-# e.g. "DS_CUDA_MOE_DOWN_EARLY=1;DS_CUDA_ATTN_MIN_KEYS=64 DS_CUDA_ATTN_FUSE_PREP1=1") adds a
-# bench a round for each set: the new binary under those switches.
+# regex) adds run_all's ncu_detail part for the new binary, unless DS_AB_NCU_DETAIL=0
+# (DS_GPU_NCU_KERNEL; the prompt 1024 tokens and one launch unless DS_GPU_NCU_PROMPT /
+# DS_GPU_NCU_COUNT say otherwise); DS_AB_BENCH_TIMEOUT (default 60 s a bench run); DS_AB_ENV
+# (sets of switches separated by ';', e.g. "DS_CUDA_MOE_DOWN_EARLY=0;DS_CUDA_ATTN_FUSE_PREP1=0
+# DS_CUDA_ATTN_SPLIT_GRAIN=32") adds a bench a round for each set: the new binary under those
+# switches.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

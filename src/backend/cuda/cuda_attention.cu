@@ -144,7 +144,8 @@ static __device__ __forceinline__ int dec_q_index(int g, int d) {
 }
 
 /* Keys [start, end) of split c of nsplit over a context of L keys: chunk = ⌈⌈L / nsplit⌉ / g⌉·g
- * for the grain g (ctx->attn_split_grain: 32, the tile, or 16) (start ≥ end: an empty split). A
+ * for the grain g (a.split_grain, 16 or 32: resolved by ds_cuda_op_attention from
+ * ctx->attn_split_grain and the step's token count) (start ≥ end: an empty split). A
  * split's tiles start at `start`, so a 16-key chunk is one tile half full. */
 static __device__ __forceinline__ void dec_split_range(int L, int c, int nsplit, int grain, int &start, int &end) {
     const int per = (L + nsplit - 1) / nsplit;
@@ -333,7 +334,7 @@ __global__ void __launch_bounds__(HD)
     const int s = b.tok_seq[t];
     const int L = b.positions[t] + 1; /* causal: keys up to this token's own position */
     int start, end;
-    dec_split_range(L, c, nsplit, a.split_grain == 16 ? 16 : DEC_TILE, start, end);
+    dec_split_range(L, c, nsplit, a.split_grain, start, end);
     const int32_t *bt = b.block_table + (int64_t)s * b.max_blocks;
 
     /* cooperative copy of keys [tile0, min(tile0 + 32, end)) into buffer buf */
@@ -533,7 +534,7 @@ __global__ void __launch_bounds__(DTC_THREADS)
     const int s = b.tok_seq[t];
     const int L = b.positions[t] + 1; /* causal: keys up to this token's own position */
     int start, end;
-    dec_split_range(L, c, nsplit, a.split_grain == 16 ? 16 : DEC_TILE, start, end);
+    dec_split_range(L, c, nsplit, a.split_grain, start, end);
     const int32_t *bt = b.block_table + (int64_t)s * b.max_blocks;
 
     auto load_tile = [&](int buf, int tile0) {
