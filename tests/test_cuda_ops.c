@@ -1769,6 +1769,20 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
             compare(name, &cmp, DS_DTYPE_BF16, TOL_FUSED);
             pair_free(&o6);
         }
+        /* the other combine form (DS_CUDA_ATTN_COMBINE_WARPS: the splits over a block's warps,
+         * unused splits not read; or every thread walking them), against the CPU */
+        {
+            pair o7 = pair_out(T, O, DS_DTYPE_BF16);
+            ds_tensor og7 = tcuda(&o7, DS_DTYPE_BF16);
+            cc->attn_combine_warps = !cc->attn_combine_warps;
+            g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og7);
+            cc->attn_combine_warps = !cc->attn_combine_warps;
+            snprintf(name, sizeof name, "attention %s, combine %s", label,
+                     cc->attn_combine_warps ? "walked by every thread" : "over the warps");
+            cmp.cuda = o7.cuda;
+            compare(name, &cmp, DS_DTYPE_BF16, TOL_FUSED);
+            pair_free(&o7);
+        }
 #endif
         g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og);
         snprintf(name, sizeof name, "attention %s", label);

@@ -147,11 +147,19 @@ static __device__ __forceinline__ int dec_q_index(int g, int d) {
  * for the grain g (a.split_grain, 16 or 32: resolved by ds_cuda_op_attention from
  * ctx->attn_split_grain and the step's token count) (start ≥ end: an empty split). A
  * split's tiles start at `start`, so a 16-key chunk is one tile half full. */
-static __device__ __forceinline__ void dec_split_range(int L, int c, int nsplit, int grain, int &start, int &end) {
+static __device__ __forceinline__ int dec_split_chunk(int L, int nsplit, int grain) {
     const int per = (L + nsplit - 1) / nsplit;
-    const int chunk = (per + grain - 1) / grain * grain;
+    return (per + grain - 1) / grain * grain;
+}
+static __device__ __forceinline__ void dec_split_range(int L, int c, int nsplit, int grain, int &start, int &end) {
+    const int chunk = dec_split_chunk(L, nsplit, grain);
     start = c * chunk;
     end = min(L, start + chunk);
+}
+/* how many of the nsplit splits over L keys are not empty: splits [0, n) (start = c·chunk < L) */
+static __device__ __forceinline__ int dec_split_used(int L, int nsplit, int grain) {
+    const int chunk = dec_split_chunk(L, nsplit, grain);
+    return min(nsplit, (L + chunk - 1) / chunk);
 }
 
 /* The partials of an empty split (its key range starts past the context): m = −∞, l = 0, which
@@ -735,6 +743,101 @@ __global__ void __launch_bounds__(HD)
     ((bf16 *)a.out)[((int64_t)t * nh + h) * HD + d] = __float2bfloat16_rn(o * sigmoid_f(gate));
 }
 
+/* The combine with a token's splits spread over the block's warps (ctx->attn_combine_warps).
+ * attn_combine_kernel walks the splits in every thread, four loads in flight: at batch 1 (64
+ * splits, ~35 of them used after 1024 tokens) that is ~9 dependent round trips to L2 in a
+ * kernel on the step's critical path. Here warp w takes splits w, w + 8, …, below the used
+ * count (dec_split_used: empty splits are not read), and issues all of their loads at once —
+ * (m, l) and its lanes' dims as float2s 64 dims apart (coalesced 256-byte rows) — then
+ * reduces them against its own maximum M_w; the block then merges the eight (M_w, L_w, num_w)
+ * through shared memory against M = max M_w: one round trip, one barrier. The same partials,
+ * another order of summation (test_cuda_ops compares with the CPU). */
+#define CMB_WARPS 8
+template <int HD>
+__global__ void __launch_bounds__(CMB_WARPS * 32)
+    attn_combine_warps_kernel(ds_cuda_batch b, ds_cuda_attn_args a, int nsplit) {
+    pdl_enter(); /* cuda_launch.cuh: first, before any access */
+    static_assert(HD % 64 == 0, "a lane's dims as float2 pairs 64 dims apart");
+    constexpr int NP = HD / 64;                              /* float2 pairs a lane a split */
+    constexpr int SPW = DS_CUDA_ATTN_MAX_SPLIT / CMB_WARPS;  /* splits a warp at most */
+    constexpr int DPT = (HD + CMB_WARPS * 32 - 1) / (CMB_WARPS * 32); /* output dims a thread */
+    __shared__ float s_m[CMB_WARPS], s_l[CMB_WARPS];
+    __shared__ __align__(8) float s_num[CMB_WARPS][HD];
+    const int t = blockIdx.x, h = blockIdx.y;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int nh = a.nh;
+    const int64_t ld = (int64_t)nh * 2 * HD + 2 * (int64_t)a.nkv * HD;
+    const bf16 *gate = (const bf16 *)a.qkv + (int64_t)t * ld + (int64_t)h * 2 * HD + HD;
+    float gv[DPT];
+#pragma unroll
+    for (int k = 0; k < DPT; k++) {
+        const int d = tid + k * CMB_WARPS * 32;
+        gv[k] = d < HD ? to_f32(gate[d]) : 0.f;
+    }
+    const int used = dec_split_used(b.positions[t] + 1, nsplit, a.split_grain);
+    const float *w = a.ws + ((int64_t)t * nh + h) * nsplit * (HD + 2);
+    float mv[SPW], lv[SPW];
+    float2 v[SPW][NP];
+#pragma unroll
+    for (int i = 0; i < SPW; i++) {
+        const int c = warp + CMB_WARPS * i;
+        mv[i] = -INFINITY;
+        lv[i] = 0.f;
+#pragma unroll
+        for (int p = 0; p < NP; p++) v[i][p] = make_float2(0.f, 0.f);
+        if (c < used) {
+            const float *r = w + (int64_t)c * (HD + 2);
+            mv[i] = r[HD];
+            lv[i] = r[HD + 1];
+#pragma unroll
+            for (int p = 0; p < NP; p++) v[i][p] = *reinterpret_cast<const float2 *>(r + 64 * p + 2 * lane);
+        }
+    }
+    float mw = -INFINITY; /* the same in every lane: each reads the same (m, l) */
+#pragma unroll
+    for (int i = 0; i < SPW; i++) mw = fmaxf(mw, mv[i]);
+    float lw = 0.f;
+    float2 num[NP];
+#pragma unroll
+    for (int p = 0; p < NP; p++) num[p] = make_float2(0.f, 0.f);
+#pragma unroll
+    for (int i = 0; i < SPW; i++) {
+        const float f = mv[i] == -INFINITY ? 0.f : expf(mv[i] - mw);
+        lw += f * lv[i];
+#pragma unroll
+        for (int p = 0; p < NP; p++) {
+            num[p].x += f * v[i][p].x;
+            num[p].y += f * v[i][p].y;
+        }
+    }
+    if (lane == 0) {
+        s_m[warp] = mw;
+        s_l[warp] = lw;
+    }
+#pragma unroll
+    for (int p = 0; p < NP; p++) *reinterpret_cast<float2 *>(&s_num[warp][64 * p + 2 * lane]) = num[p];
+    __syncthreads();
+    float M = -INFINITY;
+#pragma unroll
+    for (int u = 0; u < CMB_WARPS; u++) M = fmaxf(M, s_m[u]); /* finite: split 0 holds key 0 */
+    float e[CMB_WARPS], den = 0.f;
+#pragma unroll
+    for (int u = 0; u < CMB_WARPS; u++) {
+        e[u] = s_m[u] == -INFINITY ? 0.f : expf(s_m[u] - M);
+        den += e[u] * s_l[u];
+    }
+#pragma unroll
+    for (int k = 0; k < DPT; k++) {
+        const int d = tid + k * CMB_WARPS * 32;
+        if (d >= HD) break;
+        float o = 0.f;
+#pragma unroll
+        for (int u = 0; u < CMB_WARPS; u++) o += e[u] * s_num[u][d];
+        o = den > 0.f ? o / den : 0.f;
+        ((bf16 *)a.out)[((int64_t)t * nh + h) * HD + d] = __float2bfloat16_rn(o * sigmoid_f(gv[k]));
+    }
+}
+
 /* ---- 2b. prefill: tiled flash attention on tensor cores ------------------------------------ */
 
 #define PF_ROWS 64
@@ -1128,6 +1231,13 @@ static void run_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a) {
             else if (fuse_prep) ds_launch(ctx, attn_decode_kernel<HD, 32, true>, grid, HD, smem, b, *a, G, nsplit, ctx->attn_kv_early);
             else ds_launch(ctx, attn_decode_kernel<HD, 32, false>, grid, HD, smem, b, *a, G, nsplit, ctx->attn_kv_early);
             DS_CU_LAUNCHED2(ctx, "attn_decode_kernel", T, nsplit);
+        }
+        if constexpr (HD % 64 == 0) {
+            if (ctx->attn_combine_warps) {
+                ds_launch(ctx, attn_combine_warps_kernel<HD>, dim3(T, a->nh), CMB_WARPS * 32, 0, b, *a, nsplit);
+                DS_CU_LAUNCHED2(ctx, "attn_combine_warps_kernel", T, nsplit);
+                return;
+            }
         }
         ds_launch(ctx, attn_combine_kernel<HD>, dim3(T, a->nh), HD, 0, b, *a, nsplit);
         DS_CU_LAUNCHED2(ctx, "attn_combine_kernel", T, nsplit);

@@ -304,6 +304,12 @@ typedef struct ds_cuda_ctx {
      * before/after runs (16 at batch 4 / 8: even, s34-run2). Other key ranges, so other
      * roundings (test_cuda_ops compares with the CPU). */
     int attn_split_grain;
+    /* decode attention's combine with a token's splits spread over 8 warps, all of a warp's
+     * loads issued at once, unused splits not read (attn_combine_warps_kernel) instead of
+     * every thread walking the splits four loads at a time (0, default until measured;
+     * DS_CUDA_ATTN_COMBINE_WARPS=1; cuda_attention.cu). Another order of summation (test_cuda_ops
+     * compares with the CPU). */
+    int attn_combine_warps;
     /* decode attention's score and P·V products as bf16 m16n8k16 MMAs (attn_decode_tc_kernel;
      * G ≤ 8 query heads a kv head, head_dim ≥ 64) instead of FMAs from shared memory: 2
      * (default) in steps whose prep is fused (sequences of one token each; batch 1 too with
