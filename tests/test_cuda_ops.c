@@ -1769,16 +1769,20 @@ static void mixer_step(tmodel *m, caches *c, const tbatch *tb, test_rng *r, cons
             compare(name, &cmp, DS_DTYPE_BF16, TOL_FUSED);
             pair_free(&o6);
         }
-        /* the other combine form (DS_CUDA_ATTN_COMBINE_WARPS: the splits over a block's warps,
-         * unused splits not read; or every thread walking them), against the CPU */
-        {
+        /* the combine forms (DS_CUDA_ATTN_COMBINE_WARPS: the splits over a block's warps,
+         * unused splits not read; or every thread walking them), each with 64 and 128 splits
+         * at most in one-token steps (DS_CUDA_ATTN_MAX_SPLIT1), against the CPU */
+        for (int v = 0; v < 4; v++) {
             pair o7 = pair_out(T, O, DS_DTYPE_BF16);
             ds_tensor og7 = tcuda(&o7, DS_DTYPE_BF16);
-            cc->attn_combine_warps = !cc->attn_combine_warps;
+            const int saved_cw = cc->attn_combine_warps, saved_ms1 = cc->attn_max_split1;
+            cc->attn_combine_warps = v & 1;
+            cc->attn_max_split1 = v >= 2 ? 128 : 64;
             g_cuda->ops->attention(g_cuda, c->cuda, 1, cfg, &m->dev_cuda.layers[1].attn, &qg, &og7);
-            cc->attn_combine_warps = !cc->attn_combine_warps;
-            snprintf(name, sizeof name, "attention %s, combine %s", label,
-                     cc->attn_combine_warps ? "walked by every thread" : "over the warps");
+            cc->attn_combine_warps = saved_cw;
+            cc->attn_max_split1 = saved_ms1;
+            snprintf(name, sizeof name, "attention %s, combine %s, %d splits at most at batch 1", label,
+                     v & 1 ? "over the warps" : "walked by every thread", v >= 2 ? 128 : 64);
             cmp.cuda = o7.cuda;
             compare(name, &cmp, DS_DTYPE_BF16, TOL_FUSED);
             pair_free(&o7);

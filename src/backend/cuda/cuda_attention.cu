@@ -743,16 +743,16 @@ __global__ void __launch_bounds__(HD)
     ((bf16 *)a.out)[((int64_t)t * nh + h) * HD + d] = __float2bfloat16_rn(o * sigmoid_f(gate));
 }
 
-/* The combine with a token's splits spread over the block's warps (ctx->attn_combine_warps).
+/* The combine with a (token, head)'s splits spread over the block's warps (ctx->attn_combine_warps).
  * attn_combine_kernel walks the splits in every thread, four loads in flight: at batch 1 (64
- * splits, ~35 of them used after 1024 tokens) that is ~9 dependent round trips to L2 in a
- * kernel on the step's critical path. Here warp w takes splits w, w + 8, …, below the used
+ * splits, 33-48 of them used after 1024-1536 tokens) that is ~9-12 dependent round trips to L2 in a
+ * kernel on the step's critical path. Here warp w of 16 takes splits w, w + 16, …, below the used
  * count (dec_split_used: empty splits are not read), and issues all of their loads at once —
  * (m, l) and its lanes' dims as float2s 64 dims apart (coalesced 256-byte rows) — then
- * reduces them against its own maximum M_w; the block then merges the eight (M_w, L_w, num_w)
+ * reduces them against its own maximum M_w; the block then merges the 16 (M_w, L_w, num_w)
  * through shared memory against M = max M_w: one round trip, one barrier. The same partials,
  * another order of summation (test_cuda_ops compares with the CPU). */
-#define CMB_WARPS 8
+#define CMB_WARPS 16
 template <int HD>
 __global__ void __launch_bounds__(CMB_WARPS * 32)
     attn_combine_warps_kernel(ds_cuda_batch b, ds_cuda_attn_args a, int nsplit) {
@@ -1211,7 +1211,8 @@ static void run_attention(ds_cuda_ctx *ctx, const ds_cuda_attn_args *a) {
     if (decode) {
         /* split count from the token count only (graph-safe); ranges are found on the device */
         int nsplit = DS_DIV_UP(2 * ctx->sm_count, T * a->nkv);
-        if (nsplit > DS_CUDA_ATTN_MAX_SPLIT) nsplit = DS_CUDA_ATTN_MAX_SPLIT;
+        const int max_split = T == 1 ? ctx->attn_max_split1 : DS_CUDA_ATTN_MAX_SPLIT_BATCH;
+        if (nsplit > max_split) nsplit = max_split;
         while (nsplit > 1 && (int64_t)T * a->nh * nsplit > a->ws_rows) nsplit--;
         if (nsplit < 1) nsplit = 1;
         const dim3 grid(T, a->nkv, nsplit);

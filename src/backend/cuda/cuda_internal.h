@@ -38,7 +38,8 @@ extern "C" {
 #define DS_CUDA_LT_WS_BYTES (32u << 20) /* cuBLASLt workspace */
 #define DS_CUDA_LT_CACHE 48          /* cached cuBLASLt plans */
 #define DS_CUDA_ATTN_SPLIT_ROWS 1024 /* S·nsplit bound of the decode-attention workspace */
-#define DS_CUDA_ATTN_MAX_SPLIT 64
+#define DS_CUDA_ATTN_MAX_SPLIT 128 /* the most splits any step takes (shared-memory arrays) */
+#define DS_CUDA_ATTN_MAX_SPLIT_BATCH 64 /* … in steps of two or more tokens (one token: attn_max_split1) */
 #define DS_CUDA_AMAX_BLOCKS 65536    /* lm_head row blocks of the fused argmax (V ≤ 1 Mi rows) */
 #define DS_CUDA_BAN_INTS (1 << 16)   /* banned-id table of the fused argmax (rows · ids per row) */
 #define DS_CUDA_MAX_GRAPHS 64        /* captured step graphs kept at once */
@@ -304,12 +305,19 @@ typedef struct ds_cuda_ctx {
      * before/after runs (16 at batch 4 / 8: even, s34-run2). Other key ranges, so other
      * roundings (test_cuda_ops compares with the CPU). */
     int attn_split_grain;
-    /* decode attention's combine with a token's splits spread over 8 warps, all of a warp's
+    /* decode attention's combine with a token's splits spread over 16 warps, all of a warp's
      * loads issued at once, unused splits not read (attn_combine_warps_kernel) instead of
      * every thread walking the splits four loads at a time (0, default until measured;
      * DS_CUDA_ATTN_COMBINE_WARPS=1; cuda_attention.cu). Another order of summation (test_cuda_ops
      * compares with the CPU). */
     int attn_combine_warps;
+    /* decode attention: the most splits in a step of one token (batch 1): 64 (default until
+     * measured; as steps of more tokens) or 128 (DS_CUDA_ATTN_MAX_SPLIT1=128). With the 32-key
+     * grain the ranges are the same up to 2048 keys (⌈L / 64⌉ ≤ 32); past that each block holds
+     * half the tiles (after 8192 keys 2 instead of 4: a tile is ~4.7 µs a layer at batch 1,
+     * cuda_notes session 34 item 3). Other key ranges there (test_cuda_ops compares with the
+     * CPU at 1500 keys: 47 splits of 32 either way, and at other contexts). */
+    int attn_max_split1;
     /* decode attention's score and P·V products as bf16 m16n8k16 MMAs (attn_decode_tc_kernel;
      * G ≤ 8 query heads a kv head, head_dim ≥ 64) instead of FMAs from shared memory: 2
      * (default) in steps whose prep is fused (sequences of one token each; batch 1 too with
