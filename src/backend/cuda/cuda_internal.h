@@ -296,14 +296,17 @@ typedef struct ds_cuda_ctx {
     /* with attn_fuse_prep: also in steps of one sequence of one token (1, default;
      * DS_CUDA_ATTN_FUSE_PREP1=0: the prep launch there, for before/after runs). Same bits as
      * the prep launch. With attn_split_grain's 16 at batch 1: 2.823 / 2.827 vs 2.837 / 2.839
-     * ms (either alone: 2.832 / 2.836 and 2.826 / 2.837; H100, s34-run2). */
+     * ms (either alone: 2.832 / 2.836 and 2.826 / 2.837; H100, s34-run2; the grain does not
+     * change the bench's ranges, see attn_split_grain). */
     int attn_fuse_prep1;
     /* decode attention: a split's key count is rounded up to a multiple of this: 0 (default)
-     * 16 in steps of one token (batch 1: after 1024 tokens all 64 splits hold 16 keys instead
-     * of 32 splits 32; the blocks are latency-bound tile by tile, cuda_notes session 34), 32 —
-     * the kernels' tile — otherwise; DS_CUDA_ATTN_SPLIT_GRAIN=16 or 32 everywhere, for
-     * before/after runs (16 at batch 4 / 8: even, s34-run2). Other key ranges, so other
-     * roundings (test_cuda_ops compares with the CPU). */
+     * 16 in steps of one token, 32 — the kernels' tile — otherwise; DS_CUDA_ATTN_SPLIT_GRAIN=16
+     * or 32 everywhere, for before/after runs. At batch 1 (64 splits) 16 changes the ranges
+     * only up to 1024 keys (64 splits of 16 instead of 32 of 32); past that ⌈L / 64⌉ > 16
+     * rounds to 32 either way, so the bench's batch-1 steps (1033-1544 keys) run the same
+     * ranges with both values (cuda_notes session 35: s34-run2's "16 alone" line was noise).
+     * At batch 4 / 8 even (s34-run2). Other key ranges, so other roundings (test_cuda_ops
+     * compares with the CPU). */
     int attn_split_grain;
     /* decode attention's combine with a token's splits spread over 16 warps, all of a warp's
      * loads issued at once, unused splits not read (attn_combine_warps_kernel) instead of
