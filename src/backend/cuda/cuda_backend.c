@@ -828,6 +828,14 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
             goto fail;
         }
     }
+    /* DS_CUDA_PREFER_SHARED=1 (measurement knob, off by default until measured): every kernel
+     * prefers the largest shared-memory carveout. An SM changes its L1 / shared split only when
+     * idle, so a kernel that needs more shared memory than the running one's configuration
+     * gives (the decode attention's ~80 KB blocks after GEMVs of a few KB) cannot start its
+     * blocks beside its predecessor's under PDL; one configuration for all removes those
+     * drains. The streamed weights bypass L1 anyway. */
+    const char *pshared = getenv("DS_CUDA_PREFER_SHARED");
+    if (pshared && atoi(pshared) == 1) CREATE_CHECK(cudaDeviceSetCacheConfig(cudaFuncCachePreferShared));
     ds_cuda_attention_init(c);
     ds_cuda_gdn_chunked_init(c);
     ds_cuda_moe_init(c);
