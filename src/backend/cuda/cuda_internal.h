@@ -310,17 +310,28 @@ typedef struct ds_cuda_ctx {
     int attn_split_grain;
     /* decode attention's combine with a token's splits spread over 16 warps, all of a warp's
      * loads issued at once, unused splits not read (attn_combine_warps_kernel) instead of
-     * every thread walking the splits four loads at a time (0, default until measured;
-     * DS_CUDA_ATTN_COMBINE_WARPS=1; cuda_attention.cu). Another order of summation (test_cuda_ops
+     * every thread walking the splits four loads at a time (1, default; DS_CUDA_ATTN_COMBINE_WARPS=0:
+     * the walk, for before/after runs; cuda_attention.cu). s35-run1 (H100), two rounds: batch 1
+     * 2.821 / 2.822 vs 2.851 / 2.852 ms, batch 4 / 8 −0.1 to −0.2 %; after 8192 tokens 2.929 vs
+     * 2.963 ms. Another order of summation (test_cuda_ops
      * compares with the CPU). */
     int attn_combine_warps;
-    /* decode attention: the most splits in a step of one token (batch 1): 64 (default until
-     * measured; as steps of more tokens) or 128 (DS_CUDA_ATTN_MAX_SPLIT1=128). With the 32-key
+    /* decode attention: the most splits in a step of one token (batch 1): 128 (default) or 64
+     * (DS_CUDA_ATTN_MAX_SPLIT1=64, as steps of more tokens; for before/after runs). With the
+     * warps' combine, s35-run1 (H100): after 8192 tokens 2.868 vs 2.929 ms; after 1024 even
+     * (2.820 / 2.816 vs 2.821 / 2.822). With the 32-key
      * grain the ranges are the same up to 2048 keys (⌈L / 64⌉ ≤ 32); past that each block holds
      * half the tiles (after 8192 keys 2 instead of 4: a tile is ~4.7 µs a layer at batch 1,
      * cuda_notes session 34 item 3). Other key ranges there (test_cuda_ops compares with the
      * CPU at 1500 keys: 47 splits of 32 either way, and at other contexts). */
     int attn_max_split1;
+    /* one-token steps (batch 1): every launch asks for the largest shared-memory carveout
+     * (cudaLaunchAttributePreferredSharedMemoryCarveout; DS_CUDA_CARVEOUT1=1, off until
+     * measured). The device-wide preference (DS_CUDA_PREFER_SHARED=1) made batch 1 −1.4 % and
+     * batch 4 / 8 +13 % (s35-run1, H100): an SM changes its split only when idle, so the
+     * decode attention's ~80 KB blocks wait for their GEMV neighbours to drain; at batch 4 / 8
+     * the kernels lean on L1. */
+    int carveout1;
     /* decode attention's score and P·V products as bf16 m16n8k16 MMAs (attn_decode_tc_kernel;
      * G ≤ 8 query heads a kv head, head_dim ≥ 64) instead of FMAs from shared memory: 2
      * (default) in steps whose prep is fused (sequences of one token each; batch 1 too with

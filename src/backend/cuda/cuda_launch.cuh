@@ -68,16 +68,25 @@ template <typename... KArgs, typename... Args>
 static void ds_launch(ds_cuda_ctx *ctx, void (*kernel)(KArgs...), dim3 grid, dim3 block,
                       size_t smem, Args &&...args) {
     if (ctx->diag_skip && ds_cuda_diag_skip(ctx, (const void *)kernel)) return; /* measurement only */
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute attr[2];
+    unsigned n = 0;
+    if (ctx->opt.pdl && !ctx->prof_on) {
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    /* ctx->carveout1: one-token steps ask for the largest shared-memory carveout in every
+     * launch, so that no SM drains to change its L1 / shared split between neighbours */
+    if (ctx->carveout1 && ctx->batch.n_tokens == 1) {
+        attr[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+        attr[n++].val.sharedMemCarveout = cudaSharedmemCarveoutMaxShared;
+    }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = ctx->stream;
     cfg.attrs = attr;
-    cfg.numAttrs = ctx->opt.pdl && !ctx->prof_on ? 1 : 0;
+    cfg.numAttrs = n;
     DS_CU(ctx, cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
