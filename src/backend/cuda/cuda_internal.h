@@ -326,11 +326,13 @@ typedef struct ds_cuda_ctx {
      * CPU at 1500 keys: 47 splits of 32 either way, and at other contexts). */
     int attn_max_split1;
     /* one-token steps (batch 1): every launch asks for the largest shared-memory carveout
-     * (cudaLaunchAttributePreferredSharedMemoryCarveout; DS_CUDA_CARVEOUT1=1, off until
-     * measured). The device-wide preference (DS_CUDA_PREFER_SHARED=1) made batch 1 −1.4 % and
-     * batch 4 / 8 +13 % (s35-run1, H100): an SM changes its split only when idle, so the
-     * decode attention's ~80 KB blocks wait for their GEMV neighbours to drain; at batch 4 / 8
-     * the kernels lean on L1. */
+     * (cudaLaunchAttributePreferredSharedMemoryCarveout; 1, default; DS_CUDA_CARVEOUT1=0: no
+     * request, for before/after runs). The device-wide preference (DS_CUDA_PREFER_SHARED=1)
+     * made batch 1 −1.4 % and batch 4 / 8 +13 % (s35-run1, H100): an SM changes its split only
+     * when idle, so the decode attention's ~80 KB blocks wait for their GEMV neighbours to
+     * drain; at batch 4 / 8 the kernels lean on L1. Per launch at batch 1 only (s35-run2, H100,
+     * two rounds): 2.765 / 2.760 vs 2.795 / 2.798 ms, after 8192 tokens 2.790 vs 2.849;
+     * batch 4 / 8 do not take it. Launch attribute only: the same bits. */
     int carveout1;
     /* decode attention's score and P·V products as bf16 m16n8k16 MMAs (attn_decode_tc_kernel;
      * G ≤ 8 query heads a kv head, head_dim ≥ 64) instead of FMAs from shared memory: 2
