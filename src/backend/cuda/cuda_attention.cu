@@ -18,8 +18,9 @@
  *  2c. decode on tensor cores (ctx->attn_dec_tc: by default in steps of two or more sequences
  *     of one token each; G ≤ 8, head_dim ≥ 64): 2a's blocks and splits with both products as
  *     bf16 MMAs.
- *  3. decode only: combine the splits, times sigmoid(gate) → out. (Prefill applies the gate in
- *     its epilogue.) */
+ *  3. decode only: combine the splits, times sigmoid(gate) → out (by default a (token, head)'s
+ *     splits over 16 warps, attn_combine_warps_kernel). (Prefill applies the gate in its
+ *     epilogue.) */
 #include <limits.h>
 #include <math.h>
 
