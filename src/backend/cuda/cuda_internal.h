@@ -313,17 +313,17 @@ typedef struct ds_cuda_ctx {
      * every thread walking the splits four loads at a time (1, default; DS_CUDA_ATTN_COMBINE_WARPS=0:
      * the walk, for before/after runs; cuda_attention.cu). s35-run1 (H100), two rounds: batch 1
      * 2.821 / 2.822 vs 2.851 / 2.852 ms, batch 4 / 8 −0.1 to −0.2 %; after 8192 tokens 2.929 vs
-     * 2.963 ms. Another order of summation (test_cuda_ops
-     * compares with the CPU). */
+     * 2.963 ms. Another order of summation (test_cuda_ops compares both with the CPU). */
     int attn_combine_warps;
     /* decode attention: the most splits in a step of one token (batch 1): 128 (default) or 64
      * (DS_CUDA_ATTN_MAX_SPLIT1=64, as steps of more tokens; for before/after runs). With the
      * warps' combine, s35-run1 (H100): after 8192 tokens 2.868 vs 2.929 ms; after 1024 even
-     * (2.820 / 2.816 vs 2.821 / 2.822). With the 32-key
-     * grain the ranges are the same up to 2048 keys (⌈L / 64⌉ ≤ 32); past that each block holds
-     * half the tiles (after 8192 keys 2 instead of 4: a tile is ~4.7 µs a layer at batch 1,
-     * cuda_notes session 34 item 3). Other key ranges there (test_cuda_ops compares with the
-     * CPU at 1500 keys: 47 splits of 32 either way, and at other contexts). */
+     * (2.820 / 2.816 vs 2.821 / 2.822). With the 32-key grain the ranges are the same up to
+     * 2048 keys (⌈L / 64⌉ ≤ 32); past that each block holds half the tiles (after 8192 keys 2
+     * instead of 4: a tile is ~4.7 µs a layer at batch 1, cuda_notes session 34 item 3); with
+     * the 16-key grain (batch 1's default) 1024-2048 keys take ~L/16 splits of 16. Other key
+     * ranges, so test_cuda_ops compares both caps with the CPU (at 1500 keys: 94 splits of 16
+     * against 47 of 32, and at short contexts). */
     int attn_max_split1;
     /* one-token steps (batch 1): every launch asks for the largest shared-memory carveout
      * (cudaLaunchAttributePreferredSharedMemoryCarveout; 1, default; DS_CUDA_CARVEOUT1=0: no
