@@ -139,15 +139,25 @@ if want ablation && "${DSENV[@]}" "$BIN/deltaserve" bench --help 2>&1 | grep -q 
 fi
 
 # ---- 4. per-kernel profile of eager decode steps (events) ---------------------------------------
-t=$(left); [ "$t" -gt 90 ] && t=90
+t=$(left)
 if want profile && [ "$t" -ge 30 ]; then
-    # DS_GPU_PROFILE_BATCHES (default "1 8"), DS_GPU_PROFILE_ENV (e.g. a knob set to 0)
-    log "profile (DS_CUDA_PROFILE=1, eager with a head start, batch ${DS_GPU_PROFILE_BATCHES:-1 8}, ${DS_GPU_PROFILE_ENV:-defaults})"
-    for pb in ${DS_GPU_PROFILE_BATCHES:-1 8}; do
-        echo "### batch $pb ${DS_GPU_PROFILE_ENV:-}" >> "$OUT/profile.log"
-        # shellcheck disable=SC2086
-        env DS_CUDA_PROFILE=1 ${DS_GPU_PROFILE_ENV:-} timeout $((t / 2)) "${DSENV[@]}" "$BIN/deltaserve" bench -m configs/qwen3.5-35b-a3b --dummy-weights \
-            --device cuda --prompt-len 1024 --steps 32 --warmup 4 --batch $pb --graphs 0 \
+    # DS_GPU_PROFILE_VARIANTS: ';'-separated "batch|ENV=V ..." (e.g. "8|;8|DS_CUDA_PREFER_SHARED=1"
+    # for a kernel-by-kernel before/after); without it, batches DS_GPU_PROFILE_BATCHES (default
+    # "1 8") under DS_GPU_PROFILE_ENV (e.g. a knob set to 0)
+    if [ -n "${DS_GPU_PROFILE_VARIANTS:-}" ]; then
+        IFS=';' read -ra plist <<< "$DS_GPU_PROFILE_VARIANTS"
+    else
+        plist=()
+        for pb in ${DS_GPU_PROFILE_BATCHES:-1 8}; do plist+=("$pb|${DS_GPU_PROFILE_ENV:-}"); done
+    fi
+    [ "$t" -gt $((45 * ${#plist[@]})) ] && t=$((45 * ${#plist[@]}))
+    log "profile (DS_CUDA_PROFILE=1, eager with a head start: ${plist[*]})"
+    for pv in "${plist[@]}"; do
+        pb=${pv%%|*}
+        read -ra penv <<< "${pv#*|}"
+        echo "### batch $pb ${penv[*]}" >> "$OUT/profile.log"
+        env DS_CUDA_PROFILE=1 "${penv[@]}" timeout $((t / ${#plist[@]})) "${DSENV[@]}" "$BIN/deltaserve" bench -m configs/qwen3.5-35b-a3b --dummy-weights \
+            --device cuda --prompt-len 1024 --steps 32 --warmup 4 --batch "$pb" --graphs 0 \
             >> "$OUT/profile.log" 2>&1
     done
     log "profile rc=$?"
@@ -286,7 +296,7 @@ done
     echo '```'; echo; echo "## Long prompts"; echo '```'
     grep -hE "^###|^prefill|on NVIDIA" "$OUT/prefill_long.log" 2>/dev/null
     echo '```'; echo; echo "## Decode-step profile (eager, events)"; echo '```'
-    grep -hE -A32 "^### batch|CUDA profile, decode" "$OUT/profile.log" 2>/dev/null | grep -vE "^(bench|prefill|batch|  *[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+e)" | head -90
+    grep -hE -A32 "^### batch|CUDA profile, decode" "$OUT/profile.log" 2>/dev/null | grep -vE "^(bench|prefill|batch|  *[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+e)" | head -240
     echo '```'; echo; echo "## Speculative verify/draft profile (eager, events)"; echo '```'
     grep -hE -A40 "^### spec|CUDA profile" "$OUT/profile_spec.log" 2>/dev/null | grep -vE "^(prefill|batch|  *[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+e)" | head -120
     echo '```'; echo; echo "## Ablation"; echo

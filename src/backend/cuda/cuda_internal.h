@@ -334,6 +334,11 @@ typedef struct ds_cuda_ctx {
      * two rounds): 2.765 / 2.760 vs 2.795 / 2.798 ms, after 8192 tokens 2.790 vs 2.849;
      * batch 4 / 8 do not take it. Launch attribute only: the same bits. */
     int carveout1;
+    /* DS_CUDA_CARVEOUT_MULTI=P (measurement knob; -1, unset: no request): steps of 2-64 tokens
+     * ask every launch for a P % shared-memory carveout — the question left by the device-wide
+     * form's +13 % at batch 4 / 8: whether a carveout between L1's and the attention's needs
+     * (P = 72: 164 KB shared, ~92 KB L1 on an H100) keeps both */
+    int carveout_multi;
     /* decode attention's score and P·V products as bf16 m16n8k16 MMAs (attn_decode_tc_kernel;
      * G ≤ 8 query heads a kv head, head_dim ≥ 64) instead of FMAs from shared memory: 2
      * (default) in steps whose prep is fused (sequences of one token each; batch 1 too with

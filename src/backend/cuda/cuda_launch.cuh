@@ -79,6 +79,10 @@ static void ds_launch(ds_cuda_ctx *ctx, void (*kernel)(KArgs...), dim3 grid, dim
     if (ctx->carveout1 && ctx->batch.n_tokens == 1) {
         attr[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
         attr[n++].val.sharedMemCarveout = cudaSharedmemCarveoutMaxShared;
+    } else if (ctx->carveout_multi >= 0 && ctx->batch.n_tokens > 1 && ctx->batch.n_tokens <= 64) {
+        /* measurement knob: one carveout (percent) for every launch of small multi-token steps */
+        attr[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+        attr[n++].val.sharedMemCarveout = ctx->carveout_multi;
     }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
