@@ -18,6 +18,7 @@
  * own slot, never writes it, and writes the conv history and state after each token t with
  * state_out[t] ≥ 0 into that slot (the recurrence has the per-token state anyway). */
 #include <math.h>
+#include <string.h>
 
 #include "cuda_launch.cuh"
 
@@ -47,6 +48,8 @@ __global__ void __launch_bounds__(GDN_SEG * DV) gdn_kernel(ds_cuda_batch b, ds_c
     __shared__ float qred[NW], kred[NW]; /* q/k sums of squares per warp */
     __shared__ float ored[NW];           /* o² per warp (separate arrays: no reuse race) */
 
+    const int diag_nostore = early & 2; /* DS_CUDA_DIAG_SKIP=gdn_nostore: measurement only */
+    early &= 1;
     if (!early) pdl_enter(); /* cuda_launch.cuh: before any access */
 
     const int h = blockIdx.x, s = blockIdx.y;
@@ -195,7 +198,7 @@ __global__ void __launch_bounds__(GDN_SEG * DV) gdn_kernel(ds_cuda_batch b, ds_c
         }
     }
 
-    if (snap) return;
+    if (snap || diag_nostore) return;
 #pragma unroll
     for (int ii = 0; ii < RPS; ii++) S[(int64_t)(seg * RPS + ii) * DV + j] = st[ii];
     if (c < NCH) {
@@ -208,12 +211,15 @@ extern "C" void ds_cuda_gdn(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a) {
     if (ctx->batch.n_tokens <= 0) return;
     if (ds_cuda_gdn_prefill(ctx, a)) return; /* long runs of tokens: cuda_gdn_prefill.cu */
     const dim3 grid(a->hv, ctx->batch.n_seqs);
+    /* bit 0: the early state read; bit 1 (DS_CUDA_DIAG_SKIP containing "gdn_nostore", a
+     * measurement of what the state's store costs the step, never for serving): no store */
+    const int flags = ctx->gdn_early | (ctx->diag_skip && strstr(ctx->diag_skip, "gdn_nostore") ? 2 : 0);
     const int shape = (a->dk == a->dv && a->kernel == GDN_KC && a->hk > 0 && a->hv % a->hk == 0) ? a->dk : 0;
     switch (shape) {
-    case 16: ds_launch(ctx, gdn_kernel<16, 16>, grid, GDN_SEG * 16, 0, ctx->batch, *a, ctx->gdn_early); break;
-    case 32: ds_launch(ctx, gdn_kernel<32, 32>, grid, GDN_SEG * 32, 0, ctx->batch, *a, ctx->gdn_early); break;
-    case 64: ds_launch(ctx, gdn_kernel<64, 64>, grid, GDN_SEG * 64, 0, ctx->batch, *a, ctx->gdn_early); break;
-    case 128: ds_launch(ctx, gdn_kernel<128, 128>, grid, GDN_SEG * 128, 0, ctx->batch, *a, ctx->gdn_early); break;
+    case 16: ds_launch(ctx, gdn_kernel<16, 16>, grid, GDN_SEG * 16, 0, ctx->batch, *a, flags); break;
+    case 32: ds_launch(ctx, gdn_kernel<32, 32>, grid, GDN_SEG * 32, 0, ctx->batch, *a, flags); break;
+    case 64: ds_launch(ctx, gdn_kernel<64, 64>, grid, GDN_SEG * 64, 0, ctx->batch, *a, flags); break;
+    case 128: ds_launch(ctx, gdn_kernel<128, 128>, grid, GDN_SEG * 128, 0, ctx->batch, *a, flags); break;
     default:
         ds_cuda_check(ctx, cudaErrorInvalidValue,
                       "gdn: built for dk = dv in {16, 32, 64, 128} and conv kernel 4", __FILE__,
