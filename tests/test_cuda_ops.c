@@ -1972,6 +1972,100 @@ static void gdn_only(tmodel *m, caches *c, const tbatch *tb, test_rng *r, const 
     free(pv);
 }
 
+#ifdef DS_HAVE_CUDA
+/* The out_proj GEMV started by the GDN heads' output releases instead of the GDN grid's end
+ * (DS_CUDA_GDN_OUT_EARLY): GDN + out_proj of one-token steps, released (slot 1) against the
+ * plain pair (slot 0; both slots start from zero states), bit for bit, over three steps; then a
+ * release that no GEMV consumes (the GDN followed by another launch: ds_launch clears it). The
+ * flag and its block count are zero after each. */
+static void gdn_out_flag_expect_zero(ds_cuda_ctx *cc, const char *what) {
+    ds_error ferr = {0};
+    if (g_cuda->ops->synchronize(g_cuda, &ferr) != DS_OK) fail_msg("%s: %s", what, ferr.msg);
+    int flag[2] = {-1, -1};
+    assert_int_equal(cudaMemcpy(flag, cc->d_gdn_out_flag, sizeof flag, cudaMemcpyDeviceToHost), cudaSuccess);
+    printf("  %s: GDN output flag %d, count %d after\n", what, flag[0], flag[1]);
+    assert_int_equal(flag[0], 0);
+    assert_int_equal(flag[1], 0);
+}
+
+static void test_gdn_out_early(void **state) {
+    (void)state;
+    for (size_t si = 0; si < sizeof SHAPES / sizeof SHAPES[0]; si++) {
+        test_rng r = {91 + si};
+        tmodel *m = calloc(1, sizeof *m);
+        model_build(m, &SHAPES[si], 21 + si);
+        const ds_config *cfg = &m->cfg;
+        ds_cuda_ctx *cc = (ds_cuda_ctx *)g_cuda->impl;
+        const int saved = cc->gdn_out_early;
+        caches c = caches_make(cfg);
+        tbatch *tb = calloc(1, sizeof *tb);
+        const int64_t W = m->layers[0].gdn.in_proj.n_out, O = (int64_t)cfg->gdn_v_heads * cfg->gdn_v_dim;
+        const int64_t H = cfg->hidden;
+        for (int step = 0; step < 3; step++) {
+            float *pv = rand_vals(&r, (size_t)W, 2.0f);
+            pair p = pair_in(pv, 1, W);
+            ds_tensor pg = tcuda(&p, DS_DTYPE_BF16);
+            float *outs[2][2];
+            for (int rel = 0; rel < 2; rel++) { /* slot 0 plain, slot 1 released */
+                int sl[1] = {rel}, past[1] = {step}, nn[1] = {1};
+                batch_make(tb, 1, sl, past, nn, cfg->vocab, &r);
+                g_cuda->ops->set_batch(g_cuda, &tb->b);
+                pair o = pair_out(1, O, DS_DTYPE_BF16), y = pair_out(1, H, DS_DTYPE_BF16);
+                ds_tensor og = tcuda(&o, DS_DTYPE_BF16), yg = tcuda(&y, DS_DTYPE_BF16);
+                cc->gdn_out_early = rel;
+                g_cuda->ops->gdn(g_cuda, c.cuda, 0, cfg, &m->dev_cuda.layers[0].gdn, &pg, &og);
+                g_cuda->ops->linear(g_cuda, &og, &m->dev_cuda.layers[0].gdn.out, &yg);
+                outs[rel][0] = act_download(g_cuda, o.cuda, DS_DTYPE_BF16, (size_t)O);
+                outs[rel][1] = act_download(g_cuda, y.cuda, DS_DTYPE_BF16, (size_t)H);
+                pair_free(&o);
+                pair_free(&y);
+            }
+            int diff = 0;
+            for (int64_t i = 0; i < O; i++) diff += memcmp(&outs[0][0][i], &outs[1][0][i], 4) != 0;
+            for (int64_t i = 0; i < H; i++) diff += memcmp(&outs[0][1][i], &outs[1][1][i], 4) != 0;
+            printf("  gdn + out_proj %s step %d, released vs plain: %d values differ\n", SHAPES[si].name, step, diff);
+            assert_int_equal(diff, 0);
+            char what[96];
+            snprintf(what, sizeof what, "gdn + out_proj %s step %d", SHAPES[si].name, step);
+            gdn_out_flag_expect_zero(cc, what);
+            for (int k = 0; k < 2; k++) {
+                free(outs[0][k]);
+                free(outs[1][k]);
+            }
+            pair_free(&p);
+            free(pv);
+        }
+        { /* a release nobody consumes: the GDN, then a GEMV of another input */
+            float *pv = rand_vals(&r, (size_t)W, 2.0f);
+            pair p = pair_in(pv, 1, W), o = pair_out(1, O, DS_DTYPE_BF16), o2 = pair_in(pv, 1, O),
+                 y = pair_out(1, H, DS_DTYPE_BF16);
+            ds_tensor pg = tcuda(&p, DS_DTYPE_BF16), og = tcuda(&o, DS_DTYPE_BF16),
+                      og2 = tcuda(&o2, DS_DTYPE_BF16), yg = tcuda(&y, DS_DTYPE_BF16);
+            int sl[1] = {2}, past[1] = {0}, nn[1] = {1};
+            batch_make(tb, 1, sl, past, nn, cfg->vocab, &r);
+            g_cuda->ops->set_batch(g_cuda, &tb->b);
+            cc->gdn_out_early = 1;
+            g_cuda->ops->gdn(g_cuda, c.cuda, 0, cfg, &m->dev_cuda.layers[0].gdn, &pg, &og);
+            g_cuda->ops->linear(g_cuda, &og2, &m->dev_cuda.layers[0].gdn.out, &yg);
+            char what[96];
+            snprintf(what, sizeof what, "gdn %s, release not consumed", SHAPES[si].name);
+            gdn_out_flag_expect_zero(cc, what);
+            assert_null(cc->gdn_out_armed);
+            pair_free(&p);
+            pair_free(&o);
+            pair_free(&o2);
+            pair_free(&y);
+            free(pv);
+        }
+        cc->gdn_out_early = saved;
+        free(tb);
+        caches_free(&c);
+        model_free(m);
+        free(m);
+    }
+}
+#endif
+
 static void test_gdn_snapshots(void **state) {
     (void)state;
     for (size_t si = 0; si < sizeof SHAPES / sizeof SHAPES[0]; si++) {
@@ -2512,7 +2606,11 @@ int main(void) {
         cmocka_unit_test(test_argmax_logits), cmocka_unit_test(test_argmax_logits_bans),
         cmocka_unit_test(test_concat),      cmocka_unit_test(test_spec_accept),
         cmocka_unit_test(test_spec_sample),
-        cmocka_unit_test(test_gdn_snapshots), cmocka_unit_test(test_bench),
+        cmocka_unit_test(test_gdn_snapshots),
+#ifdef DS_HAVE_CUDA
+        cmocka_unit_test(test_gdn_out_early),
+#endif
+        cmocka_unit_test(test_bench),
     };
     /* DS_CUDA_TESTS=name,name… runs a subset (e.g. under compute-sanitizer) */
     struct CMUnitTest tests[sizeof all / sizeof all[0]];

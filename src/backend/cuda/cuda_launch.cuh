@@ -68,6 +68,9 @@ template <typename... KArgs, typename... Args>
 static void ds_launch(ds_cuda_ctx *ctx, void (*kernel)(KArgs...), dim3 grid, dim3 block,
                       size_t smem, Args &&...args) {
     if (ctx->diag_skip && ds_cuda_diag_skip(ctx, (const void *)kernel)) return; /* measurement only */
+    /* a GDN output release (ctx->gdn_out_early) that the launch after it does not consume:
+     * cleared first, so that no later out_proj finds a stale count */
+    if (ctx->gdn_out_armed && !ctx->gdn_out_consuming) ds_cuda_gdn_out_flag_reset(ctx);
     cudaLaunchAttribute attr[2];
     unsigned n = 0;
     if (ctx->opt.pdl && !ctx->prof_on) {
