@@ -1974,8 +1974,9 @@ static void gdn_only(tmodel *m, caches *c, const tbatch *tb, test_rng *r, const 
 
 #ifdef DS_HAVE_CUDA
 /* The out_proj GEMV started by the GDN heads' output releases instead of the GDN grid's end
- * (DS_CUDA_GDN_OUT_EARLY): GDN + out_proj of one-token steps, released (slot 1) against the
- * plain pair (slot 0; both slots start from zero states), bit for bit, over three steps; then a
+ * (DS_CUDA_GDN_OUT_EARLY): GDN + out_proj of one-token steps, released in modes 1 and 2 (slots 1,
+ * 2) against the plain pair (slot 0; the slots start from zero states), bit for bit, over three
+ * steps; then a
  * release that no GEMV consumes (the GDN followed by another launch: ds_launch clears it). The
  * flag and its block count are zero after each. */
 static void gdn_out_flag_expect_zero(ds_cuda_ctx *cc, const char *what) {
@@ -2005,8 +2006,8 @@ static void test_gdn_out_early(void **state) {
             float *pv = rand_vals(&r, (size_t)W, 2.0f);
             pair p = pair_in(pv, 1, W);
             ds_tensor pg = tcuda(&p, DS_DTYPE_BF16);
-            float *outs[2][2];
-            for (int rel = 0; rel < 2; rel++) { /* slot 0 plain, slot 1 released */
+            float *outs[3][2];
+            for (int rel = 0; rel < 3; rel++) { /* slot 0 plain; 1, 2: released, modes 1 and 2 */
                 int sl[1] = {rel}, past[1] = {step}, nn[1] = {1};
                 batch_make(tb, 1, sl, past, nn, cfg->vocab, &r);
                 g_cuda->ops->set_batch(g_cuda, &tb->b);
@@ -2020,18 +2021,19 @@ static void test_gdn_out_early(void **state) {
                 pair_free(&o);
                 pair_free(&y);
             }
-            int diff = 0;
-            for (int64_t i = 0; i < O; i++) diff += memcmp(&outs[0][0][i], &outs[1][0][i], 4) != 0;
-            for (int64_t i = 0; i < H; i++) diff += memcmp(&outs[0][1][i], &outs[1][1][i], 4) != 0;
-            printf("  gdn + out_proj %s step %d, released vs plain: %d values differ\n", SHAPES[si].name, step, diff);
-            assert_int_equal(diff, 0);
+            for (int mode = 1; mode <= 2; mode++) {
+                int diff = 0;
+                for (int64_t i = 0; i < O; i++) diff += memcmp(&outs[0][0][i], &outs[mode][0][i], 4) != 0;
+                for (int64_t i = 0; i < H; i++) diff += memcmp(&outs[0][1][i], &outs[mode][1][i], 4) != 0;
+                printf("  gdn + out_proj %s step %d, released (mode %d) vs plain: %d values differ\n",
+                       SHAPES[si].name, step, mode, diff);
+                assert_int_equal(diff, 0);
+            }
             char what[96];
             snprintf(what, sizeof what, "gdn + out_proj %s step %d", SHAPES[si].name, step);
             gdn_out_flag_expect_zero(cc, what);
-            for (int k = 0; k < 2; k++) {
-                free(outs[0][k]);
-                free(outs[1][k]);
-            }
+            for (int k = 0; k < 2; k++)
+                for (int mode = 0; mode < 3; mode++) free(outs[mode][k]);
             pair_free(&p);
             free(pv);
         }
@@ -2041,10 +2043,10 @@ static void test_gdn_out_early(void **state) {
                  y = pair_out(1, H, DS_DTYPE_BF16);
             ds_tensor pg = tcuda(&p, DS_DTYPE_BF16), og = tcuda(&o, DS_DTYPE_BF16),
                       og2 = tcuda(&o2, DS_DTYPE_BF16), yg = tcuda(&y, DS_DTYPE_BF16);
-            int sl[1] = {2}, past[1] = {0}, nn[1] = {1};
+            int sl[1] = {3}, past[1] = {0}, nn[1] = {1};
             batch_make(tb, 1, sl, past, nn, cfg->vocab, &r);
             g_cuda->ops->set_batch(g_cuda, &tb->b);
-            cc->gdn_out_early = 1;
+            cc->gdn_out_early = 2;
             g_cuda->ops->gdn(g_cuda, c.cuda, 0, cfg, &m->dev_cuda.layers[0].gdn, &pg, &og);
             g_cuda->ops->linear(g_cuda, &og2, &m->dev_cuda.layers[0].gdn.out, &yg);
             char what[96];

@@ -650,10 +650,6 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         const char *ms1 = getenv("DS_CUDA_ATTN_MAX_SPLIT1");
         c->attn_max_split1 = ms1 && atoi(ms1) == 64 ? 64 : 128;
         c->carveout1 = knob_on("DS_CUDA_CARVEOUT1"); /* cuda_internal.h: its numbers */
-        const char *cvm = getenv("DS_CUDA_CARVEOUT_MULTI");
-        char *cvm_end = NULL;
-        const long cvm_pct = cvm ? strtol(cvm, &cvm_end, 10) : -1;
-        c->carveout_multi = cvm && *cvm && !*cvm_end && cvm_pct >= 0 && cvm_pct <= 100 ? (int)cvm_pct : -1;
         /* 2 (default) vs 0: 5.391 / 8.150 and 5.397 / 8.138 vs 5.451 / 8.254 and 5.456 / 8.260 ms
          * at batch 4 / 8; after 8192 tokens batch 8 8.523 vs 9.031 ms; batch 1 (1: on there
          * too) 2.949 / 2.954 vs 2.932 / 2.930 ms, after 8192 tokens 3.062 vs 3.126 (H100, s31-run2) */
@@ -681,7 +677,7 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->tc_one_seq = one && atoi(one) == 1;
         c->gdn_early = knob_on("DS_CUDA_GDN_EARLY");
         const char *goe = getenv("DS_CUDA_GDN_OUT_EARLY");
-        c->gdn_out_early = goe && atoi(goe) == 1; /* off until measured */
+        c->gdn_out_early = goe && (atoi(goe) == 1 || atoi(goe) == 2) ? atoi(goe) : 0; /* off until measured */
         /* 0, 1 or 2 (default) batches before the PDL wait. 2 vs 1: batch 1 2.962 / 2.980 vs
          * 2.991 / 3.016 ms, batch 4 / 8 unchanged (H100, s19-run1, two rounds) */
         const char *gpre = getenv("DS_CUDA_GEMV_PRELOAD");

@@ -20,12 +20,14 @@
  * the attention's last launch, leaves most SMs idle for microseconds). Same chunks in the same
  * order: the same sums as without. */
 /* FLAG (the out_proj after a one-token GDN launch, ctx->gdn_out_early): instead of waiting for
- * the GDN grid's completion, lane 0 of each warp waits (acquire) until flag[0] counts
- * flag_target heads' output releases (cuda_gdn.cu), while the GDN blocks still store their
- * states; x is then read through L2 (ld.cg: the non-coherent path may not read data written
- * while the kernel runs). The successor may launch at once; each block still waits for the GDN
- * grid before it ends, so this kernel's completion implies its predecessors' (cuda_launch.cuh).
- * The last block past the flag zeroes it and the block count flag[1]. */
+ * the GDN grid's completion, thread 0 of each block waits (acquire) until flag[0] counts
+ * flag_target & 0xffff heads' output releases (cuda_gdn.cu), while the GDN blocks still store
+ * their states; x is then read through L2 (ld.cg: the non-coherent path may not read data
+ * written while the kernel runs). The successor may launch at once. With bit 16 of flag_target
+ * clear (mode 1) each block still waits for the GDN grid before it ends, so this kernel's
+ * completion implies its predecessors'; set (mode 2), the GDN's state stores may outlive it
+ * (cuda_launch.cuh says why that is sound). The last block past the flag zeroes it and the
+ * block count flag[1]. s36-run1: mode 1 with a poller a warp cost batch 1 +1 %. */
 struct XRowsL2 {
     const bf16 *base[1];
     __device__ __forceinline__ void load(int r, int64_t k, float f[8]) const {
@@ -59,15 +61,16 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         wbatch_load<ROWS, UNROLL, true>(wrow, kb2, k1, second);
     }
     if constexpr (FLAG) {
-        if (lane == 0) {
+        /* one poller a block, not a warp: fewer loads of one line while the GDN stores */
+        if (threadIdx.x == 0) {
             unsigned f;
             for (;;) {
                 asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(f) : "l"(flag) : "memory");
-                if ((int)f >= flag_target) break;
-                __nanosleep(32);
+                if ((int)f >= (flag_target & 0xffff)) break;
+                __nanosleep(64);
             }
         }
-        __syncwarp(); /* the lanes' x reads follow lane 0's acquire */
+        __syncthreads(); /* the threads' x reads follow thread 0's acquire */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
         asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
@@ -101,7 +104,9 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
                 flag[0] = 0;
             }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-            asm volatile("griddepcontrol.wait;" ::: "memory"); /* the GDN grid, before this block ends */
+            /* the GDN grid, before this block ends (flag_target bit 16 clear, ctx->gdn_out_early
+             * 1); with 2 the GDN's state stores may outlive this kernel (cuda_launch.cuh) */
+            if (!(flag_target >> 16)) asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
         }
     }
@@ -133,7 +138,8 @@ static void launch_gemv(ds_cuda_ctx *ctx, dim3 grid, const bf16 *W, int64_t N, i
         if constexpr (std::is_same<OutT, bf16>::value) {
             if (ctx->gdn_out_armed == (const void *)x) {
                 unsigned *flag = (unsigned *)ctx->d_gdn_out_flag;
-                const int target = ctx->gdn_out_target;
+                /* releases to wait for; bit 16: do not wait for the GDN grid at the end */
+                const int target = ctx->gdn_out_target | (ctx->gdn_out_early == 2 ? 1 << 16 : 0);
                 ctx->gdn_out_consuming = 1;
                 if (pre2)
                     ds_launch(ctx, gemv_kernel<R, ROWS, UNROLL, OutT, true, true>, grid, GEMV_WARPS * 32, 0, W,

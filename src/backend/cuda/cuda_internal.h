@@ -334,11 +334,6 @@ typedef struct ds_cuda_ctx {
      * two rounds): 2.765 / 2.760 vs 2.795 / 2.798 ms, after 8192 tokens 2.790 vs 2.849;
      * batch 4 / 8 do not take it. Launch attribute only: the same bits. */
     int carveout1;
-    /* DS_CUDA_CARVEOUT_MULTI=P (measurement knob; -1, unset: no request): steps of 2-64 tokens
-     * ask every launch for a P % shared-memory carveout — the question left by the device-wide
-     * form's +13 % at batch 4 / 8: whether a carveout between L1's and the attention's needs
-     * (P = 72: 164 KB shared, ~92 KB L1 on an H100) keeps both */
-    int carveout_multi;
     /* decode attention's score and P·V products as bf16 m16n8k16 MMAs (attn_decode_tc_kernel;
      * G ≤ 8 query heads a kv head, head_dim ≥ 64) instead of FMAs from shared memory: 2
      * (default) in steps whose prep is fused (sequences of one token each; batch 1 too with
@@ -372,8 +367,12 @@ typedef struct ds_cuda_ctx {
     int gdn_early;
     /* one-token steps: the GDN decode kernel releases a count (d_gdn_out_flag) once a head's
      * output is written, before its state store, and the out_proj GEMV that follows waits for
-     * all heads' releases instead of the GDN grid's completion (it still waits for that before
-     * it ends, so the chain's order holds); the same sums (DS_CUDA_GDN_OUT_EARLY=1; cuda_gdn.cu).
+     * all heads' releases instead of the GDN grid's completion; 1: it still waits for that
+     * before it ends, so the chain's order holds; 2: it does not (cuda_launch.cuh: why that is
+     * sound). The same sums (DS_CUDA_GDN_OUT_EARLY=1|2; 0, default; cuda_gdn.cu, cuda_gemv.cu).
+     * Why: the GDN's state store is ~3.8 / 5.9 / 6.6 % of a batch 1 / 4 / 8 step (skipped by
+     * DS_CUDA_DIAG_SKIP=gdn_nostore, s36-run1, H100: 2.637 / 4.982 / 7.443 vs 2.738 / 5.293 /
+     * 7.969 ms); mode 1 with a poller a warp: batch 1 2.768 / 2.767 vs 2.738 / 2.740 ms.
      * gdn_out_armed: the GDN output the next GEMV must consume the flag for (NULL: none);
      * gdn_out_target: the releases it waits for; gdn_out_consuming: set around that launch. */
     int gdn_out_early;

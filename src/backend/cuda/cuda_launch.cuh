@@ -21,7 +21,13 @@
  *   2. pdl_enter() (wait for the predecessor grid to complete and flush, then allow the successor
  *      to launch) before any other memory access and before any early return.
  * Because every block of every kernel waits, kernel N complete implies kernels < N complete, so
- * a kernel may read anything any earlier kernel wrote. Kernels launched plainly (<<<>>>, cuBLASLt,
+ * a kernel may read anything any earlier kernel wrote. One exception, ctx->gdn_out_early 2: the
+ * out_proj after a one-token GDN launch starts on the heads' output releases and never waits for
+ * the GDN grid, so the GDN's state and conv-history stores may still be in flight while later
+ * kernels of the step run. Sound because nothing in a one-token step reads them again: each
+ * GDN layer runs once a step, and what does read them (the next step's GDN, cache resets and
+ * snapshot copies) is ordered after the whole step (a graph launch, or stream operations without
+ * the PDL attribute, which wait for all earlier work). Kernels launched plainly (<<<>>>, cuBLASLt,
  * copies) are ordered the normal way; griddepcontrol is a no-op in a kernel launched without the
  * attribute. */
 #ifndef DS_CUDA_LAUNCH_CUH
@@ -82,10 +88,6 @@ static void ds_launch(ds_cuda_ctx *ctx, void (*kernel)(KArgs...), dim3 grid, dim
     if (ctx->carveout1 && ctx->batch.n_tokens == 1) {
         attr[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
         attr[n++].val.sharedMemCarveout = cudaSharedmemCarveoutMaxShared;
-    } else if (ctx->carveout_multi >= 0 && ctx->batch.n_tokens > 1 && ctx->batch.n_tokens <= 64) {
-        /* measurement knob: one carveout (percent) for every launch of small multi-token steps */
-        attr[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
-        attr[n++].val.sharedMemCarveout = ctx->carveout_multi;
     }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
