@@ -2059,6 +2059,46 @@ static void test_gdn_out_early(void **state) {
             pair_free(&y);
             free(pv);
         }
+        { /* steps of two sequences (the tensor-core out_proj, mode 2 only): slots 0, 1 plain
+           * against 2, 3 released, fresh caches */
+            caches c2 = caches_make(cfg);
+            for (int step = 0; step < 3; step++) {
+                float *pv = rand_vals(&r, (size_t)2 * W, 2.0f);
+                pair p = pair_in(pv, 2, W);
+                ds_tensor pg = tcuda(&p, DS_DTYPE_BF16);
+                float *outs[2][2];
+                for (int rel = 0; rel < 2; rel++) {
+                    int sl[2] = {2 * rel, 2 * rel + 1}, past[2] = {step, step}, nn[2] = {1, 1};
+                    batch_make(tb, 2, sl, past, nn, cfg->vocab, &r);
+                    g_cuda->ops->set_batch(g_cuda, &tb->b);
+                    pair o = pair_out(2, O, DS_DTYPE_BF16), y = pair_out(2, H, DS_DTYPE_BF16);
+                    ds_tensor og = tcuda(&o, DS_DTYPE_BF16), yg = tcuda(&y, DS_DTYPE_BF16);
+                    cc->gdn_out_early = 2 * rel;
+                    g_cuda->ops->gdn(g_cuda, c2.cuda, 0, cfg, &m->dev_cuda.layers[0].gdn, &pg, &og);
+                    g_cuda->ops->linear(g_cuda, &og, &m->dev_cuda.layers[0].gdn.out, &yg);
+                    outs[rel][0] = act_download(g_cuda, o.cuda, DS_DTYPE_BF16, (size_t)(2 * O));
+                    outs[rel][1] = act_download(g_cuda, y.cuda, DS_DTYPE_BF16, (size_t)(2 * H));
+                    pair_free(&o);
+                    pair_free(&y);
+                }
+                int diff = 0;
+                for (int64_t i = 0; i < 2 * O; i++) diff += memcmp(&outs[0][0][i], &outs[1][0][i], 4) != 0;
+                for (int64_t i = 0; i < 2 * H; i++) diff += memcmp(&outs[0][1][i], &outs[1][1][i], 4) != 0;
+                printf("  gdn + out_proj %s two sequences step %d, released (mode 2) vs plain: %d values differ\n",
+                       SHAPES[si].name, step, diff);
+                assert_int_equal(diff, 0);
+                char what[96];
+                snprintf(what, sizeof what, "gdn + out_proj %s two sequences step %d", SHAPES[si].name, step);
+                gdn_out_flag_expect_zero(cc, what);
+                for (int k = 0; k < 2; k++) {
+                    free(outs[0][k]);
+                    free(outs[1][k]);
+                }
+                pair_free(&p);
+                free(pv);
+            }
+            caches_free(&c2);
+        }
         cc->gdn_out_early = saved;
         free(tb);
         caches_free(&c);

@@ -229,7 +229,11 @@ extern "C" void ds_cuda_gdn(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a) {
     /* the out_proj's early start (ctx->gdn_out_early): one-token steps without snapshots, never
      * in a DS_CUDA_DIAG_SKIP run (a dropped launch would leave the flag unset or uncleared) */
     unsigned *out_flag = NULL;
-    if (ctx->gdn_out_early && ctx->batch.n_tokens == 1 && !ctx->batch.state_out && !ctx->diag_skip) {
+    /* consumers: the one-row CUDA-core GEMV (modes 1, 2) and, mode 2 only, the tensor-core GEMV
+     * of steps of one token a sequence (cuda_gemv_tc.cu) */
+    const bool one_each = ctx->batch.n_tokens == ctx->batch.n_seqs && ctx->batch.n_tokens <= 8;
+    if (ctx->gdn_out_early && !ctx->batch.state_out && !ctx->diag_skip &&
+        (ctx->batch.n_tokens == 1 || (ctx->gdn_out_early == 2 && one_each && ctx->opt.tc_gemv))) {
         out_flag = (unsigned *)ctx->d_gdn_out_flag;
     }
     const int shape = (a->dk == a->dv && a->kernel == GDN_KC && a->hk > 0 && a->hv % a->hk == 0) ? a->dk : 0;
