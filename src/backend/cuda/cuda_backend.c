@@ -245,7 +245,6 @@ static void cu_destroy(ds_backend *be) {
         cudaFree(c->d_splitk_ws);
         cudaFree(c->d_splitk_cnt);
         cudaFree(c->d_route_flag);
-        cudaFree(c->d_gdn_out_flag);
         cudaFree(c->d_meta);
         cudaFree(c->d_ids);
         cudaFree(c->d_tokbuf);
@@ -676,8 +675,6 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         const char *one = getenv("DS_CUDA_TC_ONE_SEQ");
         c->tc_one_seq = one && atoi(one) == 1;
         c->gdn_early = knob_on("DS_CUDA_GDN_EARLY");
-        const char *goe = getenv("DS_CUDA_GDN_OUT_EARLY");
-        c->gdn_out_early = goe && (atoi(goe) == 1 || atoi(goe) == 2) ? atoi(goe) : 0; /* off until measured */
         /* 0, 1 or 2 (default) batches before the PDL wait. 2 vs 1: batch 1 2.962 / 2.980 vs
          * 2.991 / 3.016 ms, batch 4 / 8 unchanged (H100, s19-run1, two rounds) */
         const char *gpre = getenv("DS_CUDA_GEMV_PRELOAD");
@@ -775,8 +772,6 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
     CREATE_CHECK(cudaMemset(c->d_splitk_cnt, 0, sizeof(int) * DS_CUDA_SPLITK_COUNTERS));
     CREATE_CHECK(cudaMalloc((void **)&c->d_route_flag, sizeof(int) * 2));
     CREATE_CHECK(cudaMemset(c->d_route_flag, 0, sizeof(int) * 2));
-    CREATE_CHECK(cudaMalloc((void **)&c->d_gdn_out_flag, sizeof(int) * 2));
-    CREATE_CHECK(cudaMemset(c->d_gdn_out_flag, 0, sizeof(int) * 2));
     CREATE_CHECK(cudaMalloc(&c->d_lt_ws, DS_CUDA_LT_WS_BYTES));
     CREATE_CHECK(cudaMalloc((void **)&c->d_ids, sizeof(int32_t) * DS_CUDA_MAX_TOKENS));
     CREATE_CHECK(cudaHostAlloc((void **)&c->h_ids, sizeof(int32_t) * DS_CUDA_MAX_TOKENS,

@@ -25,21 +25,17 @@
 #define GDN_KC 4  /* conv kernel (all Qwen3.5 configs) */
 #define GDN_SEG 4 /* row segments of the state: block = GDN_SEG·dv threads */
 
-/* early (ctx->gdn_early, DS_CUDA_GDN_EARLY): the block reads its state, conv history and conv
+/* early, bit 0 (ctx->gdn_early, DS_CUDA_GDN_EARLY): the block reads its state, conv history and conv
  * weights before its dependency wait, while the input projection that precedes it still runs.
  * This widens cuda_launch.cuh's contract, soundly: under PDL this kernel starts only once every
  * kernel before its predecessor has completed, and the state and conv history of a (slot,
  * layer) are written only by this layer's GDN kernels (of earlier steps: done long before), by
  * cache_reset_slot's memsets (ordered before the step's first kernel) and never by the input
  * projection; the slot ids and snapshot slots come from the batch upload, also ordered before
- * the step's first kernel. */
-/* out_flag (ctx->gdn_out_early; NULL: off; one-token steps without snapshots only): once the
- * block's output is written, thread 0 adds 1 to out_flag[0] (after a barrier and a fence: the
- * writers' stores are visible first), before the state's store; the out_proj GEMV waits for
- * all the heads' releases (cuda_gemv.cu, FLAG) instead of this grid's completion. */
+ * the step's first kernel. Bit 1 (DS_CUDA_DIAG_SKIP=gdn_nostore, a measurement, wrong results):
+ * no state or conv-history store at the end. */
 template <int DK, int DV>
-__global__ void __launch_bounds__(GDN_SEG * DV)
-    gdn_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, int early, unsigned *out_flag) {
+__global__ void __launch_bounds__(GDN_SEG * DV) gdn_kernel(ds_cuda_batch b, ds_cuda_gdn_args a, int early) {
     constexpr int KC = GDN_KC;
     constexpr int SEG = GDN_SEG;
     constexpr int NT = SEG * DV;      /* threads */
@@ -203,13 +199,6 @@ __global__ void __launch_bounds__(GDN_SEG * DV)
         }
     }
 
-    if (out_flag) {
-        __syncthreads(); /* every writer's output store precedes thread 0's fence */
-        if (tid == 0) {
-            __threadfence();
-            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(out_flag) : "memory");
-        }
-    }
     if (snap || diag_nostore) return;
 #pragma unroll
     for (int ii = 0; ii < RPS; ii++) S[(int64_t)(seg * RPS + ii) * DV + j] = st[ii];
@@ -226,42 +215,17 @@ extern "C" void ds_cuda_gdn(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a) {
     /* bit 0: the early state read; bit 1 (DS_CUDA_DIAG_SKIP containing "gdn_nostore", a
      * measurement of what the state's store costs the step, never for serving): no store */
     const int flags = ctx->gdn_early | (ctx->diag_skip && strstr(ctx->diag_skip, "gdn_nostore") ? 2 : 0);
-    /* the out_proj's early start (ctx->gdn_out_early): one-token steps without snapshots, never
-     * in a DS_CUDA_DIAG_SKIP run (a dropped launch would leave the flag unset or uncleared) */
-    unsigned *out_flag = NULL;
-    /* consumers: the one-row CUDA-core GEMV (modes 1, 2) and, mode 2 only, the tensor-core GEMV
-     * of steps of one token a sequence (cuda_gemv_tc.cu) */
-    const bool one_each = ctx->batch.n_tokens == ctx->batch.n_seqs && ctx->batch.n_tokens <= 8;
-    if (ctx->gdn_out_early && !ctx->batch.state_out && !ctx->diag_skip &&
-        (ctx->batch.n_tokens == 1 || (ctx->gdn_out_early == 2 && one_each && ctx->opt.tc_gemv))) {
-        out_flag = (unsigned *)ctx->d_gdn_out_flag;
-    }
     const int shape = (a->dk == a->dv && a->kernel == GDN_KC && a->hk > 0 && a->hv % a->hk == 0) ? a->dk : 0;
     switch (shape) {
-    case 16: ds_launch(ctx, gdn_kernel<16, 16>, grid, GDN_SEG * 16, 0, ctx->batch, *a, flags, out_flag); break;
-    case 32: ds_launch(ctx, gdn_kernel<32, 32>, grid, GDN_SEG * 32, 0, ctx->batch, *a, flags, out_flag); break;
-    case 64: ds_launch(ctx, gdn_kernel<64, 64>, grid, GDN_SEG * 64, 0, ctx->batch, *a, flags, out_flag); break;
-    case 128: ds_launch(ctx, gdn_kernel<128, 128>, grid, GDN_SEG * 128, 0, ctx->batch, *a, flags, out_flag); break;
+    case 16: ds_launch(ctx, gdn_kernel<16, 16>, grid, GDN_SEG * 16, 0, ctx->batch, *a, flags); break;
+    case 32: ds_launch(ctx, gdn_kernel<32, 32>, grid, GDN_SEG * 32, 0, ctx->batch, *a, flags); break;
+    case 64: ds_launch(ctx, gdn_kernel<64, 64>, grid, GDN_SEG * 64, 0, ctx->batch, *a, flags); break;
+    case 128: ds_launch(ctx, gdn_kernel<128, 128>, grid, GDN_SEG * 128, 0, ctx->batch, *a, flags); break;
     default:
         ds_cuda_check(ctx, cudaErrorInvalidValue,
                       "gdn: built for dk = dv in {16, 32, 64, 128} and conv kernel 4", __FILE__,
                       __LINE__);
         return;
     }
-    if (out_flag) { /* after the launch: ds_launch resets a release no GEMV consumed */
-        ctx->gdn_out_armed = a->out;
-        ctx->gdn_out_target = (int)(grid.x * grid.y);
-    }
     DS_CU_LAUNCHED2(ctx, "gdn_kernel", a->hv, ctx->batch.n_seqs);
-}
-
-/* zeroes the release count and the consumer's block count, after the GDN launch (PDL wait) */
-__global__ void gdn_out_flag_reset_kernel(int *flag) {
-    pdl_enter(); /* cuda_launch.cuh: first */
-    if (threadIdx.x < 2) flag[threadIdx.x] = 0;
-}
-
-extern "C" void ds_cuda_gdn_out_flag_reset(ds_cuda_ctx *ctx) {
-    ctx->gdn_out_armed = NULL;
-    ds_launch(ctx, gdn_out_flag_reset_kernel, dim3(1), dim3(32), 0, ctx->d_gdn_out_flag);
 }

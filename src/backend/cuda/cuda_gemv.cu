@@ -8,8 +8,6 @@
  * resets the counter to 0, so the next launch (or a graph replay) finds it clean. */
 #include <math.h>
 
-#include <type_traits>
-
 #include "cuda_argmax.cuh"
 #include "cuda_gemv.cuh"
 #include "cuda_launch.cuh"
@@ -19,29 +17,11 @@
  * registers before its predecessor ends — the output projections, whose predecessor, the GDN or
  * the attention's last launch, leaves most SMs idle for microseconds). Same chunks in the same
  * order: the same sums as without. */
-/* FLAG (the out_proj after a one-token GDN launch, ctx->gdn_out_early): instead of waiting for
- * the GDN grid's completion, thread 0 of each block waits (acquire) until flag[0] counts
- * flag_target & 0xffff heads' output releases (cuda_gdn.cu), while the GDN blocks still store
- * their states; x is then read through L2 (ld.cg: the non-coherent path may not read data
- * written while the kernel runs). The successor may launch at once. With bit 16 of flag_target
- * clear (mode 1) each block still waits for the GDN grid before it ends, so this kernel's
- * completion implies its predecessors'; set (mode 2), the GDN's state stores may outlive it
- * (cuda_launch.cuh says why that is sound). The last block past the flag zeroes it and the
- * block count flag[1]. s36-run1: mode 1 with a poller a warp cost batch 1 +1 %. */
-struct XRowsL2 {
-    const bf16 *base[1];
-    __device__ __forceinline__ void load(int r, int64_t k, float f[8]) const {
-        unpack8(__ldcg(reinterpret_cast<const uint4 *>(base[r] + k)), f);
-    }
-};
-
-template <int R, int ROWS, int UNROLL, typename OutT, bool PRE2 = false, bool FLAG = false>
+template <int R, int ROWS, int UNROLL, typename OutT, bool PRE2 = false>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     gemv_kernel(const bf16 *__restrict__ W, int64_t N, int64_t K, const bf16 *__restrict__ x,
                 int64_t ldx, OutT *__restrict__ out, int64_t ldo, int64_t k_per_split,
-                float *__restrict__ ws, int *__restrict__ counters, int pf_bytes, int preload,
-                unsigned *flag, int flag_target) {
-    static_assert(!FLAG || R == 1, "the flag form serves one input row");
+                float *__restrict__ ws, int *__restrict__ counters, int pf_bytes, int preload) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t n0 = ((int64_t)blockIdx.x * GEMV_WARPS + warp) * ROWS;
     const int64_t k0 = (int64_t)blockIdx.y * k_per_split;
@@ -60,24 +40,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         gemv_rows<ROWS>(W, K, n0, N, wrow);
         wbatch_load<ROWS, UNROLL, true>(wrow, kb2, k1, second);
     }
-    if constexpr (FLAG) {
-        /* one poller a block, not a warp: fewer loads of one line while the GDN stores */
-        if (threadIdx.x == 0) {
-            unsigned f;
-            for (;;) {
-                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(f) : "l"(flag) : "memory");
-                if ((int)f >= (flag_target & 0xffff)) break;
-                __nanosleep(64);
-            }
-        }
-        __syncthreads(); /* the threads' x reads follow thread 0's acquire */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-    } else {
-        pdl_enter();
-    }
-    typename std::conditional<FLAG, XRowsL2, XRows<R>>::type xs;
+    pdl_enter();
+    XRows<R> xs;
 #pragma unroll
     for (int r = 0; r < R; r++) xs.base[r] = x + r * ldx;
     float acc[ROWS][R];
@@ -96,20 +60,6 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     }
 
     gemv_block_store<R, ROWS>(acc, n0, N, out, ldo, ws, counters);
-    if constexpr (FLAG) {
-        __syncthreads(); /* every warp of the block is past its wait for the flag */
-        if (threadIdx.x == 0) {
-            if (atomicAdd(flag + 1, 1u) == gridDim.x * gridDim.y - 1) {
-                flag[1] = 0;
-                flag[0] = 0;
-            }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-            /* the GDN grid, before this block ends (flag_target bit 16 clear, ctx->gdn_out_early
-             * 1); with 2 the GDN's state stores may outlive this kernel (cuda_launch.cuh) */
-            if (!(flag_target >> 16)) asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-        }
-    }
 }
 
 /* Bytes of each weight row (from its split's start) a GEMV block prefetches into L2 before it
@@ -129,39 +79,17 @@ template <int R, int ROWS, int UNROLL, typename OutT>
 static void launch_gemv(ds_cuda_ctx *ctx, dim3 grid, const bf16 *W, int64_t N, int64_t K,
                         const bf16 *x, int64_t ldx, OutT *out, int64_t ldo, int64_t kps) {
     const int pf = gemv_prefetch_bytes(ctx, N, K, kps, (int64_t)grid.x * grid.y);
-    unsigned *const nof = NULL;
-    /* (instantiated for one input row only) */
+    /* both batches before the wait (gemv_kernel PRE2) for one input row when a warp has two */
+    /* (instantiated for R = 1 only) */
     if constexpr (R == 1) {
-        /* both batches before the wait (gemv_kernel PRE2) when a warp has two */
-        const bool pre2 = ctx->gemv_preload == 2 && kps > 256 * UNROLL && kps <= 2 * 256 * UNROLL;
-        /* the GDN's output, released head by head (gemv_kernel FLAG; bf16 outputs only) */
-        if constexpr (std::is_same<OutT, bf16>::value) {
-            if (ctx->gdn_out_armed == (const void *)x) {
-                unsigned *flag = (unsigned *)ctx->d_gdn_out_flag;
-                /* releases to wait for; bit 16: do not wait for the GDN grid at the end */
-                const int target = ctx->gdn_out_target | (ctx->gdn_out_early == 2 ? 1 << 16 : 0);
-                ctx->gdn_out_consuming = 1;
-                if (pre2)
-                    ds_launch(ctx, gemv_kernel<R, ROWS, UNROLL, OutT, true, true>, grid, GEMV_WARPS * 32, 0, W,
-                              N, K, x, ldx, out, ldo, kps, ctx->d_splitk_ws, ctx->d_splitk_cnt, pf, 1, flag,
-                              target);
-                else
-                    ds_launch(ctx, gemv_kernel<R, ROWS, UNROLL, OutT, false, true>, grid, GEMV_WARPS * 32, 0, W,
-                              N, K, x, ldx, out, ldo, kps, ctx->d_splitk_ws, ctx->d_splitk_cnt, pf,
-                              ctx->gemv_preload, flag, target);
-                ctx->gdn_out_armed = NULL;
-                ctx->gdn_out_consuming = 0;
-                return;
-            }
-        }
-        if (pre2) {
+        if (ctx->gemv_preload == 2 && kps > 256 * UNROLL && kps <= 2 * 256 * UNROLL) {
             ds_launch(ctx, gemv_kernel<R, ROWS, UNROLL, OutT, true>, grid, GEMV_WARPS * 32, 0, W, N, K,
-                      x, ldx, out, ldo, kps, ctx->d_splitk_ws, ctx->d_splitk_cnt, pf, 1, nof, 0);
+                      x, ldx, out, ldo, kps, ctx->d_splitk_ws, ctx->d_splitk_cnt, pf, 1);
             return;
         }
     }
     ds_launch(ctx, gemv_kernel<R, ROWS, UNROLL, OutT>, grid, GEMV_WARPS * 32, 0, W, N, K, x, ldx, out,
-              ldo, kps, ctx->d_splitk_ws, ctx->d_splitk_cnt, pf, ctx->gemv_preload, nof, 0);
+              ldo, kps, ctx->d_splitk_ws, ctx->d_splitk_cnt, pf, ctx->gemv_preload);
 }
 
 template <int ROWS, int UNROLL, typename OutT>

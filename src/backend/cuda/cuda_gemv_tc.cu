@@ -34,7 +34,6 @@ static __device__ __forceinline__ uint32_t word(const uint4 &v, int i) {
 
 /* The block's 16 output rows n0.. × the R input rows over k in [k0, k1): each warp's fp32
  * partial sums into red[warp][row][input row] (not synchronised). */
-template <bool XL2 = false> /* x through L2 (ld.cg): gemv_tc_kernel FLAG */
 static __device__ __forceinline__ void tc_block_products(const bf16 *__restrict__ W, int64_t N, int64_t K,
                                                          const bf16 *__restrict__ x, int64_t ldx, int R,
                                                          int64_t n0, int64_t k0, int64_t k1,
@@ -61,7 +60,7 @@ static __device__ __forceinline__ void tc_block_products(const bf16 *__restrict_
             if (kb + 32 * u < kb1) {
                 va[u] = ld_stream16(wa + kb + 32 * u);
                 vb[u] = ld_stream16(wb + kb + 32 * u);
-                vx[u] = XL2 ? __ldcg(reinterpret_cast<const uint4 *>(xr + kb + 32 * u)) : ld_cached16(xr + kb + 32 * u);
+                vx[u] = ld_cached16(xr + kb + 32 * u);
             }
 #pragma unroll
         for (int u = 0; u < TC_UNROLL; u++)
@@ -72,8 +71,7 @@ static __device__ __forceinline__ void tc_block_products(const bf16 *__restrict_
                                    word(vb[u], 2 * s + 1), word(vx[u], 2 * s), word(vx[u], 2 * s + 1));
     }
     for (; kb < kb1; kb += 32) { /* tail_batched = 0 only */
-        const uint4 va = ld_stream16(wa + kb), vb = ld_stream16(wb + kb),
-                    vx = XL2 ? __ldcg(reinterpret_cast<const uint4 *>(xr + kb)) : ld_cached16(xr + kb);
+        const uint4 va = ld_stream16(wa + kb), vb = ld_stream16(wb + kb), vx = ld_cached16(xr + kb);
 #pragma unroll
         for (int s = 0; s < 2; s++)
             mma_bf16_16816(c, word(va, 2 * s), word(vb, 2 * s), word(va, 2 * s + 1), word(vb, 2 * s + 1),
@@ -96,43 +94,18 @@ static __device__ __forceinline__ float tc_block_sum(const float red[TC_WARPS][1
     return v;
 }
 
-/* FLAG (the out_proj after a GDN launch of one token a sequence, ctx->gdn_out_early 2): thread 0
- * waits (acquire) for flag[0] to count flag_target heads' output releases instead of the GDN
- * grid's completion, x is read through L2, and the GDN's state stores may outlive this kernel
- * (cuda_launch.cuh: why that is sound); the last block past the flag zeroes it and its count
- * flag[1] (gemv_kernel FLAG, the one-row form). */
-template <typename OutT, bool FLAG = false>
+template <typename OutT>
 __global__ void __launch_bounds__(TC_WARPS * 32)
     gemv_tc_kernel(const bf16 *__restrict__ W, int64_t N, int64_t K, const bf16 *__restrict__ x,
                    int64_t ldx, int R, OutT *__restrict__ out, int64_t ldo, int64_t k_per_split,
-                   float *__restrict__ ws, int *__restrict__ counters, int tail_batched,
-                   unsigned *flag, int flag_target) {
+                   float *__restrict__ ws, int *__restrict__ counters, int tail_batched) {
     __shared__ float red[TC_WARPS][16][8]; /* [warp][row][input row] */
     __shared__ int is_last;
-    if constexpr (FLAG) {
-        if (threadIdx.x == 0) {
-            unsigned f;
-            for (;;) {
-                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(f) : "l"(flag) : "memory");
-                if ((int)f >= flag_target) break;
-                __nanosleep(64);
-            }
-            if (atomicAdd(flag + 1, 1u) == gridDim.x * gridDim.y - 1) { /* every block is past it */
-                flag[1] = 0;
-                flag[0] = 0;
-            }
-        }
-        __syncthreads(); /* the threads' x reads follow thread 0's acquire */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-    } else {
-        pdl_enter(); /* cuda_launch.cuh: before any access */
-    }
+    pdl_enter(); /* cuda_launch.cuh: before any access */
     const int64_t n0 = (int64_t)blockIdx.x * 16;
     const int64_t k0 = (int64_t)blockIdx.y * k_per_split;
     const int64_t k1 = k0 + k_per_split < K ? k0 + k_per_split : K;
-    tc_block_products<FLAG>(W, N, K, x, ldx, R, n0, k0, k1, tail_batched, red);
+    tc_block_products(W, N, K, x, ldx, R, n0, k0, k1, tail_batched, red);
     __syncthreads();
     const int row = threadIdx.x >> 3, r = threadIdx.x & 7; /* threads 0..127: one output each */
     const float v = threadIdx.x < 128 ? tc_block_sum(red) : 0.f;
@@ -222,23 +195,12 @@ extern "C" int ds_cuda_gemv_tc(ds_cuda_ctx *ctx, const void *W, int64_t N, int64
     int64_t kps;
     const int64_t splits = gemv_split_k(ctx, ctx->tc_splitk_per_sm, bx, N, K, R, &kps);
     dim3 grid((unsigned)bx, (unsigned)splits);
-    unsigned *const nof = NULL;
-    if (!out_f32 && ctx->gdn_out_armed == x && ctx->gdn_out_early == 2) { /* the GDN's releases */
-        ctx->gdn_out_consuming = 1;
-        ds_launch(ctx, gemv_tc_kernel<bf16, true>, grid, TC_WARPS * 32, 0, (const bf16 *)W, N, K,
-                  (const bf16 *)x, ldx, R, (bf16 *)out, ldo, kps, ctx->d_splitk_ws, ctx->d_splitk_cnt, ctx->tc_tail,
-                  (unsigned *)ctx->d_gdn_out_flag, ctx->gdn_out_target);
-        ctx->gdn_out_consuming = 0;
-        ctx->gdn_out_armed = NULL;
-    } else if (out_f32) {
+    if (out_f32)
         ds_launch(ctx, gemv_tc_kernel<float>, grid, TC_WARPS * 32, 0, (const bf16 *)W, N, K,
-                  (const bf16 *)x, ldx, R, (float *)out, ldo, kps, ctx->d_splitk_ws, ctx->d_splitk_cnt, ctx->tc_tail,
-                  nof, 0);
-    } else {
+                  (const bf16 *)x, ldx, R, (float *)out, ldo, kps, ctx->d_splitk_ws, ctx->d_splitk_cnt, ctx->tc_tail);
+    else
         ds_launch(ctx, gemv_tc_kernel<bf16>, grid, TC_WARPS * 32, 0, (const bf16 *)W, N, K,
-                  (const bf16 *)x, ldx, R, (bf16 *)out, ldo, kps, ctx->d_splitk_ws, ctx->d_splitk_cnt, ctx->tc_tail,
-                  nof, 0);
-    }
+                  (const bf16 *)x, ldx, R, (bf16 *)out, ldo, kps, ctx->d_splitk_ws, ctx->d_splitk_cnt, ctx->tc_tail);
     DS_CU_LAUNCHED2(ctx, splits > 1 ? "gemv_tc_kernel (split-K)" : "gemv_tc_kernel", N, K);
     return 1;
 }

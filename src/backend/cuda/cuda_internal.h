@@ -365,20 +365,6 @@ typedef struct ds_cuda_ctx {
     /* the GDN decode kernel reads its state before its PDL wait (1, default; DS_CUDA_GDN_EARLY=0:
      * after, for before/after runs; cuda_gdn.cu) */
     int gdn_early;
-    /* one-token steps: the GDN decode kernel releases a count (d_gdn_out_flag) once a head's
-     * output is written, before its state store, and the out_proj GEMV that follows waits for
-     * all heads' releases instead of the GDN grid's completion; 1: it still waits for that
-     * before it ends, so the chain's order holds; 2: it does not (cuda_launch.cuh: why that is
-     * sound). The same sums (DS_CUDA_GDN_OUT_EARLY=1|2; 0, default; cuda_gdn.cu, cuda_gemv.cu).
-     * Why: the GDN's state store is ~3.8 / 5.9 / 6.6 % of a batch 1 / 4 / 8 step (skipped by
-     * DS_CUDA_DIAG_SKIP=gdn_nostore, s36-run1, H100: 2.637 / 4.982 / 7.443 vs 2.738 / 5.293 /
-     * 7.969 ms); mode 1 with a poller a warp: batch 1 2.768 / 2.767 vs 2.738 / 2.740 ms.
-     * gdn_out_armed: the GDN output the next GEMV must consume the flag for (NULL: none);
-     * gdn_out_target: the releases it waits for; gdn_out_consuming: set around that launch. */
-    int gdn_out_early;
-    const void *gdn_out_armed;
-    int gdn_out_target;
-    int gdn_out_consuming;
     /* CUDA-core GEMV: each warp's first batch of weights loaded into registers before the PDL
      * wait (1; DS_CUDA_GEMV_PRELOAD=0: after, for before/after runs; 2, default since session
      * 19: the second batch too where a warp has two, one input row; cuda_gemv.cu) */
@@ -467,9 +453,6 @@ typedef struct ds_cuda_ctx {
     /* [2]: the routing-done flag a one-token gate_up launch sets and the down + combine launch
      * waits on, and that launch's count of finished blocks; both zero between MoE blocks */
     int *d_route_flag;
-    /* [2]: the GDN heads' output releases and the out_proj launch's count of blocks past its
-     * wait for them (ctx->gdn_out_early); both zero between GDN layers */
-    int *d_gdn_out_flag;
 
     /* cuBLASLt */
     cublasLtHandle_t lt;
@@ -506,7 +489,10 @@ typedef struct ds_cuda_ctx {
     /* DS_CUDA_DIAG_SKIP (a measurement of where a step's time goes, never for serving: the
      * outputs are garbage): comma-separated kernel patterns whose launches ds_launch drops, so
      * that a step's time without them gives their marginal cost inside the PDL chain
-     * (ds_cuda_diag_skip; NULL when unset). Decisions cached per kernel function. */
+     * (ds_cuda_diag_skip; NULL when unset). Decisions cached per kernel function. The pattern
+     * gdn_nostore matches no kernel: the GDN decode kernel runs but skips its state and conv
+     * history stores (cuda_gdn.cu; s36-run1, H100: batch 1 / 4 / 8 2.637 / 4.982 / 7.443 vs
+     * 2.738 / 5.293 / 7.969 ms). */
     const char *diag_skip;
     int diag_n;
     const void *diag_fn[64];
@@ -534,10 +520,6 @@ void ds_cuda_launched(ds_cuda_ctx *ctx, const char *name, int64_t a, int64_t b, 
 /* An op that cannot run inside a capture (it waits for the device) was called during one: the
  * capture is marked failed (graph_end reports why) and the op does nothing. Returns 1 then. */
 int ds_cuda_refuse_in_capture(ds_cuda_ctx *ctx, const char *what);
-/* A GDN output release that no out_proj GEMV consumed (ctx->gdn_out_armed when any other launch
- * comes): a launch that zeroes d_gdn_out_flag, ordered after the GDN kernel (cuda_gdn.cu). */
-void ds_cuda_gdn_out_flag_reset(ds_cuda_ctx *ctx);
-
 /* Whether ds_launch drops launches of `kernel` (ctx->diag_skip; cuda_backend.c). */
 int ds_cuda_diag_skip(ds_cuda_ctx *ctx, const void *kernel);
 

@@ -21,13 +21,7 @@
  *   2. pdl_enter() (wait for the predecessor grid to complete and flush, then allow the successor
  *      to launch) before any other memory access and before any early return.
  * Because every block of every kernel waits, kernel N complete implies kernels < N complete, so
- * a kernel may read anything any earlier kernel wrote. One exception, ctx->gdn_out_early 2: the
- * out_proj after a one-token GDN launch starts on the heads' output releases and never waits for
- * the GDN grid, so the GDN's state and conv-history stores may still be in flight while later
- * kernels of the step run. Sound because nothing in a one-token step reads them again: each
- * GDN layer runs once a step, and what does read them (the next step's GDN, cache resets and
- * snapshot copies) is ordered after the whole step (a graph launch, or stream operations without
- * the PDL attribute, which wait for all earlier work). Kernels launched plainly (<<<>>>, cuBLASLt,
+ * a kernel may read anything any earlier kernel wrote. Kernels launched plainly (<<<>>>, cuBLASLt,
  * copies) are ordered the normal way; griddepcontrol is a no-op in a kernel launched without the
  * attribute. */
 #ifndef DS_CUDA_LAUNCH_CUH
@@ -74,9 +68,6 @@ template <typename... KArgs, typename... Args>
 static void ds_launch(ds_cuda_ctx *ctx, void (*kernel)(KArgs...), dim3 grid, dim3 block,
                       size_t smem, Args &&...args) {
     if (ctx->diag_skip && ds_cuda_diag_skip(ctx, (const void *)kernel)) return; /* measurement only */
-    /* a GDN output release (ctx->gdn_out_early) that the launch after it does not consume:
-     * cleared first, so that no later out_proj finds a stale count */
-    if (ctx->gdn_out_armed && !ctx->gdn_out_consuming) ds_cuda_gdn_out_flag_reset(ctx);
     cudaLaunchAttribute attr[2];
     unsigned n = 0;
     if (ctx->opt.pdl && !ctx->prof_on) {
