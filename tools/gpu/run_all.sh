@@ -182,17 +182,16 @@ fi
 # also evict the small activations a real step finds there.
 t=$(left); [ "$t" -gt 240 ] && t=240
 if want ncu && command -v ncu > /dev/null && [ "$t" -ge 60 ]; then
-    log "ncu (every kernel of one decode step at batch 1 and 8, timeout $t s)"
+    read -ra nblist <<< "${DS_GPU_NCU_BATCHES:-1 8}"
+    log "ncu (every kernel of one decode step at batch ${nblist[*]}, timeout $t s)"
     : > "$OUT/ncu.csv"
-    nbs=${DS_GPU_NCU_BATCHES:-1 8}
-    for nb in $nbs; do
+    for nb in "${nblist[@]}"; do
         echo "### batch $nb" >> "$OUT/ncu.csv"
-        # shellcheck disable=SC2086
-        DS_CUDA_PROFILER_STEP=4 timeout $((t / $(echo $nbs | wc -w))) ncu --clock-control none --cache-control none --csv \
+        DS_CUDA_PROFILER_STEP=4 timeout $((t / ${#nblist[@]})) ncu --clock-control none --cache-control none --csv \
             --profile-from-start off \
             --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
             "${DSENV[@]}" "$BIN/deltaserve" bench -m configs/qwen3.5-35b-a3b --dummy-weights --device cuda \
-            --prompt-len 16 --steps 8 --warmup 2 --batch $nb --graphs 0 >> "$OUT/ncu.csv" 2>&1
+            --prompt-len 16 --steps 8 --warmup 2 --batch "$nb" --graphs 0 >> "$OUT/ncu.csv" 2>&1
         log "ncu batch $nb rc=$?"
     done
 else

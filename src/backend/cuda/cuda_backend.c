@@ -686,6 +686,7 @@ ds_status ds_backend_cuda_create(int device, ds_backend **out, ds_error *err) {
         c->moe_down_tiles = tiles && (atoi(tiles) == 1 || atoi(tiles) == 2 || atoi(tiles) == 8) ? atoi(tiles) : 4;
         c->diag_skip = getenv("DS_CUDA_DIAG_SKIP");
         if (c->diag_skip && !*c->diag_skip) c->diag_skip = NULL;
+        c->diag_gdn_nostore = c->diag_skip && strstr(c->diag_skip, "gdn_nostore");
         /* 8 vs 4 rows a warp: batch 1 2.985 / 2.984 vs 2.991 / 3.016 ms; with PRELOAD 2 2.945
          * (H100, s19-run1) */
         const char *dcr = getenv("DS_CUDA_MOE_DC_ROWS");

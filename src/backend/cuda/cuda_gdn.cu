@@ -18,7 +18,6 @@
  * own slot, never writes it, and writes the conv history and state after each token t with
  * state_out[t] ≥ 0 into that slot (the recurrence has the per-token state anyway). */
 #include <math.h>
-#include <string.h>
 
 #include "cuda_launch.cuh"
 
@@ -214,7 +213,7 @@ extern "C" void ds_cuda_gdn(ds_cuda_ctx *ctx, const ds_cuda_gdn_args *a) {
     const dim3 grid(a->hv, ctx->batch.n_seqs);
     /* bit 0: the early state read; bit 1 (DS_CUDA_DIAG_SKIP containing "gdn_nostore", a
      * measurement of what the state's store costs the step, never for serving): no store */
-    const int flags = ctx->gdn_early | (ctx->diag_skip && strstr(ctx->diag_skip, "gdn_nostore") ? 2 : 0);
+    const int flags = ctx->gdn_early | (ctx->diag_gdn_nostore ? 2 : 0);
     const int shape = (a->dk == a->dv && a->kernel == GDN_KC && a->hk > 0 && a->hv % a->hk == 0) ? a->dk : 0;
     switch (shape) {
     case 16: ds_launch(ctx, gdn_kernel<16, 16>, grid, GDN_SEG * 16, 0, ctx->batch, *a, flags); break;

@@ -492,8 +492,9 @@ typedef struct ds_cuda_ctx {
      * (ds_cuda_diag_skip; NULL when unset). Decisions cached per kernel function. The pattern
      * gdn_nostore matches no kernel: the GDN decode kernel runs but skips its state and conv
      * history stores (cuda_gdn.cu; s36-run1, H100: batch 1 / 4 / 8 2.637 / 4.982 / 7.443 vs
-     * 2.738 / 5.293 / 7.969 ms). */
+     * 2.738 / 5.293 / 7.969 ms); diag_gdn_nostore: whether it was given. */
     const char *diag_skip;
+    int diag_gdn_nostore;
     int diag_n;
     const void *diag_fn[64];
     unsigned char diag_drop[64];
